@@ -1,0 +1,251 @@
+"""``serialize_axis`` and ``SerializedFunction``: argument checks, the trace cache, dispatch.
+
+Arguments are checked at decoration (``chunk``, ``axis``, ``argnums``, ``size``, ``grad``,
+``accum_dtype``) and at the first call with given shapes (``argnums`` / ``axis`` against the
+actual arguments, equal sizes across leaves), so a mistake is reported in the user's terms
+and never as a traceback from inside the rewriter. Each distinct call signature (avals and
+static leaves) is traced, analysed and planned once, like ``jax.jit``; a function that closes
+over tracers of an enclosing transformation is re-traced on each call (its constants are
+those tracers).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxpr_accum import _plan, _trace
+from jaxpr_accum._axes import Analysis
+from jaxpr_accum._build import build
+from jaxpr_accum._compat import ClosedJaxpr
+from jaxpr_accum._plan import RegionPlan, SerializeError
+from jaxpr_accum._report import Plan
+from jaxpr_accum._rules import AxisLoc
+
+GRAD_MODES = ("auto", "remat", "fused", "native")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__})")
+    value = operator.index(value)
+    if value < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {value}")
+    return value
+
+
+class _Prepared:
+    """One call signature's trace, plan and runnable program."""
+
+    def __init__(self, traced: _trace.Traced, region: RegionPlan, plan: Plan, run: Callable):
+        self.traced, self.region, self.plan = traced, region, plan
+        self.run = run
+        self.jitted = jax.jit(run)
+
+
+class SerializedFunction:
+    """``fun`` with one axis run in chunks. See ``serialize_axis``."""
+
+    def __init__(
+        self,
+        fun: Callable,
+        *,
+        chunk: int,
+        axis: int | None = 0,
+        argnums: int | tuple[int, ...] | None = None,
+        size: int | None = None,
+        grad: str = "auto",
+        accum_dtype: Any = None,
+        mesh_axis: Any = None,
+    ):
+        if not callable(fun):
+            raise TypeError(f"`fun` must be callable, got {fun!r}")
+        self.chunk = _check_int("chunk", chunk, 1)
+        if axis is not None:
+            axis = _check_int("axis", axis, -(2**31))
+        self.axis = axis
+        if argnums is not None:
+            nums = (argnums,) if not isinstance(argnums, (tuple, list)) else tuple(argnums)
+            if not nums:
+                raise ValueError("`argnums` must name at least one argument")
+            argnums = tuple(_check_int("argnums", a, -(2**31)) for a in nums)
+            if axis is None:
+                raise ValueError(
+                    "`axis=None` needs automatic selection; with `argnums` pass an int"
+                )
+        self.argnums = argnums
+        self.size = None if size is None else _check_int("size", size, 1)
+        if argnums is not None and size is not None:
+            raise ValueError("pass either `argnums` or `size`, not both")
+        if grad not in GRAD_MODES:
+            raise ValueError(
+                f"`grad` must be one of {', '.join(map(repr, GRAD_MODES))}; got {grad!r}"
+            )
+        if grad == "fused":
+            raise ValueError(
+                "`grad='fused'` is not implemented yet; use 'auto', 'remat' or 'native'"
+            )
+        self.grad = grad
+        if accum_dtype is not None:
+            try:
+                dtype = jnp.dtype(accum_dtype)
+            except TypeError as e:
+                raise TypeError(f"`accum_dtype` must be a dtype, got {accum_dtype!r}") from e
+            if not jnp.issubdtype(dtype, jnp.floating):
+                raise ValueError(f"`accum_dtype` must be a floating dtype, got {dtype}")
+            accum_dtype = dtype
+        self.accum_dtype = accum_dtype
+        if mesh_axis is not None:
+            raise ValueError("`mesh_axis` is not implemented yet; pass sharded inputs under jit")
+        self.original = fun
+        self._cache: dict = {}
+        functools.update_wrapper(self, fun)
+
+    # -- public --------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        prepared, inputs = self._prepare(args, kwargs)
+        outs = prepared.jitted(*inputs)
+        return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
+
+    def explain(self, *args: Any, **kwargs: Any) -> Plan:
+        return self._prepare(args, kwargs)[0].plan
+
+    def jaxpr(self, *args: Any, **kwargs: Any) -> ClosedJaxpr:
+        prepared, inputs = self._prepare(args, kwargs)
+        return jax.make_jaxpr(prepared.run)(*inputs)
+
+    def __repr__(self) -> str:
+        return f"serialize_axis({getattr(self.original, '__name__', self.original)!r}, chunk={self.chunk})"
+
+    # -- internals -----------------------------------------------------------------------
+    def _prepare(self, args: tuple, kwargs: dict) -> tuple[_Prepared, list]:
+        leaves, treedef, dynamic, ranges = _trace.split_arguments(args, kwargs)
+        dyn = [x for x, d in zip(leaves, dynamic, strict=True) if d]
+        key = _trace.cache_key(leaves, treedef, dynamic)
+        prepared = self._cache.get(key) if key is not None else None
+        if prepared is None:
+            if self.argnums is not None:
+                self._check_argnums(args, dyn, ranges)
+            traced = _trace.trace(self.original, leaves, treedef, dynamic, ranges)
+            prepared = self._plan(traced, dyn)
+            if key is not None and not traced.has_tracer_consts:
+                self._cache[key] = prepared
+            inputs = [*traced.consts, *dyn]
+        else:
+            inputs = [*prepared.traced.consts, *dyn]
+        return prepared, inputs
+
+    def _check_argnums(self, args: tuple, dyn: list, ranges: list) -> None:
+        n = len(args)
+        for a in self.argnums:
+            if not -n <= a < n:
+                raise ValueError(
+                    f"`argnums` {a} is out of range for a call with {n} positional argument(s)"
+                )
+        sizes = {}
+        for a in self.argnums:
+            leaf_ids = ranges[a % n]
+            if not leaf_ids:
+                raise ValueError(f"`argnums` {a}: argument {a} has no array leaves to serialize")
+            for i in leaf_ids:
+                shape = jnp.shape(dyn[i])
+                if not -len(shape) <= self.axis < len(shape):
+                    raise ValueError(
+                        f"`axis` {self.axis} is out of range for a leaf of argument {a} "
+                        f"with shape {shape}"
+                    )
+                sizes.setdefault(shape[self.axis], []).append(f"argument {a} leaf {shape}")
+        if len(sizes) > 1:
+            detail = "; ".join(f"size {n}: {', '.join(w)}" for n, w in sizes.items())
+            raise ValueError(
+                f"the leaves named by `argnums` differ in size at `axis` {self.axis}: {detail}"
+            )
+
+    def _plan(self, traced: _trace.Traced, dyn: list) -> _Prepared:
+        jaxpr = traced.jaxpr
+        nc = traced.n_consts
+        names = {v: f"closed-over value {i}" for i, v in enumerate(jaxpr.invars[:nc])}
+        for a, r in enumerate(traced.arg_leaf_ranges):
+            for j, i in enumerate(r):
+                names[jaxpr.invars[nc + i]] = f"argument {a}" + (f" leaf {j}" if len(r) > 1 else "")
+        for i, v in enumerate(jaxpr.invars[nc:]):
+            names.setdefault(v, f"keyword argument leaf {i}")
+
+        if self.argnums is not None:
+            n_args = len(traced.arg_leaf_ranges)
+            seeds = []
+            for a in self.argnums:
+                for i in traced.arg_leaf_ranges[a % n_args]:
+                    v = jaxpr.invars[nc + i]
+                    seeds.append((v, AxisLoc(self.axis % len(v.aval.shape))))
+            size = seeds[0][0].aval.shape[seeds[0][1].dim]
+            analysis = Analysis(jaxpr, size).run(seeds)
+            born = ", ".join(sorted({names[v] for v, _ in seeds})) + f" at axis {self.axis}"
+            candidates = [_plan.make_plan(jaxpr, analysis, self.chunk, born)]
+            what = f"`argnums` {self.argnums}"
+        else:
+            candidates = _plan.find_candidates(jaxpr, self.chunk, self.axis, self.size, names)
+            if self.size is not None:
+                what = f"an axis of size {self.size}"
+            else:
+                what = f"an axis longer than `chunk` {self.chunk}"
+            if not candidates:
+                where = "at any position" if self.axis is None else f"born at position {self.axis}"
+                raise SerializeError(
+                    f"found no {what[3:]} {where}; pass `argnums=` or `size=` to name it"
+                )
+        usable = [c for c in candidates if c.has_body]
+        if not usable:
+            raise _plan.nothing_chunkable(candidates, what)
+        if self.size is not None and len(usable) > 1:
+            listed = "; ".join(f"born at {c.born}" for c in usable)
+            raise SerializeError(
+                f"two or more different axes have size {self.size}: {listed}. "
+                "Name the one you mean with `argnums=` or `axis=`."
+            )
+        region = _plan.choose(usable)
+        grad, reason = self._grad_mode()
+        plan = Plan.from_region(region, usable, grad, reason)
+        return _Prepared(traced, region, plan, build(region, grad, self.accum_dtype))
+
+    def _grad_mode(self) -> tuple[str, str]:
+        if self.grad == "auto":
+            return "remat", "auto: fused single-pass mode not available yet"
+        return self.grad, "requested"
+
+
+def serialize_axis(
+    fun: Callable | None = None,
+    *,
+    chunk: int,
+    axis: int | None = 0,
+    argnums: int | tuple[int, ...] | None = None,
+    size: int | None = None,
+    grad: str = "auto",
+    accum_dtype: Any = None,
+    mesh_axis: Any = None,
+) -> Any:
+    """Run one axis of ``fun`` in chunks of ``chunk``, with the same values and gradients.
+
+    Use as ``@serialize_axis(chunk=4)`` or ``serialize_axis(f, chunk=4)``. The axis is the
+    one named by ``argnums`` (position ``axis`` of those arguments' array leaves), the one of
+    size ``size``, or else found automatically. See DESIGN.md for the full contract.
+    """
+    kwargs = dict(
+        chunk=chunk,
+        axis=axis,
+        argnums=argnums,
+        size=size,
+        grad=grad,
+        accum_dtype=accum_dtype,
+        mesh_axis=mesh_axis,
+    )
+    if fun is None:
+        SerializedFunction(lambda: None, **kwargs)  # check the arguments at decoration
+        return lambda f: SerializedFunction(f, **kwargs)
+    return SerializedFunction(fun, **kwargs)

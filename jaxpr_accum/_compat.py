@@ -1,0 +1,135 @@
+"""Every touch of JAX internals, in one place.
+
+The rest of the package reads jaxprs through the public ``jax.extend.core`` types and calls
+the helpers below for anything that is private to JAX or whose layout changes between JAX
+versions (the parameters of ``custom_jvp_call`` / ``custom_vjp_call``, source information,
+dead-code elimination). Tested with ``jax>=0.10,<0.11``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import core as _core
+from jax._src import source_info_util as _source_info
+from jax._src.interpreters import partial_eval as _pe
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
+
+__all__ = [
+    "ClosedJaxpr",
+    "Jaxpr",
+    "JaxprEqn",
+    "Literal",
+    "Var",
+    "DropVar",
+    "bind",
+    "custom_jvp_rule_jaxpr",
+    "custom_vjp_parts",
+    "dce",
+    "float0",
+    "is_key_dtype",
+    "source_line",
+    "sub_jaxprs",
+    "user_context",
+]
+
+DropVar = _core.DropVar
+float0 = jax.dtypes.float0
+
+
+def is_key_dtype(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+@contextlib.contextmanager
+def user_context(eqn: JaxprEqn) -> Iterator[None]:
+    """Make equations emitted inside carry ``eqn``'s user source line and name stack."""
+    name_stack = _source_info.current_name_stack() + eqn.source_info.name_stack
+    with _source_info.user_context(eqn.source_info.traceback, name_stack=name_stack):
+        yield
+
+
+def bind(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | None = None) -> list:
+    """Re-emit ``eqn`` on ``invals`` (optionally with new params), keeping its source info."""
+    params = eqn.params if params is None else params
+    bind_params = eqn.primitive.get_bind_params(params)
+    with user_context(eqn):
+        out = eqn.primitive.bind(*invals, **bind_params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def source_line(eqn: JaxprEqn) -> str:
+    """The user's source line of ``eqn`` as ``file:line (function)``, or ``<unknown>``."""
+    frame = _source_info.user_frame(eqn.source_info.traceback)
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+
+
+def open_jaxpr(j: Jaxpr | ClosedJaxpr) -> Jaxpr:
+    return j.jaxpr if isinstance(j, ClosedJaxpr) else j
+
+
+def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[tuple, ClosedJaxpr | Jaxpr]]:
+    """Every sub-jaxpr in ``params`` with its path: ``(key,)`` or ``(key, index)``."""
+    for key, value in params.items():
+        if isinstance(value, (Jaxpr, ClosedJaxpr)):
+            yield (key,), value
+        elif isinstance(value, (tuple, list)):
+            for i, item in enumerate(value):
+                if isinstance(item, (Jaxpr, ClosedJaxpr)):
+                    yield (key, i), item
+
+
+def dce(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """Drop equations whose results are unused (keeps effects, inputs and outputs)."""
+    jaxpr, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    return ClosedJaxpr(jaxpr, closed.consts)
+
+
+def custom_jvp_rule_jaxpr(eqn: JaxprEqn, zeros: Sequence[bool]) -> tuple[ClosedJaxpr, list]:
+    """The JVP rule of a ``custom_jvp_call`` as a jaxpr at the equation's own shapes.
+
+    Returns ``(jvp, out_zeros)``: ``jvp`` takes the non-const primals followed by the tangents
+    of the inputs whose ``zeros`` flag is False, and returns the primal outputs followed by the
+    tangents of the outputs whose ``out_zeros`` flag is False.
+    """
+    jvp_jaxpr, consts, out_zeros = eqn.params["jvp_jaxpr_fun"].call_wrapped(*zeros)
+    return ClosedJaxpr(jvp_jaxpr, consts), list(out_zeros)
+
+
+def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable, int]:
+    """``(fwd_jaxpr_of(nonzeros) -> (ClosedJaxpr, n_res), bwd(*res, *cts), num_consts)``.
+
+    ``fwd`` jaxprs output the residuals then the primal outputs; residuals that the rule
+    forwards straight from an input are re-inserted so the list matches ``bwd``'s arguments.
+    """
+    params = eqn.params
+
+    def fwd_jaxpr_of(nonzeros: Sequence[bool]) -> tuple[ClosedJaxpr, list]:
+        jaxpr, consts = params["fwd_jaxpr_thunk"].call_wrapped(*nonzeros)
+        _, res_tree, input_fwds = params["out_trees"]()
+        return ClosedJaxpr(jaxpr, consts), [res_tree.num_leaves, list(input_fwds)]
+
+    def bwd(*args: Any) -> list:
+        return list(params["bwd"].call_wrapped(*args))
+
+    return fwd_jaxpr_of, bwd, params["num_consts"]
+
+
+def zeros_float0(shape: Sequence[int]) -> np.ndarray:
+    return np.zeros(tuple(shape), dtype=float0)
+
+
+def is_array(x: Any) -> bool:
+    """A concrete or traced array (not a symbolic zero or None)."""
+    return isinstance(x, (jax.Array, np.ndarray, _core.Tracer))
+
+
+def constvars_to_invars(closed: ClosedJaxpr) -> tuple[Jaxpr, list]:
+    """``(jaxpr, consts)`` with the constants turned into leading inputs."""
+    return _pe.convert_constvars_jaxpr(closed.jaxpr), list(closed.consts)

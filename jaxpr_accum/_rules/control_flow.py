@@ -1,0 +1,158 @@
+"""Higher-order primitives: calls, remat, ``scan``, ``while`` and ``cond``, recursively.
+
+Each rule *links* the equation's operands and results to its sub-jaxprs' inputs and outputs
+(same value, possibly shifted by the loop's own dimension), then walks the sub-jaxprs in
+their own context. The equation is chunkable when everything inside is (``Analysis.blocker``).
+On resize the sub-jaxprs are re-emitted at chunk size through the public API
+(``lax.scan``, ``lax.while_loop``, ``lax.switch``, ``jax.checkpoint``), which keeps their
+semantics and lets JAX handle closures; nested ``jit`` calls are inlined.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax import lax
+
+from jaxpr_accum._compat import open_jaxpr
+from jaxpr_accum._rules.base import Rule, register
+
+
+def link_call(view: Any, eqn: Any, path: tuple, sub: Any, operands: list, results: list) -> None:
+    """Link ``operands`` to ``sub``'s inputs and ``sub``'s outputs to ``results``; walk it."""
+    inner = open_jaxpr(sub)
+    ctx = view.sub_ctx(path)
+    for outer, v in zip(operands, inner.invars, strict=True):
+        view.link((view.ctx, outer), (ctx, v))
+    view.walk(path, sub)
+    for v, outer in zip(inner.outvars, results, strict=True):
+        view.link((ctx, v), (view.ctx, outer))
+
+
+class Call(Rule):
+    """``jit`` / ``closed_call``: inlined at chunk size."""
+
+    def __init__(self, param: str):
+        self.param = param
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        sub = eqn.params[self.param]
+        link_call(view, eqn, (self.param,), sub, eqn.invars, eqn.outvars)
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        return r.eval((self.param,), eqn.params[self.param], invals)
+
+
+class Remat(Call):
+    def __init__(self) -> None:
+        super().__init__("jaxpr")
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        p = eqn.params
+
+        def body(*args: Any) -> list:
+            return r.eval(("jaxpr",), p["jaxpr"], list(args))
+
+        return jax.checkpoint(body, prevent_cse=p["prevent_cse"], policy=p["policy"])(*invals)
+
+
+class Scan(Rule):
+    def propagate(self, eqn: Any, view: Any) -> None:
+        p = eqn.params
+        nc, ncarry = p["num_consts"], p["num_carry"]
+        inner = p["jaxpr"].jaxpr
+        ctx = view.sub_ctx(("jaxpr",))
+        outer_in, outer_out = eqn.invars, eqn.outvars
+        for i in range(nc):
+            view.link((view.ctx, outer_in[i]), (ctx, inner.invars[i]))
+        for i in range(ncarry):
+            view.link((view.ctx, outer_in[nc + i]), (ctx, inner.invars[nc + i]))
+            view.link((ctx, inner.invars[nc + i]), (ctx, inner.outvars[i]))
+            view.link((ctx, inner.outvars[i]), (view.ctx, outer_out[i]))
+        for i in range(nc + ncarry, len(outer_in)):
+            view.link((view.ctx, outer_in[i]), (ctx, inner.invars[i]), shift=-1)
+        view.walk(("jaxpr",), p["jaxpr"])
+        for j in range(ncarry, len(outer_out)):
+            view.link((ctx, inner.outvars[j]), (view.ctx, outer_out[j]), shift=1)
+        for i in range(ncarry):  # the carry must come back where it went in
+            view.link((ctx, inner.invars[nc + i]), (ctx, inner.outvars[i]))
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        p = eqn.params
+        nc, ncarry = p["num_consts"], p["num_carry"]
+        consts, init, xs = invals[:nc], invals[nc : nc + ncarry], invals[nc + ncarry :]
+
+        def body(carry: list, x: list) -> tuple:
+            outs = r.eval(("jaxpr",), p["jaxpr"], [*consts, *carry, *x])
+            return outs[:ncarry], outs[ncarry:]
+
+        carry, ys = lax.scan(
+            body, list(init), list(xs), length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
+        )
+        return [*carry, *ys]
+
+
+class While(Rule):
+    def propagate(self, eqn: Any, view: Any) -> None:
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cond, body = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
+        cctx, bctx = view.sub_ctx(("cond_jaxpr",)), view.sub_ctx(("body_jaxpr",))
+        ins, outs = eqn.invars, eqn.outvars
+        for i in range(cn):
+            view.link((view.ctx, ins[i]), (cctx, cond.invars[i]))
+        for i in range(bn):
+            view.link((view.ctx, ins[cn + i]), (bctx, body.invars[i]))
+        for i, out in enumerate(outs):
+            chain = [
+                (view.ctx, ins[cn + bn + i]),
+                (bctx, body.invars[bn + i]),
+                (bctx, body.outvars[i]),
+                (cctx, cond.invars[cn + i]),
+                (view.ctx, out),
+            ]
+            for a, b in zip(chain, chain[1:] + chain[:1]):
+                view.link(a, b)
+        view.walk(("cond_jaxpr",), p["cond_jaxpr"])
+        view.walk(("body_jaxpr",), p["body_jaxpr"])
+        if view.analysis.loc(cctx, cond.outvars[0]) is not None:
+            view.barrier("the loop's condition depends on the axis")
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cconsts, bconsts, init = invals[:cn], invals[cn : cn + bn], invals[cn + bn :]
+
+        def cond_fun(carry: list) -> Any:
+            return r.eval(("cond_jaxpr",), p["cond_jaxpr"], [*cconsts, *carry])[0]
+
+        def body_fun(carry: list) -> list:
+            return r.eval(("body_jaxpr",), p["body_jaxpr"], [*bconsts, *carry])
+
+        return list(lax.while_loop(cond_fun, body_fun, list(init)))
+
+
+class Cond(Rule):
+    def propagate(self, eqn: Any, view: Any) -> None:
+        if view.in_loc(0) is not None:
+            view.barrier("`cond` chooses a branch per position along the axis")
+            return
+        for b, branch in enumerate(eqn.params["branches"]):
+            link_call(view, eqn, ("branches", b), branch, eqn.invars[1:], eqn.outvars)
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        index, operands = invals[0], invals[1:]
+        branches = [
+            (lambda *ops, b=b, br=br: r.eval(("branches", b), br, list(ops)))
+            for b, br in enumerate(eqn.params["branches"])
+        ]
+        return list(lax.switch(index, branches, *operands))
+
+
+register(["jit", "pjit"], Call("jaxpr"))
+register(["closed_call", "core_call"], Call("call_jaxpr"))
+register(["checkpoint", "remat", "remat2"], Remat())
+register("scan", Scan())
+register("while", While())
+register("cond", Cond())

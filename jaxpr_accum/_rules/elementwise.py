@@ -1,0 +1,69 @@
+"""Elementwise primitives: every operand of full rank shares the output's axis position.
+
+Operands may be rank-0 or have size 1 at the axis dimension (implicit broadcasting); those
+do not carry the axis and stay as they are at chunk size. Nothing changes shape on resize.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxpr_accum._rules.base import Rule, register
+
+
+class Elementwise(Rule):
+    def propagate(self, eqn: Any, view: Any) -> None:
+        out_shape = eqn.outvars[0].aval.shape
+        found = [view.out_loc(j) for j in range(len(eqn.outvars))]
+        found += [view.in_loc(i) for i in range(len(eqn.invars))]
+        locs = {loc for loc in found if loc is not None}
+        if len(locs) > 1:
+            view.barrier(f"operands of `{eqn.primitive.name}` carry the axis at different places")
+            return
+        if not locs:
+            return
+        (loc,) = locs
+        for i, v in enumerate(eqn.invars):
+            shape = getattr(v.aval, "shape", ())
+            if len(shape) == len(out_shape) and shape[loc.dim] == out_shape[loc.dim]:
+                view.set_in(i, loc)
+        for j in range(len(eqn.outvars)):
+            view.set_out(j, loc)
+
+
+class PerOperandIdentity(Rule):
+    """``optimization_barrier``-like: output ``i`` is operand ``i``."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        for i in range(len(eqn.invars)):
+            view.set_out(i, view.in_loc(i))
+            view.set_in(i, view.out_loc(i))
+
+
+class BitcastConvert(Rule):
+    """``bitcast_convert_type`` may add or drop a trailing dimension; others map 1:1."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        rank = min(len(eqn.invars[0].aval.shape), len(eqn.outvars[0].aval.shape))
+        for loc, setter in ((view.in_loc(0), view.set_out), (view.out_loc(0), view.set_in)):
+            if loc is None:
+                continue
+            if loc.dim >= rank:
+                view.barrier("`bitcast_convert_type` changes the width along the axis")
+                return
+            setter(0, loc)
+
+
+ELEMENTWISE_PRIMITIVES = """
+neg sign floor ceil round is_finite exp exp2 log log1p expm1 tanh logistic sin cos tan asin
+acos atan sinh cosh asinh acosh atanh sqrt rsqrt cbrt abs not population_count clz real imag
+conj complex add sub mul div rem pow max min nextafter atan2 and or xor shift_left
+shift_right_logical shift_right_arithmetic eq ne lt le gt ge select_n clamp
+convert_element_type integer_pow erf erfc erf_inv lgamma digamma polygamma zeta igamma
+igammac igamma_grad_a random_gamma_grad bessel_i0e bessel_i1e regularized_incomplete_beta
+square reduce_precision copy copy_p stop_gradient add_any mul_add pvary pcast
+""".split()
+
+register(ELEMENTWISE_PRIMITIVES, Elementwise())
+register("optimization_barrier", PerOperandIdentity())
+register("bitcast_convert_type", BitcastConvert())

@@ -1,0 +1,91 @@
+"""Reductions and scans along dimensions.
+
+A monoid reduction over the axis (``reduce_sum`` / ``max`` / ``min`` / ``prod`` / ``and`` /
+``or`` / ``xor``) ends the axis: its output is a per-chunk partial that the loop combines
+with the same monoid. Reductions over other dimensions, and cumulative ops, sorts, windows
+and ``top_k`` along other dimensions, keep the axis where it is (shifted past the removed
+dimensions). Acting *along* the axis in any other way mixes positions: a barrier.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxpr_accum._rules.base import AxisLoc, Rule, register
+from jaxpr_accum._rules.shape import SameShape, _all, _first
+
+MONOIDS = {
+    "reduce_sum": "sum",
+    "reduce_max": "max",
+    "reduce_min": "min",
+    "reduce_prod": "prod",
+    "reduce_and": "and",
+    "reduce_or": "or",
+    "reduce_xor": "xor",
+}
+
+
+class Reduce(Rule):
+    def __init__(self, kind: str | None):
+        self.kind = kind  # None: not a monoid (argmax / argmin): reducing the axis is a barrier
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        axes = tuple(eqn.params["axes"])
+        kept = [d for d in range(len(eqn.invars[0].aval.shape)) if d not in axes]
+        loc = view.in_loc(0)
+        if loc is not None:
+            if loc.dim in axes:
+                if self.kind is None:
+                    view.barrier(f"`{eqn.primitive.name}` over the axis picks one position")
+                else:
+                    view.reduce(0, self.kind)
+            else:
+                view.set_out(0, AxisLoc(kept.index(loc.dim), loc.inner))
+        loc = view.out_loc(0)
+        if loc is not None:
+            view.set_in(0, AxisLoc(kept[loc.dim], loc.inner))
+
+
+def _not_axis(param: str) -> Any:
+    return lambda eqn, d: eqn.params[param] != d
+
+
+def _not_topk_axis(eqn: Any, d: int) -> bool:
+    return eqn.params.get("axis", len(eqn.invars[0].aval.shape) - 1) != d
+
+
+def _window_allowed(eqn: Any, d: int) -> bool:
+    p = eqn.params
+    checks = [
+        p["window_dimensions"][d] == 1,
+        p["window_strides"][d] == 1,
+        tuple(p["padding"][d]) == (0, 0),
+    ]
+    for name in ("base_dilation", "window_dilation"):
+        if name in p:
+            checks.append(p[name][d] == 1)
+    return all(checks)
+
+
+def _window_operands(eqn: Any) -> list:
+    # generic reduce_window takes operands then as many init values (scalars)
+    n = len(eqn.outvars)
+    return list(range(n))
+
+
+for _name, _kind in MONOIDS.items():
+    register(_name, Reduce(_kind))
+register(["argmax", "argmin"], Reduce(None))
+register(
+    ["cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"],
+    SameShape(_first, _not_axis("axis"), "accumulates along the axis"),
+)
+register("sort", SameShape(_all, _not_axis("dimension"), "sorts along the axis"))
+register("top_k", SameShape(_first, _not_topk_axis, "selects along the axis"))
+register(
+    ["reduce_window_sum", "reduce_window_max", "reduce_window_min"],
+    SameShape(_first, _window_allowed, "slides a window along the axis"),
+)
+register(
+    "reduce_window", SameShape(_window_operands, _window_allowed, "slides a window along the axis")
+)

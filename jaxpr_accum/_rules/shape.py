@@ -1,0 +1,231 @@
+"""Shape primitives: map the axis position through the reshuffle; resize shape parameters.
+
+``reshape`` is where merged dimensions come from: ``vmap`` of a conv or a matmul merges
+``[N, B, ...]`` into ``[N*B, ...]``. The axis survives a reshape exactly when its block of
+elements stays contiguous and on a dimension boundary: the dimensions before it hold the
+same number of elements before and after, and the dimension that receives it has a size
+divisible by ``N`` (the axis is then its major factor, ``inner = size // N``). Anything else
+(splitting the axis itself, making it a minor factor) interleaves positions: a barrier.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from jax import lax
+
+from jaxpr_accum import _compat
+from jaxpr_accum._rules.base import AxisLoc, Rule, register
+
+
+def _with(seq: Any, dim: int, value: Any) -> tuple:
+    seq = list(seq)
+    seq[dim] = value
+    return tuple(seq)
+
+
+def reshape_loc(src: tuple, dst: tuple, loc: AxisLoc, size: int) -> AxisLoc | None:
+    """Where the axis at ``loc`` of shape ``src`` lands in shape ``dst``, or None."""
+    outer = math.prod(src[: loc.dim])
+    per_position = loc.inner * math.prod(src[loc.dim + 1 :])
+    before = 1
+    for e, extent in enumerate(dst):
+        if before == outer and extent % size == 0 and extent >= size:
+            inner = extent // size
+            if inner * math.prod(dst[e + 1 :]) == per_position:
+                return AxisLoc(e, inner)
+        before *= extent
+        if before > outer:
+            break
+    return None
+
+
+class Reshape(Rule):
+    def propagate(self, eqn: Any, view: Any) -> None:
+        if eqn.params.get("dimensions") is not None:
+            view.barrier("`reshape` with `dimensions` transposes along the way")
+            return
+        src, dst = eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape
+        for loc, a, b, setter in (
+            (view.in_loc(0), src, dst, view.set_out),
+            (view.out_loc(0), dst, src, view.set_in),
+        ):
+            if loc is None:
+                continue
+            mapped = reshape_loc(a, b, loc, view.size)
+            if mapped is None:
+                view.barrier(f"`reshape` {a} -> {b} splits the axis or makes it a minor factor")
+                return
+            setter(0, mapped)
+
+    def resize_params(self, eqn: Any, r: Any) -> dict:
+        loc = r.out_locs[0]
+        return {**eqn.params, "new_sizes": _with(eqn.params["new_sizes"], loc.dim, r.rows(loc))}
+
+
+class BroadcastInDim(Rule):
+    """Operand dim ``i`` becomes output dim ``broadcast_dimensions[i]``; other output dims, and
+    operand dims of size 1 that grow, are *born* here: at chunk size they are born shorter."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        bdims = eqn.params["broadcast_dimensions"]
+        shape = eqn.params["shape"]
+        operand_shape = eqn.invars[0].aval.shape
+        loc = view.in_loc(0)
+        if loc is not None:
+            view.set_out(0, AxisLoc(bdims[loc.dim], loc.inner))
+        loc = view.out_loc(0)
+        if loc is not None and loc.dim in bdims:
+            i = bdims.index(loc.dim)
+            if operand_shape[i] == shape[loc.dim]:
+                view.set_in(0, AxisLoc(i, loc.inner))
+
+    def resize_params(self, eqn: Any, r: Any) -> dict:
+        loc = r.out_locs[0]
+        return {**eqn.params, "shape": _with(eqn.params["shape"], loc.dim, r.rows(loc))}
+
+
+class Permutation(Rule):
+    """``transpose``: output dim ``j`` is operand dim ``permutation[j]``."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        perm = eqn.params["permutation"]
+        loc = view.in_loc(0)
+        if loc is not None:
+            view.set_out(0, AxisLoc(perm.index(loc.dim), loc.inner))
+        loc = view.out_loc(0)
+        if loc is not None:
+            view.set_in(0, AxisLoc(perm[loc.dim], loc.inner))
+
+
+class DropDims(Rule):
+    """``squeeze``: removes size-1 dimensions, never the axis."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        dropped = set(eqn.params["dimensions"])
+        kept = [d for d in range(len(eqn.invars[0].aval.shape)) if d not in dropped]
+        loc = view.in_loc(0)
+        if loc is not None:
+            view.set_out(0, AxisLoc(kept.index(loc.dim), loc.inner))
+        loc = view.out_loc(0)
+        if loc is not None:
+            view.set_in(0, AxisLoc(kept[loc.dim], loc.inner))
+
+
+class SameShape(Rule):
+    """Operands listed in ``carriers`` and every output share one position; the primitive is
+    fine as long as ``allowed(eqn, dim)`` says it does not act along that dimension."""
+
+    def __init__(self, carriers: Any, allowed: Any, what: str):
+        self.carriers, self.allowed, self.what = carriers, allowed, what
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        carriers = self.carriers(eqn)
+        found = [view.in_loc(i) for i in carriers]
+        found += [view.out_loc(j) for j in range(len(eqn.outvars))]
+        locs = {loc for loc in found if loc is not None}
+        if len(locs) > 1:
+            view.barrier(f"operands of `{eqn.primitive.name}` carry the axis at different places")
+            return
+        if not locs:
+            return
+        (loc,) = locs
+        if not self.allowed(eqn, loc.dim):
+            view.barrier(f"`{eqn.primitive.name}` {self.what}")
+            return
+        for i in carriers:
+            view.set_in(i, loc)
+        for j in range(len(eqn.outvars)):
+            view.set_out(j, loc)
+
+
+def _first(eqn: Any) -> list:
+    return [0]
+
+
+def _all(eqn: Any) -> list:
+    return list(range(len(eqn.invars)))
+
+
+class Slice(SameShape):
+    def __init__(self) -> None:
+        super().__init__(_first, self._full, "slices along the axis")
+
+    @staticmethod
+    def _full(eqn: Any, d: int) -> bool:
+        p = eqn.params
+        strides = p.get("strides")
+        return (
+            p["start_indices"][d] == 0
+            and p["limit_indices"][d] == eqn.invars[0].aval.shape[d]
+            and (strides is None or strides[d] == 1)
+        )
+
+    def resize_params(self, eqn: Any, r: Any) -> dict:
+        loc = r.out_locs[0]
+        limits = _with(eqn.params["limit_indices"], loc.dim, r.rows(loc))
+        return {**eqn.params, "limit_indices": limits}
+
+
+class DynamicSlice(SameShape):
+    def __init__(self) -> None:
+        super().__init__(_first, self._full, "slices along the axis")
+
+    @staticmethod
+    def _full(eqn: Any, d: int) -> bool:
+        return eqn.params["slice_sizes"][d] == eqn.invars[0].aval.shape[d]
+
+    def resize_params(self, eqn: Any, r: Any) -> dict:
+        loc = r.out_locs[0]
+        sizes = _with(eqn.params["slice_sizes"], loc.dim, r.rows(loc))
+        return {**eqn.params, "slice_sizes": sizes}
+
+
+class Iota(Rule):
+    """``iota`` is born with the axis; along its counting dimension a chunk counts from its
+    own first position, so the resized iota adds the chunk's offset."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        pass  # no operands: its output's position is learnt from its users
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        loc = r.out_locs[0]
+        params = {**eqn.params, "shape": _with(eqn.params["shape"], loc.dim, r.rows(loc))}
+        (out,) = _compat.bind(eqn, invals, params)
+        if eqn.params["dimension"] == loc.dim:
+            offset = lax.convert_element_type(r.start * loc.inner, out.dtype)
+            out = out + offset
+        return [out]
+
+
+def _pad_allowed(eqn: Any, d: int) -> bool:
+    return tuple(eqn.params["padding_config"][d]) == (0, 0, 0)
+
+
+def _concat_allowed(eqn: Any, d: int) -> bool:
+    return eqn.params["dimension"] != d
+
+
+def _rev_allowed(eqn: Any, d: int) -> bool:
+    return d not in eqn.params["dimensions"]
+
+
+def _dus_allowed(eqn: Any, d: int) -> bool:
+    return eqn.invars[1].aval.shape[d] == eqn.invars[0].aval.shape[d]
+
+
+register("reshape", Reshape())
+register("broadcast_in_dim", BroadcastInDim())
+register("transpose", Permutation())
+register("squeeze", DropDims())
+register("slice", Slice())
+register("dynamic_slice", DynamicSlice())
+register("iota", Iota())
+register("pad", SameShape(_first, _pad_allowed, "pads along the axis"))
+register("concatenate", SameShape(_all, _concat_allowed, "concatenates along the axis"))
+register("rev", SameShape(_first, _rev_allowed, "reverses the axis"))
+register(
+    "dynamic_update_slice",
+    SameShape(lambda e: [0, 1], _dus_allowed, "updates part of the axis"),
+)

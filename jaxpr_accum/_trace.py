@@ -1,0 +1,134 @@
+"""Tracing: pytrees in, one flat top-level jaxpr out.
+
+1. Flatten ``(args, kwargs)``. Array leaves (JAX and NumPy arrays, tracers) are dynamic;
+   every other leaf (Python numbers, strings, ``None``, callables) is static, as if named in
+   ``static_argnums``, and is part of the cache key.
+2. Trace the function on the dynamic leaves' avals with ``jax.make_jaxpr``.
+3. Inline nested ``jit`` / ``closed_call`` equations (so that a reduction inside a jitted
+   helper is visible to the planner), by re-tracing through an interpreter that keeps each
+   equation's source information; then drop dead equations.
+4. Turn the jaxpr's constants into leading inputs: closed-over tracers (parameters closed
+   over inside an outer ``jax.grad``) become explicit, differentiable inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxpr_accum import _compat
+from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, Literal
+
+_INLINED = {"jit", "pjit", "closed_call", "core_call"}
+
+
+def is_dynamic(leaf: Any) -> bool:
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.core.Tracer))
+
+
+@dataclass
+class Traced:
+    """A traced call: the flat jaxpr and how to get its inputs from a call's arguments."""
+
+    jaxpr: Jaxpr  # no constvars: inputs are ``consts + dynamic leaves``
+    consts: list  # values of the leading inputs (concrete arrays or outer tracers)
+    out_tree: Any
+    arg_leaf_ranges: list[range]  # positional argument i owns dynamic leaves in this range
+
+    @property
+    def n_consts(self) -> int:
+        return len(self.consts)
+
+    @property
+    def has_tracer_consts(self) -> bool:
+        return any(isinstance(c, jax.core.Tracer) for c in self.consts)
+
+
+def split_arguments(args: tuple, kwargs: dict) -> tuple[list, Any, list[bool], list[range]]:
+    """Flatten a call's arguments; returns leaves, treedef, dynamic mask, per-arg ranges."""
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    dynamic = [is_dynamic(x) for x in leaves]
+    ranges, start = [], 0
+    for arg in args:
+        arg_leaves = jax.tree_util.tree_leaves(arg)
+        n_dyn = sum(is_dynamic(x) for x in arg_leaves)
+        ranges.append(range(start, start + n_dyn))
+        start += n_dyn
+    return leaves, treedef, dynamic, ranges
+
+
+def cache_key(leaves: list, treedef: Any, dynamic: list[bool]) -> Any:
+    """Hashable key of a call's avals and static leaves, or None if a static leaf is unhashable."""
+    parts: list = [treedef]
+    for leaf, dyn in zip(leaves, dynamic, strict=True):
+        if dyn:
+            aval = jax.typeof(leaf) if isinstance(leaf, jax.core.Tracer) else None
+            shape, dtype = np.shape(leaf), jax.numpy.result_type(leaf)
+            parts.append(("dyn", shape, str(dtype), getattr(aval, "weak_type", False)))
+        else:
+            try:
+                hash(leaf)
+            except TypeError:
+                return None
+            parts.append(("static", type(leaf), leaf))
+    return tuple(parts)
+
+
+def trace(fun: Callable, leaves: list, treedef: Any, dynamic: list[bool], ranges: list) -> Traced:
+    out_store: list = []
+
+    def flat_fun(*dyn_leaves: Any) -> list:
+        it = iter(dyn_leaves)
+        merged = [next(it) if d else leaf for leaf, d in zip(leaves, dynamic, strict=True)]
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, merged)
+        out = fun(*args, **kwargs)
+        out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+        out_store.append(out_tree)
+        return out_leaves
+
+    dyn_avals = [
+        jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x))
+        for x, d in zip(leaves, dynamic, strict=True)
+        if d
+    ]
+    closed = jax.make_jaxpr(flat_fun)(*dyn_avals)
+    closed = _compat.dce(inline_calls(closed))
+    jaxpr, consts = _compat.constvars_to_invars(closed)
+    return Traced(jaxpr, consts, out_store[0], ranges)
+
+
+def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """The same program with every nested ``jit`` / ``closed_call`` inlined."""
+    if not _has_calls(closed.jaxpr):
+        return closed
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+    return jax.make_jaxpr(lambda *a: _eval_inlined(closed.jaxpr, closed.consts, a))(*avals)
+
+
+def _has_calls(jaxpr: Jaxpr) -> bool:
+    return any(e.primitive.name in _INLINED for e in jaxpr.eqns)
+
+
+def _eval_inlined(jaxpr: Jaxpr, consts: Sequence, args: Sequence) -> list:
+    env: dict = dict(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+
+    def read(v: Any) -> Any:
+        return v.val if isinstance(v, Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        if eqn.primitive.name in _INLINED:
+            sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+            inner = sub.jaxpr if isinstance(sub, ClosedJaxpr) else sub
+            sub_consts = sub.consts if isinstance(sub, ClosedJaxpr) else []
+            outs = _eval_inlined(inner, sub_consts, invals)
+        else:
+            outs = _compat.bind(eqn, invals)
+        for v, x in zip(eqn.outvars, outs, strict=True):
+            env[v] = x
+    return [read(v) for v in jaxpr.outvars]

@@ -62,6 +62,18 @@ def bind(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | None = N
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
+def inherit_source(eqn: JaxprEqn, outer: JaxprEqn | None) -> JaxprEqn:
+    """``eqn`` from inside ``outer``'s sub-jaxpr, pointing at the user's line.
+
+    Equations traced inside a ``jit`` only know JAX-internal frames; the user's line is the
+    one of the enclosing call, so that is used where the equation has no user frame.
+    """
+    if outer is None or _source_info.user_frame(eqn.source_info.traceback) is not None:
+        return eqn
+    source_info = eqn.source_info.replace(traceback=outer.source_info.traceback)
+    return eqn.replace(source_info=source_info)
+
+
 def source_line(eqn: JaxprEqn) -> str:
     """The user's source line of ``eqn`` as ``file:line (function)``, or ``<unknown>``."""
     frame = _source_info.user_frame(eqn.source_info.traceback)
@@ -133,3 +145,12 @@ def is_array(x: Any) -> bool:
 def constvars_to_invars(closed: ClosedJaxpr) -> tuple[Jaxpr, list]:
     """``(jaxpr, consts)`` with the constants turned into leading inputs."""
     return _pe.convert_constvars_jaxpr(closed.jaxpr), list(closed.consts)
+
+
+def key_impl(dtype: Any) -> Any:
+    """The PRNG implementation behind a key dtype."""
+    return dtype._impl
+
+
+def key_impl_name(dtype: Any) -> str:
+    return key_impl(dtype).name

@@ -113,7 +113,7 @@ def _has_calls(jaxpr: Jaxpr) -> bool:
     return any(e.primitive.name in _INLINED for e in jaxpr.eqns)
 
 
-def _eval_inlined(jaxpr: Jaxpr, consts: Sequence, args: Sequence) -> list:
+def _eval_inlined(jaxpr: Jaxpr, consts: Sequence, args: Sequence, outer: Any = None) -> list:
     env: dict = dict(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
 
@@ -121,12 +121,13 @@ def _eval_inlined(jaxpr: Jaxpr, consts: Sequence, args: Sequence) -> list:
         return v.val if isinstance(v, Literal) else env[v]
 
     for eqn in jaxpr.eqns:
+        eqn = _compat.inherit_source(eqn, outer)
         invals = [read(v) for v in eqn.invars]
         if eqn.primitive.name in _INLINED:
             sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
             inner = sub.jaxpr if isinstance(sub, ClosedJaxpr) else sub
             sub_consts = sub.consts if isinstance(sub, ClosedJaxpr) else []
-            outs = _eval_inlined(inner, sub_consts, invals)
+            outs = _eval_inlined(inner, sub_consts, invals, eqn)
         else:
             outs = _compat.bind(eqn, invals)
         for v, x in zip(eqn.outvars, outs, strict=True):

@@ -1,21 +1,102 @@
-"""Random primitives.
+"""Random primitives: draws along the axis are generated per chunk, bit for bit.
 
 Keys carry the axis like any array (``split(key, N)`` then ``vmap`` over keys): ``random_bits``
 and ``random_split`` map key dimensions to the leading dimensions of their outputs, and
-``fold_in`` / ``wrap`` / ``unwrap`` are positionwise. A draw that *creates* the axis (its
-``shape`` holds it) is computed before the loop on the full axis, which keeps it exact.
+``fold_in`` / ``wrap`` / ``unwrap`` are positionwise.
+
+A draw that *creates* the axis (its ``shape`` holds it) is generated inside the loop for the
+chunk only. Under the partitionable threefry (JAX's default), element ``i`` of a draw of
+shape ``S`` is ``threefry2x32(key, counter)`` with ``counter`` the 64-bit row-major index of
+``i`` in ``S``, split into two 32-bit words. The chunk's counters are computed from the
+*full* shape's strides with the chunk's offset along the axis, in exact 2x32-bit integer
+arithmetic, so the chunked bits equal the original's whatever the widths, merged dimensions
+or sizes. The bits are then recomputed in the backward pass like any chunk activation.
+
+Where that formula is not the one JAX uses (legacy non-partitionable threefry, ``rbg`` /
+``unsafe_rbg`` keys, a batch of keys), the draw is hoisted: computed before the loop on the
+full axis, still exact, and the plan says so.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from jaxpr_accum._rules.base import Rule, register
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxpr_accum import _compat
+from jaxpr_accum._rules.base import AxisLoc, Rule, register
 from jaxpr_accum._rules.elementwise import Elementwise
+
+_MASK16 = np.uint32(0xFFFF)
+
+
+def _mul_wide(a: Any, c: int) -> tuple[Any, Any]:
+    """``a * c`` as ``(hi, lo)`` 32-bit words, for uint32 ``a`` and ``0 <= c < 2**64``."""
+    c_lo, c_hi = c & 0xFFFFFFFF, c >> 32
+    lo = a * np.uint32(c_lo)
+    a_lo, a_hi = a & _MASK16, a >> np.uint32(16)
+    cl, ch = np.uint32(c_lo & 0xFFFF), np.uint32(c_lo >> 16)
+    ll, lh, hl, hh = a_lo * cl, a_lo * ch, a_hi * cl, a_hi * ch
+    mid = (ll >> np.uint32(16)) + (lh & _MASK16) + (hl & _MASK16)
+    hi = hh + (lh >> np.uint32(16)) + (hl >> np.uint32(16)) + (mid >> np.uint32(16))
+    return hi + a * np.uint32(c_hi), lo
+
+
+def _add_wide(x: tuple[Any, Any], y: tuple[Any, Any]) -> tuple[Any, Any]:
+    lo = x[1] + y[1]
+    carry = (lo < x[1]).astype(np.uint32)
+    return x[0] + y[0] + carry, lo
+
+
+def chunk_counters(full_shape: tuple, loc: AxisLoc, k: int, start: Any) -> tuple[Any, Any]:
+    """The 2x32-bit row-major counters of the chunk ``[start, start+k)`` of ``full_shape``."""
+    shape = list(full_shape)
+    shape[loc.dim] = k * loc.inner
+    strides = [math.prod(full_shape[d + 1 :]) for d in range(len(full_shape))]
+    total = (jnp.zeros(shape, np.uint32), jnp.zeros(shape, np.uint32))
+    for d, stride in enumerate(strides):
+        index = lax.broadcasted_iota(np.uint32, shape, d)
+        if d == loc.dim:
+            index = index + lax.convert_element_type(start * loc.inner, np.uint32)
+        total = _add_wide(total, _mul_wide(index, stride))
+    return total
+
+
+def _bits_from_counters(key: Any, counters: tuple[Any, Any]) -> tuple[Any, Any]:
+    k1, k2 = (x for x in jax.random.key_data(key))
+    return tuple(jax.extend.random.threefry2x32_p.bind(k1, k2, *counters))
+
+
+def _finish_bits(bits1: Any, bits2: Any, bit_width: int) -> Any:
+    """Same as ``_threefry_random_bits_partitionable`` after its threefry call."""
+    dtype = np.dtype(f"uint{bit_width}")
+    if bit_width == 64:
+        hi = lax.convert_element_type(bits1, dtype)
+        lo = lax.convert_element_type(bits2, dtype)
+        return lax.shift_left(hi, jnp.asarray(32, dtype=dtype)) | lo
+    if bit_width == 32:
+        return bits1 ^ bits2
+    return lax.convert_element_type(bits1 ^ bits2, dtype)
+
+
+def in_loop_draw_refusal(eqn: Any) -> str | None:
+    """Why a draw born along the axis cannot be generated per chunk, or None if it can."""
+    key = eqn.invars[0].aval
+    if key.shape:
+        return "a batch of keys draws along the axis"
+    if _compat.key_impl_name(key.dtype) != "threefry2x32":
+        return f"`{_compat.key_impl_name(key.dtype)}` keys have no per-chunk counter formula"
+    if not jax.config.jax_threefry_partitionable:
+        return "the legacy (non-partitionable) threefry has no per-chunk counter formula"
+    return None
 
 
 class KeyPrefix(Rule):
-    """Output dims ``< keys.ndim`` are the keys' dims; the rest are born by the draw."""
+    """Output dims ``< keys.ndim`` are the keys' dims; the rest are drawn here."""
 
     def propagate(self, eqn: Any, view: Any) -> None:
         key_rank = len(eqn.invars[0].aval.shape)
@@ -27,10 +108,36 @@ class KeyPrefix(Rule):
             return
         if loc.dim < key_rank:
             view.set_in(0, loc)
-        else:
+            return
+        refusal = in_loop_draw_refusal(eqn)
+        if refusal is not None:
             view.hoist(
-                f"`{eqn.primitive.name}` draws along the axis; computed before the loop (exact)"
+                f"`{eqn.primitive.name}` draws along the axis; computed before the loop on the "
+                f"full axis (exact): {refusal}"
             )
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        loc = r.out_locs[0]
+        if r.in_locs[0] is not None:
+            return super().resize(eqn, r, invals)
+        full_shape = tuple(eqn.params["shape"])
+        with _compat.user_context(eqn):
+            bits = _bits_from_counters(invals[0], chunk_counters(full_shape, loc, r.k, r.start))
+            return [self.finish(eqn, invals[0], bits)]
+
+    def finish(self, eqn: Any, key: Any, bits: tuple[Any, Any]) -> Any:
+        raise NotImplementedError
+
+
+class RandomBits(KeyPrefix):
+    def finish(self, eqn: Any, key: Any, bits: tuple[Any, Any]) -> Any:
+        return _finish_bits(*bits, eqn.params["bit_width"])
+
+
+class RandomSplit(KeyPrefix):
+    def finish(self, eqn: Any, key: Any, bits: tuple[Any, Any]) -> Any:
+        data = jnp.stack(bits, axis=bits[0].ndim)
+        return jax.random.wrap_key_data(data, impl=_compat.key_impl(key.dtype))
 
 
 class SameLeadingDims(Rule):
@@ -41,6 +148,7 @@ class SameLeadingDims(Rule):
         view.set_in(0, view.out_loc(0))
 
 
-register(["random_bits", "random_split"], KeyPrefix())
+register("random_bits", RandomBits())
+register("random_split", RandomSplit())
 register(["random_wrap", "random_unwrap"], SameLeadingDims())
 register(["random_fold_in", "random_seed", "random_clone", "threefry2x32"], Elementwise())

@@ -120,7 +120,8 @@ class SerializedFunction:
         return jax.make_jaxpr(prepared.run)(*inputs)
 
     def __repr__(self) -> str:
-        return f"serialize_axis({getattr(self.original, '__name__', self.original)!r}, chunk={self.chunk})"
+        name = getattr(self.original, "__name__", self.original)
+        return f"serialize_axis({name!r}, chunk={self.chunk})"
 
     # -- internals -----------------------------------------------------------------------
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[_Prepared, list]:

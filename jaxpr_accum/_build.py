@@ -190,16 +190,11 @@ class Region:
                 for i, x in zip(diff_ch, d_ch, strict=True):
                     ch[i] = x
                 outs = self.body(kk, start, inv, ch)
-                return [
-                    x for group, flags in zip(outs, out_float) for x, f in zip(group, flags) if f
-                ]
+                return _pick(outs, out_float)
 
             _, pullback = jax.vjp(f, [invariants[i] for i in diff_inv], [chunk[i] for i in diff_ch])
             ct_all = (list(ct_sums), ct_p, ct_st)
-            ct_out = [
-                c for group, flags in zip(ct_all, out_float) for c, f in zip(group, flags) if f
-            ]
-            return pullback(ct_out)
+            return pullback(_pick(ct_all, out_float))
 
         def ct_chunks(start: Any, kk: int) -> tuple:
             ct_st = [
@@ -253,6 +248,16 @@ class Region:
             return self.forward(invariants, chunked, checkpoint=True)
 
         return region
+
+
+def _pick(groups: Sequence, flags: Sequence) -> list:
+    """The entries of ``groups`` (lists) whose flag in ``flags`` (parallel lists) is set."""
+    return [
+        x
+        for group, group_flags in zip(groups, flags, strict=True)
+        for x, flag in zip(group, group_flags, strict=True)
+        if flag
+    ]
 
 
 def build(plan: RegionPlan, grad: str, accum_dtype: Any) -> Callable:

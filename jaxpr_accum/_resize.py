@@ -19,8 +19,7 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis, Ctx
-from jaxpr_accum._compat import open_jaxpr
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
+from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, open_jaxpr
 from jaxpr_accum._rules import AxisLoc, rule_for
 
 

@@ -1,5 +1,15 @@
 """Per-primitive rules, one module per primitive family; importing this package fills the table."""
 
+from jaxpr_accum._rules import (  # noqa: E402, F401  (registration side effects)
+    contraction,
+    control_flow,
+    custom_derivatives,
+    elementwise,
+    indexing,
+    random,
+    reduction,
+    shape,
+)
 from jaxpr_accum._rules.base import (
     RULES,
     UNKNOWN,
@@ -11,15 +21,13 @@ from jaxpr_accum._rules.base import (
     rule_for,
 )
 
-from jaxpr_accum._rules import (  # noqa: E402, F401  (registration side effects)
-    contraction,
-    control_flow,
-    custom_derivatives,
-    elementwise,
-    indexing,
-    random,
-    reduction,
-    shape,
-)
-
-__all__ = ["RULES", "UNKNOWN", "AxisLoc", "Barrier", "Rule", "register", "rule_for"]
+__all__ = [
+    "RULES",
+    "UNKNOWN",
+    "AxisLoc",
+    "Barrier",
+    "Rule",
+    "register",
+    "register_rule",
+    "rule_for",
+]

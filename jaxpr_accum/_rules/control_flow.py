@@ -112,7 +112,7 @@ class While(Rule):
                 (cctx, cond.invars[cn + i]),
                 (view.ctx, out),
             ]
-            for a, b in zip(chain, chain[1:] + chain[:1]):
+            for a, b in zip(chain, chain[1:] + chain[:1], strict=True):
                 view.link(a, b)
         view.walk(("cond_jaxpr",), p["cond_jaxpr"])
         view.walk(("body_jaxpr",), p["body_jaxpr"])

@@ -87,7 +87,8 @@ class CustomJVP(Rule):
             outs = _eval_rule(r, jvp, seeds, [*primals, *nonzero])
             primal_out, rest = outs[:n_out], iter(outs[n_out:])
             tangent_out = [
-                _zero_tangent(p) if z else next(rest) for p, z in zip(primal_out, out_zeros)
+                _zero_tangent(p) if z else next(rest)
+                for p, z in zip(primal_out, out_zeros, strict=True)
             ]
             return tuple(primal_out), tuple(tangent_out)
 

@@ -1,0 +1,394 @@
+"""The demo behind ``python -m jaxpr_accum demo``: the seed-1 model, original vs serialized.
+
+The model is the stochastic encoder-decoder from the motivating issue (``DESIGN.md``, seed 1):
+an encoder produces ``mu, sigma`` of a latent image, 16 Monte-Carlo samples
+``z = mu + sigma * normal(key, (16, ...))`` are drawn inside the module, and the decoder is
+``jax.vmap``-ed over them inside ``@nn.compact``, exactly as the user wrote it. The loss is the
+negative Gaussian log-likelihood of the unmasked image, averaged over samples and batch.
+Sizes are chosen so that the decoder's activations over the 16 samples dominate the backward
+pass's memory, which is the situation ``serialize_axis`` is for.
+
+Measurements follow ``DESIGN.md`` ("Performance targets"):
+
+- memory: XLA's own accounting, ``jax.jit(jax.value_and_grad(f)).lower(*args).compile()
+  .memory_analysis().temp_size_in_bytes``, serialized vs original, in one process;
+- time: medians of interleaved repeats of the compiled ``value_and_grad``, as a ratio;
+- exactness: the largest difference of value and gradients against the original, relative to
+  the magnitude of the original's (per gradient leaf).
+
+The helpers here (``seed1_problem``, ``temp_bytes``, ``compare_exact``, ``time_interleaved``)
+are also used by ``benchmarks/memory.py``. Flax is needed (``pip install -e '.[flax]'``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: The relative tolerance on value and gradients (DESIGN.md, issue-2 acceptance).
+EXACT_RTOL = 2e-4
+
+
+# --------------------------------------------------------------------------------------------
+# The seed-1 model
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Seed1Config:
+    """Sizes of the seed-1 problem. The defaults run the demo in well under a minute on CPU."""
+
+    batch: int = 4
+    height: int = 32
+    width: int = 32
+    channels: int = 1
+    latent: int = 4
+    n_samples: int = 16
+    encoder_width: int = 8
+    decoder_widths: tuple[int, ...] = (32, 32, 32)
+    sigma_floor: float = 1e-3
+    seed: int = 42
+
+
+QUICK_SEED1 = Seed1Config(height=16, width=16, decoder_widths=(16, 16))
+
+
+def _flax_linen():
+    try:
+        import flax.linen as nn
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise SystemExit(
+            "the demo needs Flax: pip install -e '.[flax]' (or pip install flax optax)"
+        ) from e
+    return nn
+
+
+def _build_modules(cfg: Seed1Config):
+    """Define the linen modules of the seed (lazily, so that importing this file needs no Flax)."""
+    nn = _flax_linen()
+
+    def to_sigma(h):
+        return cfg.sigma_floor + (1.0 - cfg.sigma_floor) * nn.softplus(h)
+
+    class Encoder(nn.Module):
+        """Small on purpose: the encoder runs once, outside the sample axis."""
+
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Conv(features=cfg.encoder_width, kernel_size=(3, 3))(x)
+            h = nn.relu(h)
+            h = nn.Conv(features=2 * cfg.latent, kernel_size=(3, 3))(h)
+            return h[..., : cfg.latent], to_sigma(h[..., cfg.latent :])
+
+    class Decoder(nn.Module):
+        """The heavy part: its activations exist once per Monte-Carlo sample."""
+
+        @nn.compact
+        def __call__(self, z):
+            h = z
+            for w in cfg.decoder_widths:
+                h = nn.relu(nn.Conv(features=w, kernel_size=(3, 3))(h))
+            h = nn.Conv(features=2 * cfg.channels, kernel_size=(3, 3))(h)
+            return h[..., : cfg.channels], to_sigma(h[..., cfg.channels :])
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, masked_x, rng, n_samples: int):
+            mu, sigma = Encoder()(masked_x)
+            # Monte-Carlo samples of the latent, stacked on a new leading axis.
+            z = jax.random.normal(key=rng, shape=(n_samples, *mu.shape))
+            # Re-parametrisation trick.
+            z = z * jnp.expand_dims(sigma, 0) + jnp.expand_dims(mu, 0)
+            decoder = Decoder()
+            # The line the user asked about: every sample's decoder activations at once.
+            mu_x_hat, sigma_x_hat = jax.vmap(decoder, in_axes=0)(z)
+            return mu_x_hat, sigma_x_hat
+
+    return Model, Encoder, Decoder
+
+
+def seed1_modules(cfg: Seed1Config | None = None):
+    """``(Model, Encoder, Decoder)`` linen classes of the seed-1 problem (for hand-written peers).
+
+    ``Model().init(...)["params"]`` holds the two submodules under ``"Encoder_0"`` and
+    ``"Decoder_0"``.
+    """
+    return _build_modules(cfg or Seed1Config())
+
+
+def log_likelihood(x, mu, sigma):
+    """Per-pixel Gaussian log-likelihood, as in the seed."""
+    return -0.5 * ((x - mu) ** 2) / (sigma**2) - jnp.log(sigma)
+
+
+def seed1_problem(cfg: Seed1Config | None = None) -> tuple[Callable[..., Any], tuple]:
+    """Return ``(loss, args)``: ``loss(params, x, mask, rng) -> scalar`` and concrete args.
+
+    Differentiate with respect to argument 0 (the Flax params), as the seed's train step does.
+    """
+    cfg = cfg or Seed1Config()
+    Model, _, _ = _build_modules(cfg)
+    model = Model()
+    root = jax.random.PRNGKey(cfg.seed)
+    data_key, mask_key, init_key, rng = jax.random.split(root, 4)
+    x = jax.random.normal(data_key, (cfg.batch, cfg.height, cfg.width, cfg.channels), jnp.float32)
+    mask = jax.random.bernoulli(mask_key, p=0.5, shape=(*x.shape[:-1], 1)).astype(x.dtype)
+    params = model.init(init_key, mask * x, rng, cfg.n_samples)["params"]
+
+    def loss(params, x, mask, rng):
+        masked_x = mask * x
+        mu_x_hat, sigma_x_hat = model.apply({"params": params}, masked_x, rng, cfg.n_samples)
+        ll = jax.vmap(log_likelihood, in_axes=(0, 0, 0))  # over batch elements
+        ll = jax.vmap(ll, in_axes=(None, 0, 0))(x, mu_x_hat, sigma_x_hat)  # over samples
+        ll = ll.sum((2, 3, 4))  # spatial dims and channel
+        return -ll.mean()  # samples and batch
+
+    return loss, (params, x, mask, rng)
+
+
+# --------------------------------------------------------------------------------------------
+# Measurement helpers
+# --------------------------------------------------------------------------------------------
+
+
+def compile_value_and_grad(
+    f: Callable[..., Any],
+    args: tuple,
+    argnums: int | Sequence[int] = 0,
+    precision: str | None = None,
+):
+    """AOT-compile ``jax.jit(jax.value_and_grad(f, argnums))`` at ``args`` (call with ``*args``)."""
+    with jax.default_matmul_precision(precision):
+        return jax.jit(jax.value_and_grad(f, argnums=argnums)).lower(*args).compile()
+
+
+def temp_bytes_of(compiled) -> int | None:
+    """XLA's temp allocation of a compiled computation (None: the backend does not say)."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return None
+    return int(stats.temp_size_in_bytes)
+
+
+def temp_bytes(f: Callable[..., Any], args: tuple, argnums: int | Sequence[int] = 0) -> int | None:
+    """XLA's temp allocation for ``jax.jit(jax.value_and_grad(f))`` at ``args`` (None: unknown)."""
+    return temp_bytes_of(compile_value_and_grad(f, args, argnums))
+
+
+def _rel_max_diff(a, b) -> float:
+    """max |a - b| / max |b| for one array (0 if both are zero)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if a.size == 0:
+        return 0.0
+    num = float(np.max(np.abs(a - b)))
+    den = float(np.max(np.abs(b)))
+    if num == 0.0:
+        return 0.0
+    return num / den if den > 0.0 else float("inf")
+
+
+def compare_exact(
+    original: Callable[..., Any],
+    serialized: Callable[..., Any],
+    args: tuple,
+    argnums: int | Sequence[int] = 0,
+    *,
+    compiled: tuple[Any, Any] | None = None,
+) -> tuple[float, float]:
+    """Return (relative value difference, largest per-leaf relative gradient difference).
+
+    Differences are ``max|serialized - original| / max|original|``, per gradient leaf. On
+    accelerators both are recompiled with matmuls and convolutions at "highest" precision, so
+    that TF32 rounding does not drown the reassociation differences being checked; on CPU,
+    ``compiled=(original_compiled, serialized_compiled)`` from ``compile_value_and_grad`` are
+    reused instead of compiling again.
+    """
+    if compiled is not None and jax.default_backend() == "cpu":
+        c0, c1 = compiled
+    else:
+        precision = None if jax.default_backend() == "cpu" else "highest"
+        c0 = compile_value_and_grad(original, args, argnums, precision)
+        c1 = compile_value_and_grad(serialized, args, argnums, precision)
+    v0, g0 = c0(*args)
+    v1, g1 = c1(*args)
+    value_diff = _rel_max_diff(v1, v0)
+    leaves0 = jax.tree.leaves(g0)
+    leaves1 = jax.tree.leaves(g1)
+    if len(leaves0) != len(leaves1):
+        return value_diff, float("inf")
+    grad_diff = max(
+        (_rel_max_diff(b, a) for a, b in zip(leaves0, leaves1, strict=True)), default=0.0
+    )
+    return value_diff, grad_diff
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1
+) -> dict[str, float]:
+    """Median wall time of each thunk, calling them round-robin so drift hits all alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            jax.block_until_ready(fn())
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1, out=None
+) -> None:
+    """Print a plain-text table; the first ``left`` columns are left-aligned, the rest right."""
+    out = out or sys.stdout
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def fmt(cells):
+        return "  ".join(
+            c.ljust(w) if i < left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    print(fmt(headers), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for r in rows:
+        print(fmt(r), file=out)
+
+
+# --------------------------------------------------------------------------------------------
+# The demo
+# --------------------------------------------------------------------------------------------
+
+
+def run_demo(
+    quick: bool = False,
+    chunks: Sequence[int] | None = None,
+    repeats: int | None = None,
+    time_budget_s: float = 20.0,
+) -> int:
+    """Run the demo; return the process exit code (0: every chunk size was exact).
+
+    ``repeats`` is lowered (to no fewer than 1) when one round of calls would not fit
+    ``time_budget_s`` that many times.
+    """
+    import jaxpr_accum as ja
+
+    cfg = QUICK_SEED1 if quick else Seed1Config()
+    if chunks is None:
+        chunks = (4,) if quick else (1, 2, 4, 8)
+    if repeats is None:
+        repeats = 2 if quick else 3
+
+    print(
+        f"jaxpr_accum demo: seed-1 encoder-decoder, {cfg.n_samples} Monte-Carlo samples, "
+        f"batch {cfg.batch}, {cfg.height}x{cfg.width}x{cfg.channels} images, "
+        f"decoder widths {list(cfg.decoder_widths)}  [jax {jax.__version__}, "
+        f"{jax.default_backend()}]"
+    )
+    loss, args = seed1_problem(cfg)
+    n_params = sum(int(np.size(p)) for p in jax.tree.leaves(args[0]))
+    print(f"parameters: {n_params} ({fmt_bytes(4 * n_params)})")
+
+    t0 = time.perf_counter()
+    base = compile_value_and_grad(loss, args)
+    base_temp = temp_bytes_of(base)
+    thunks: dict[str, Callable[[], Any]] = {"original": partial(base, *args)}
+    serialized: dict[int, Any] = {}
+    compiled: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    for k in chunks:
+        sf = ja.serialize_axis(loss, chunk=k)
+        try:
+            compiled[k] = compile_value_and_grad(sf, args)
+        except Exception as e:  # report and carry on with the other chunk sizes
+            errors[k] = f"{type(e).__name__}: {e}"
+            continue
+        serialized[k] = sf
+        thunks[f"chunk={k}"] = partial(compiled[k], *args)
+    print(f"compiled in {time.perf_counter() - t0:.1f} s")
+
+    # Exactness first: these calls also warm up every compiled function before timing.
+    diffs: dict[int, tuple[float, float]] = {}
+    t0 = time.perf_counter()
+    for k, sf in list(serialized.items()):
+        try:
+            diffs[k] = compare_exact(loss, sf, args, compiled=(base, compiled[k]))
+        except Exception as e:
+            errors[k] = f"{type(e).__name__}: {e}"
+            del serialized[k], thunks[f"chunk={k}"]
+    # One round of calls costs about what the exactness pass cost; stay within the time budget.
+    round_s = time.perf_counter() - t0
+    if round_s > 0 and repeats > 1:
+        repeats = max(1, min(repeats, int(time_budget_s / round_s)))
+
+    print(f"timing {repeats} interleaved repeat(s) of each compiled value_and_grad")
+    medians = time_interleaved(thunks, repeats=repeats, warmup=0)
+
+    rows = [["original", fmt_bytes(base_temp), "1.00", "1.00", "-", "-"]]
+    ok = True
+    for k in chunks:
+        if k in errors:
+            ok = False
+            rows.append([f"chunk={k}", "error", "-", "-", "-", "-"])
+            continue
+        vdiff, gdiff = diffs[k]
+        exact = vdiff <= EXACT_RTOL and gdiff <= EXACT_RTOL
+        ok &= exact
+        temp = temp_bytes_of(compiled[k])
+        mem_ratio = f"{temp / base_temp:.3f}" if temp is not None and base_temp else "n/a"
+        time_ratio = f"{medians[f'chunk={k}'] / medians['original']:.2f}"
+        rows.append(
+            [
+                f"chunk={k}",
+                fmt_bytes(temp),
+                mem_ratio,
+                time_ratio,
+                f"{vdiff:.1e}",
+                f"{gdiff:.1e}" + ("" if exact else " FAIL"),
+            ]
+        )
+    print()
+    print_table(
+        ["variant", "temp memory", "mem ratio", "time ratio", "value diff", "max grad diff"], rows
+    )
+    print(
+        f"(original value_and_grad: {medians['original'] * 1e3:.1f} ms median; "
+        f"diffs are relative to the original's magnitude, tolerance {EXACT_RTOL:g})"
+    )
+    for k, msg in errors.items():
+        print(f"\nchunk={k} failed: {msg}")
+
+    if serialized:
+        k_explain = 4 if 4 in serialized else next(iter(serialized))
+        print(f"\nsf.explain(...) for chunk={k_explain}:\n")
+        try:
+            print(str(serialized[k_explain].explain(*args)))
+        except Exception as e:
+            ok = False
+            print(f"explain failed: {type(e).__name__}: {e}")
+
+    print("\nresult:", "OK" if ok else "FAILED")
+    return 0 if ok else 1

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jaxpr_accum import _plan, _trace
 from jaxpr_accum._axes import Analysis
-from jaxpr_accum._build import build
+from jaxpr_accum._build import build, fused_refusal
 from jaxpr_accum._compat import ClosedJaxpr
 from jaxpr_accum._plan import RegionPlan, SerializeError
 from jaxpr_accum._report import Plan
@@ -85,10 +85,6 @@ class SerializedFunction:
         if grad not in GRAD_MODES:
             raise ValueError(
                 f"`grad` must be one of {', '.join(map(repr, GRAD_MODES))}; got {grad!r}"
-            )
-        if grad == "fused":
-            raise ValueError(
-                "`grad='fused'` is not implemented yet; use 'auto', 'remat' or 'native'"
             )
         self.grad = grad
         if accum_dtype is not None:
@@ -210,14 +206,18 @@ class SerializedFunction:
                 "Name the one you mean with `argnums=` or `axis=`."
             )
         region = _plan.choose(usable)
-        grad, reason = self._grad_mode()
+        grad, reason = self._grad_mode(region)
         plan = Plan.from_region(region, usable, grad, reason)
         return _Prepared(traced, region, plan, build(region, grad, self.accum_dtype))
 
-    def _grad_mode(self) -> tuple[str, str]:
-        if self.grad == "auto":
-            return "remat", "auto: fused single-pass mode not available yet"
-        return self.grad, "requested"
+    def _grad_mode(self, region: RegionPlan) -> tuple[str, str]:
+        if self.grad in ("remat", "native"):
+            return self.grad, "requested"
+        refusal = fused_refusal(region)
+        if refusal is None:
+            why = "every output of the region is a small sum: value and gradient in one pass"
+            return "fused", ("auto: " if self.grad == "auto" else "requested: ") + why
+        return "remat", f"fused does not apply: {refusal}"
 
 
 def serialize_axis(

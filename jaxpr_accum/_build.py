@@ -22,6 +22,7 @@ Gradient modes:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -242,12 +243,134 @@ class Region:
             )
         return ct_inv, ct_ch
 
+    # -- fused: value and per-chunk gradient in one pass --------------------------------
+    def fused(self) -> Callable:
+        plan, k = self.plan, self.plan.chunk
+        float_sums = [
+            i for i, v in enumerate(plan.sums) if jnp.issubdtype(v.aval.dtype, jnp.inexact)
+        ]
+        width = sum(math.prod(plan.sums[i].aval.shape) for i in float_sums)
+
+        def chunk_jacobians(kk: int, start: Any, invariants: list, chunked: list) -> tuple:
+            """This chunk's sums and the Jacobian rows of its float sums (one per entry)."""
+            chunk = self.slices(chunked, start, kk)
+            diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
+            diff_ch = [i for i, x in enumerate(chunk) if is_float(x)]
+
+            def f(d_inv: list, d_ch: list) -> tuple:
+                inv, ch = list(invariants), list(chunk)
+                for i, x in zip(diff_inv, d_inv, strict=True):
+                    inv[i] = x
+                for i, x in zip(diff_ch, d_ch, strict=True):
+                    ch[i] = x
+                sums = self.body(kk, start, inv, ch)[0]
+                flat = jnp.concatenate([jnp.ravel(sums[i]).astype(jnp.float32) for i in float_sums])
+                return flat, sums
+
+            primals = ([invariants[i] for i in diff_inv], [chunk[i] for i in diff_ch])
+            _, pullback, sums = jax.vjp(f, *primals, has_aux=True)
+            if width == 1:
+                d_inv, d_ch = pullback(jnp.ones((1,), jnp.float32))
+                d_inv, d_ch = [x[None] for x in d_inv], [x[None] for x in d_ch]
+            else:
+                d_inv, d_ch = jax.vmap(pullback)(jnp.eye(width, dtype=jnp.float32))
+            return sums, d_inv, d_ch, diff_inv, diff_ch
+
+        def fwd(invariants: list, chunked: list) -> tuple:
+            diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
+            sums = [
+                jnp.zeros(v.aval.shape, accumulator_dtype(v.aval.dtype, None)) for v in plan.sums
+            ]
+            jac = [
+                jnp.zeros(
+                    (width, *invariants[i].shape),
+                    accumulator_dtype(invariants[i].dtype, self.accum_dtype),
+                )
+                for i in diff_inv
+            ]
+
+            def add(acc: list, xs: list) -> list:
+                return [a + x.astype(a.dtype) for a, x in zip(acc, xs, strict=True)]
+
+            scanned = None
+            if self.n_full:
+
+                def step(carry: tuple, c: Any) -> tuple:
+                    s, d_inv, d_ch, _, _ = chunk_jacobians(k, c * k, invariants, chunked)
+                    return (add(carry[0], s), add(carry[1], d_inv)), d_ch
+
+                (sums, jac), scanned = lax.scan(step, (sums, jac), jnp.arange(self.n_full))
+            rest = None
+            for start, length in self.chunk_starts():
+                s, d_inv, rest, _, _ = chunk_jacobians(length, start, invariants, chunked)
+                sums, jac = add(sums, s), add(jac, d_inv)
+            diff_ch = [i for i, x in enumerate(chunked) if is_float(x)]
+            jac_ch = [
+                join(
+                    None if scanned is None else scanned[j],
+                    None if rest is None else rest[j],
+                    _shifted(self.chunk_locs[i]),
+                )
+                for j, i in enumerate(diff_ch)
+            ]
+            out = self.assemble(sums, None, None)
+            return out, (invariants, chunked, jac, jac_ch)
+
+        def bwd(res: tuple, cts: tuple) -> tuple:
+            invariants, chunked, jac, jac_ch = res
+            ct_sums = cts[0]
+            weights = jnp.concatenate(
+                [jnp.ravel(ct_sums[i]).astype(jnp.float32) for i in float_sums]
+            )
+            ct_inv: list = [None] * len(invariants)
+            diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
+            for i, j in zip(diff_inv, jac, strict=True):
+                ct_inv[i] = jnp.tensordot(weights.astype(j.dtype), j, axes=1).astype(
+                    invariants[i].dtype
+                )
+            ct_ch: list = [None] * len(chunked)
+            diff_ch = [i for i, x in enumerate(chunked) if is_float(x)]
+            for i, j in zip(diff_ch, jac_ch, strict=True):
+                ct_ch[i] = jnp.tensordot(weights.astype(j.dtype), j, axes=1).astype(
+                    chunked[i].dtype
+                )
+            return ct_inv, ct_ch
+
+        @jax.custom_vjp
+        def region(invariants: list, chunked: list) -> tuple:
+            return self.forward(invariants, chunked)
+
+        region.defvjp(fwd, bwd)
+        return region
+
     # -- native: checkpointed scan, differentiated by JAX --------------------------------
     def native(self) -> Callable:
         def region(invariants: list, chunked: list) -> tuple:
             return self.forward(invariants, chunked, checkpoint=True)
 
         return region
+
+
+def _shifted(loc: AxisLoc) -> AxisLoc:
+    """The axis position once a leading (Jacobian row) dimension is added."""
+    return AxisLoc(loc.dim + 1, loc.inner)
+
+
+FUSED_MAX_WIDTH = 8
+
+
+def fused_refusal(plan: RegionPlan) -> str | None:
+    """Why the fused mode does not apply to ``plan``, or None if it does."""
+    if plan.stacked or plan.partials:
+        return "the region has outputs that are not sums (stacked values or max/min partials)"
+    width = sum(
+        math.prod(v.aval.shape) for v in plan.sums if jnp.issubdtype(v.aval.dtype, jnp.inexact)
+    )
+    if width == 0:
+        return "the region has no floating-point sum to differentiate"
+    if width > FUSED_MAX_WIDTH:
+        return f"its sums have {width} entries (the fused mode takes at most {FUSED_MAX_WIDTH})"
+    return None
 
 
 def _pick(groups: Sequence, flags: Sequence) -> list:
@@ -263,7 +386,9 @@ def _pick(groups: Sequence, flags: Sequence) -> list:
 def build(plan: RegionPlan, grad: str, accum_dtype: Any) -> Callable:
     """``run(*flat_inputs) -> flat outputs`` for the whole program."""
     region_obj = Region(plan, accum_dtype)
-    region = region_obj.native() if grad == "native" else region_obj.remat()
+    region = {"native": region_obj.native, "fused": region_obj.fused, "remat": region_obj.remat}[
+        grad
+    ]()
     jaxpr = plan.jaxpr
     prologue, epilogue = plan.indices(PROLOGUE), plan.indices(EPILOGUE)
 

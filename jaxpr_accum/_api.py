@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpr_accum import _plan, _trace
+from jaxpr_accum import _nnx, _plan, _trace
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._build import build, fused_refusal
 from jaxpr_accum._compat import ClosedJaxpr
@@ -100,18 +100,30 @@ class SerializedFunction:
             raise ValueError("`mesh_axis` is not implemented yet; pass sharded inputs under jit")
         self.original = fun
         self._cache: dict = {}
+        self._pure: SerializedFunction | None = None
         functools.update_wrapper(self, fun)
 
     # -- public --------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pure is not self and _nnx.has_graph_nodes(args, kwargs):
+            states, kw_states = _nnx.pure_arguments(args, kwargs)
+            out, new_states, new_kw = self._pure_version()(*states, **kw_states)
+            _nnx.write_back(args, kwargs, new_states, new_kw)
+            return out
         prepared, inputs = self._prepare(args, kwargs)
         outs = prepared.jitted(*inputs)
         return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
 
     def explain(self, *args: Any, **kwargs: Any) -> Plan:
+        if self._pure is not self and _nnx.has_graph_nodes(args, kwargs):
+            states, kw_states = _nnx.pure_arguments(args, kwargs)
+            return self._pure_version().explain(*states, **kw_states)
         return self._prepare(args, kwargs)[0].plan
 
     def jaxpr(self, *args: Any, **kwargs: Any) -> ClosedJaxpr:
+        if self._pure is not self and _nnx.has_graph_nodes(args, kwargs):
+            states, kw_states = _nnx.pure_arguments(args, kwargs)
+            return self._pure_version().jaxpr(*states, **kw_states)
         prepared, inputs = self._prepare(args, kwargs)
         return jax.make_jaxpr(prepared.run)(*inputs)
 
@@ -120,6 +132,21 @@ class SerializedFunction:
         return f"serialize_axis({name!r}, chunk={self.chunk})"
 
     # -- internals -----------------------------------------------------------------------
+    def _pure_version(self) -> SerializedFunction:
+        """The same serialization of ``fun`` as a pure function of NNX state (see ``_nnx``)."""
+        if self._pure is None:
+            self._pure = SerializedFunction(
+                _nnx.purify(self.original),
+                chunk=self.chunk,
+                axis=self.axis,
+                argnums=self.argnums,
+                size=self.size,
+                grad=self.grad,
+                accum_dtype=self.accum_dtype,
+            )
+            self._pure._pure = self._pure  # its arguments are already pure state
+        return self._pure
+
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[_Prepared, list]:
         leaves, treedef, dynamic, ranges = _trace.split_arguments(args, kwargs)
         dyn = [x for x, d in zip(leaves, dynamic, strict=True) if d]

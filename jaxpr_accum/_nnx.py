@@ -1,0 +1,100 @@
+"""Flax NNX objects as arguments: split to pure state, run, write the new state back.
+
+NNX modules are mutable Python objects (``nnx.Rngs`` counters advance, batch statistics
+update), which a traced function cannot mutate across trace levels. So a call whose
+arguments hold NNX graph nodes is run as a pure function of their state:
+
+1. every positional or keyword argument that holds a graph node is ``nnx.split`` into a
+   static ``GraphDef`` and a pytree ``State``;
+2. the pure function ``nnx.merge``-s them back, calls the user's function, and returns its
+   outputs together with the arguments' new state (``nnx.split`` after the call);
+3. the caller's objects are ``nnx.update``-d with that state, exactly as the original call
+   would have left them.
+
+Positional arguments keep their positions, so ``argnums`` still names them. Flax is only
+imported when it is already in use (an argument could only be an NNX object if it is).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+def _nnx() -> Any:
+    return sys.modules.get("flax.nnx")
+
+
+def has_graph_nodes(args: tuple, kwargs: dict) -> bool:
+    nnx = _nnx()
+    if nnx is None:
+        return False
+    is_node = nnx.graph.is_graph_node
+    return any(is_node(x) for x in jax.tree_util.tree_leaves((args, kwargs), is_leaf=is_node))
+
+
+def _split(value: Any) -> tuple[Any, Any]:
+    """``(graphdef, state)`` if ``value`` holds a graph node, else ``(None, value)``."""
+    nnx = _nnx()
+    if not has_graph_nodes((value,), {}):
+        return None, value
+    return nnx.split(value)
+
+
+def purify(fun: Callable) -> Callable:
+    """``pure(*states, _defs=..., **kw_states) -> (out, new_states, new_kw_states)``."""
+
+    def pure(*states: Any, _defs: _Static, **kw_states: Any) -> tuple:
+        nnx = _nnx()
+        arg_defs, kw_items = _defs.value
+        kw_defs = dict(kw_items)
+        args = [s if d is None else nnx.merge(d, s) for d, s in zip(arg_defs, states, strict=True)]
+        kwargs = {
+            k: s if kw_defs[k] is None else nnx.merge(kw_defs[k], s) for k, s in kw_states.items()
+        }
+        out = fun(*args, **kwargs)
+        new_states = [
+            None if d is None else nnx.split(a)[1] for d, a in zip(arg_defs, args, strict=True)
+        ]
+        new_kw = {k: None if kw_defs[k] is None else nnx.split(a)[1] for k, a in kwargs.items()}
+        return out, new_states, new_kw
+
+    pure.__name__ = getattr(fun, "__name__", "pure")
+    return pure
+
+
+def pure_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The pure function's arguments for a call with ``args`` and ``kwargs``."""
+    arg_split = [_split(a) for a in args]
+    kw_split = {k: _split(v) for k, v in kwargs.items()}
+    defs = (tuple(d for d, _ in arg_split), tuple((k, d) for k, (d, _) in kw_split.items()))
+    states = tuple(s for _, s in arg_split)
+    kw_states = {k: s for k, (_, s) in kw_split.items()}
+    return states, {**kw_states, "_defs": _Static(defs)}
+
+
+def write_back(args: tuple, kwargs: dict, new_states: list, new_kw: dict) -> None:
+    """Leave the caller's graph nodes as the original call would have."""
+    nnx = _nnx()
+    for a, s in zip(args, new_states, strict=True):
+        if s is not None:
+            nnx.update(a, s)
+    for k, s in new_kw.items():
+        if s is not None:
+            nnx.update(kwargs[k], s)
+
+
+class _Static:
+    """A hashable, leafless holder for the graph definitions (a static argument)."""
+
+    def __init__(self, value: tuple):
+        self.value = value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Static) and self.value == other.value

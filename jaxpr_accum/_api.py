@@ -19,9 +19,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpr_accum import _nnx, _plan, _trace
+from jaxpr_accum import _compat, _nnx, _plan, _trace
 from jaxpr_accum._axes import Analysis
-from jaxpr_accum._build import build, fused_refusal
+from jaxpr_accum._build import Layout, ShardedLayout, build, fused_refusal
 from jaxpr_accum._compat import ClosedJaxpr
 from jaxpr_accum._plan import RegionPlan, SerializeError
 from jaxpr_accum._report import Plan
@@ -97,7 +97,15 @@ class SerializedFunction:
             accum_dtype = dtype
         self.accum_dtype = accum_dtype
         if mesh_axis is not None:
-            raise ValueError("`mesh_axis` is not implemented yet; pass sharded inputs under jit")
+            axes = (mesh_axis,) if isinstance(mesh_axis, str) else mesh_axis
+            if not (
+                isinstance(axes, (tuple, list)) and axes and all(isinstance(a, str) for a in axes)
+            ):
+                raise TypeError(
+                    f"`mesh_axis` must be a mesh axis name or a tuple of names, got {mesh_axis!r}"
+                )
+            mesh_axis = tuple(axes)
+        self.mesh_axis = mesh_axis
         self.original = fun
         self._cache: dict = {}
         self._pure: SerializedFunction | None = None
@@ -143,6 +151,7 @@ class SerializedFunction:
                 size=self.size,
                 grad=self.grad,
                 accum_dtype=self.accum_dtype,
+                mesh_axis=self.mesh_axis,
             )
             self._pure._pure = self._pure  # its arguments are already pure state
         return self._pure
@@ -156,7 +165,7 @@ class SerializedFunction:
             if self.argnums is not None:
                 self._check_argnums(args, dyn, ranges)
             traced = _trace.trace(self.original, leaves, treedef, dynamic, ranges)
-            prepared = self._plan(traced, dyn)
+            prepared = self._plan(traced, [*traced.consts, *dyn])
             if key is not None and not traced.has_tracer_consts:
                 self._cache[key] = prepared
             inputs = [*traced.consts, *dyn]
@@ -190,7 +199,7 @@ class SerializedFunction:
                 f"the leaves named by `argnums` differ in size at `axis` {self.axis}: {detail}"
             )
 
-    def _plan(self, traced: _trace.Traced, dyn: list) -> _Prepared:
+    def _plan(self, traced: _trace.Traced, inputs: list) -> _Prepared:
         jaxpr = traced.jaxpr
         nc = traced.n_consts
         names = {v: f"closed-over value {i}" for i, v in enumerate(jaxpr.invars[:nc])}
@@ -234,8 +243,58 @@ class SerializedFunction:
             )
         region = _plan.choose(usable)
         grad, reason = self._grad_mode(region)
-        plan = Plan.from_region(region, usable, grad, reason)
-        return _Prepared(traced, region, plan, build(region, grad, self.accum_dtype))
+        layout = self._layout(traced, region, inputs)
+        plan = Plan.from_region(region, usable, grad, reason, layout)
+        return _Prepared(traced, region, plan, build(region, grad, self.accum_dtype, layout))
+
+    def _layout(self, traced: _trace.Traced, region: RegionPlan, inputs: list) -> Layout:
+        """Where the axis lives: one device, or sharded over mesh axes (see ``_build``)."""
+        carrying = [
+            (x, loc)
+            for v, x in zip(traced.jaxpr.invars, inputs, strict=True)
+            if (loc := region.analysis.loc((), v)) is not None
+        ]
+        axes, mesh = self.mesh_axis, None
+        for x, loc in carrying:
+            sharding = _compat.named_sharding(x)
+            if sharding is None:
+                continue
+            entry = sharding.spec[loc.dim] if loc.dim < len(sharding.spec) else None
+            if axes is None and entry is not None:
+                axes = (entry,) if isinstance(entry, str) else tuple(entry)
+            mesh = mesh or sharding.mesh
+        if axes is None:
+            return Layout()
+        context = jax.sharding.get_abstract_mesh()
+        if context.axis_names:
+            mesh = context
+        if mesh is None:
+            raise ValueError(
+                f"`mesh_axis` {axes} needs a mesh: call under `jax.set_mesh(mesh)` or pass "
+                "inputs sharded with a `NamedSharding`"
+            )
+        missing = [a for a in axes if a not in mesh.axis_names]
+        if missing:
+            raise ValueError(
+                f"`mesh_axis` names {missing}, which the mesh does not have "
+                f"(its axes: {tuple(mesh.axis_names)})"
+            )
+        layout = ShardedLayout(mesh, axes)
+        d = layout.devices
+        if d == 1:
+            return Layout()
+        if region.size % d:
+            raise ValueError(
+                f"the serialized axis has size {region.size}, which {d} shards over {axes} "
+                "do not divide"
+            )
+        if self.chunk % d:
+            lower, upper = max(d, self.chunk // d * d), (self.chunk // d + 1) * d
+            raise ValueError(
+                f"`chunk` {self.chunk} must be a multiple of the {d} shards of mesh axis "
+                f"{axes}; the nearest valid chunk sizes are {lower} and {upper}"
+            )
+        return layout
 
     def _grad_mode(self, region: RegionPlan) -> tuple[str, str]:
         if self.grad in ("remat", "native"):

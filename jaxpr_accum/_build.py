@@ -1,13 +1,15 @@
 """Building the chunked program from a plan.
 
-``build(plan, grad, accum_dtype)`` returns ``run(*flat_inputs) -> flat_outputs``: the
-prologue, then the *region*, then the epilogue, all evaluated under the caller's trace.
+``build(plan, grad, accum_dtype, layout)`` returns ``run(*flat_inputs) -> flat_outputs``:
+the prologue, then the *region*, then the epilogue, all evaluated under the caller's trace.
 
-The region maps ``(invariants, chunked)`` to ``(sums, partials, stacked)``. Chunk ``c``
-covers axis positions ``[c*k, (c+1)*k)``: ``N // k`` full chunks in a ``lax.scan`` and one
-more call of the same body at the remainder length (no padding), every chunked input
-sliced with ``dynamic_slice`` at its axis position. Sums are carried (16-bit floats in
-float32); other monoid partials and axis-carrying outputs are stacked and put back in order.
+The region maps ``(invariants, chunked)`` to ``(sums, partials, stacked)``. On one device
+(``Region``), chunk ``c`` covers axis positions ``[c*k, (c+1)*k)``: ``n // k`` full chunks
+in a ``lax.scan`` and one more call of the same body at the remainder length (no padding),
+every chunked input sliced with ``dynamic_slice`` at its axis position. Sums are carried
+(16-bit floats in float32); other monoid partials are stacked per chunk and combined after
+the region (so JAX differentiates the combination); axis-carrying outputs are stacked and put
+back in order.
 
 Gradient modes:
 
@@ -15,9 +17,20 @@ Gradient modes:
   inputs. Its backward scans the chunks again: each chunk is recomputed under ``jax.vjp``
   and pulled back with its slice of the output cotangents; cotangents of invariant inputs
   are accumulated in the scan carry (in ``accum_dtype``), those of chunked inputs stacked.
+- ``fused``: when every output is a sum of a few entries, the forward pass computes each
+  chunk's value *and* its Jacobian rows (one forward and one backward per chunk), adding
+  them up; the backward only contracts them with the incoming cotangent. A primal call
+  without differentiation runs the plain forward.
 - ``native``: the same scan with a ``jax.checkpoint``-ed body (slicing inside it, so only
   the chunk index is saved per step), differentiated by JAX itself: supports ``jvp`` and
   higher order.
+
+The ``layout`` says where the axis lives. ``Layout`` (one device) runs the region as is.
+``ShardedLayout`` runs it under ``jax.shard_map`` over the mesh axes the serialized axis is
+sharded on: each device scans its own shard in chunks of ``k / D`` with the global offset of
+its rows (so iotas and random counters are those of the unchunked program); sums, invariant
+cotangents and Jacobians are ``psum``-ed once, after the loop; nothing crosses devices
+inside it.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import Literal
@@ -45,6 +59,8 @@ COMBINE: dict[str, Callable] = {
     "or": lambda x: lax.reduce_or(x, (0,)),
     "xor": lambda x: lax.reduce_xor(x, (0,)),
 }
+
+FUSED_MAX_WIDTH = 8
 
 
 def is_float(x: Any) -> bool:
@@ -77,23 +93,68 @@ def join(full: Any, rest: Any, loc: AxisLoc) -> Any:
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=loc.dim)
 
 
-class Region:
-    """The chunked region of one plan: body evaluation, forward loop, gradient modes."""
+def shifted(loc: AxisLoc) -> AxisLoc:
+    """The axis position once a leading (Jacobian row) dimension is added."""
+    return AxisLoc(loc.dim + 1, loc.inner)
 
-    def __init__(self, plan: RegionPlan, accum_dtype: Any):
-        self.plan = plan
-        self.accum_dtype = accum_dtype
+
+def add_into(acc: list, xs: Sequence) -> list:
+    return [a + x.astype(a.dtype) for a, x in zip(acc, xs, strict=True)]
+
+
+def float_outputs(plan: RegionPlan) -> tuple[list[bool], list[bool], list[bool]]:
+    def flags(vs: Any) -> list[bool]:
+        return [jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in vs]
+
+    return (
+        flags(plan.sums),
+        flags(v for v, _ in plan.partials),
+        flags(v for v, _ in plan.stacked),
+    )
+
+
+def pick(groups: Sequence, flags: Sequence) -> list:
+    """The entries of ``groups`` (lists) whose flag in ``flags`` (parallel lists) is set."""
+    return [
+        x
+        for group, group_flags in zip(groups, flags, strict=True)
+        for x, flag in zip(group, group_flags, strict=True)
+        if flag
+    ]
+
+
+def fused_refusal(plan: RegionPlan) -> str | None:
+    """Why the fused mode does not apply to ``plan``, or None if it does."""
+    if plan.stacked or plan.partials:
+        return "the region has outputs that are not sums (stacked values or max/min partials)"
+    flags = float_outputs(plan)[0]
+    width = sum(math.prod(v.aval.shape) for v, f in zip(plan.sums, flags, strict=True) if f)
+    if width == 0:
+        return "the region has no floating-point sum to differentiate"
+    if width > FUSED_MAX_WIDTH:
+        return f"its sums have {width} entries (the fused mode takes at most {FUSED_MAX_WIDTH})"
+    return None
+
+
+class Region:
+    """The chunked region on one device: ``size`` positions from global position ``offset``."""
+
+    def __init__(self, plan: RegionPlan, accum_dtype: Any, size: int, chunk: int, offset: Any):
+        self.plan, self.accum_dtype = plan, accum_dtype
+        self.size, self.chunk, self.offset = size, chunk, offset
         self.body_indices = plan.indices(BODY)
         self.chunk_locs = [loc for _, loc in plan.chunked]
         self.stacked_locs = [loc for _, loc in plan.stacked]
-        self.n_full, self.rem = divmod(plan.size, plan.chunk)
+        self.n_full, self.rem = divmod(size, chunk)
+        self.out_float = float_outputs(plan)
 
     # -- one chunk ------------------------------------------------------------------------
     def body(self, k: int, start: Any, invariants: Sequence, chunks: Sequence) -> tuple:
         plan = self.plan
         env: dict = dict(zip(plan.invariants, invariants, strict=True))
         env.update(zip((v for v, _ in plan.chunked), chunks, strict=True))
-        Resizer(plan.analysis, k, start).eval_eqns((), plan.jaxpr.eqns, self.body_indices, env)
+        resizer = Resizer(plan.analysis, k, start + self.offset)
+        resizer.eval_eqns((), plan.jaxpr.eqns, self.body_indices, env)
         return (
             [env[v] for v in plan.sums],
             [env[v] for v, _ in plan.partials],
@@ -105,13 +166,34 @@ class Region:
             take_chunk(x, loc, start, k) for x, loc in zip(chunked, self.chunk_locs, strict=True)
         ]
 
-    def chunk_starts(self) -> list[tuple[int, int]]:
+    def remainder(self) -> list[tuple[int, int]]:
         """``(start, length)`` of the remainder call, if any."""
-        return [(self.n_full * self.plan.chunk, self.rem)] if self.rem else []
+        return [(self.n_full * self.chunk, self.rem)] if self.rem else []
+
+    def differentiable(self, invariants: Sequence, chunk: Sequence, k: int, start: Any) -> tuple:
+        """``(f, primals, diff_inv, diff_ch)``: the chunk as a function of its float inputs."""
+        diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
+        diff_ch = [i for i, x in enumerate(chunk) if is_float(x)]
+
+        def f(d_inv: list, d_ch: list) -> tuple:
+            inv, ch = list(invariants), list(chunk)
+            for i, x in zip(diff_inv, d_inv, strict=True):
+                inv[i] = x
+            for i, x in zip(diff_ch, d_ch, strict=True):
+                ch[i] = x
+            return self.body(k, start, inv, ch)
+
+        primals = ([invariants[i] for i in diff_inv], [chunk[i] for i in diff_ch])
+        return f, primals, diff_inv, diff_ch
+
+    def zero_sums(self) -> list:
+        return [
+            jnp.zeros(v.aval.shape, accumulator_dtype(v.aval.dtype, None)) for v in self.plan.sums
+        ]
 
     # -- forward -------------------------------------------------------------------------
     def forward(self, invariants: Sequence, chunked: Sequence, checkpoint: bool = False) -> tuple:
-        k = self.plan.chunk
+        k = self.chunk
 
         def one(kk: int, start: Any, inv: Sequence, ch: Sequence) -> tuple:
             return self.body(kk, start, inv, self.slices(ch, start, kk))
@@ -119,27 +201,22 @@ class Region:
         if checkpoint:
             one = jax.checkpoint(one, static_argnums=(0,))
 
-        sums = [
-            jnp.zeros(v.aval.shape, accumulator_dtype(v.aval.dtype, None)) for v in self.plan.sums
-        ]
-        scanned = None
+        sums, scanned = self.zero_sums(), None
         if self.n_full:
 
             def step(acc: list, c: Any) -> tuple:
                 s, p, st = one(k, c * k, invariants, chunked)
-                return [a + x.astype(a.dtype) for a, x in zip(acc, s, strict=True)], (p, st)
+                return add_into(acc, s), (p, st)
 
             sums, scanned = lax.scan(step, sums, jnp.arange(self.n_full))
         rest = None
-        for start, length in self.chunk_starts():
+        for start, length in self.remainder():
             s, p, st = one(length, start, invariants, chunked)
-            sums = [a + x.astype(a.dtype) for a, x in zip(sums, s, strict=True)]
-            rest = (p, st)
+            sums, rest = add_into(sums, s), (p, st)
         return self.assemble(sums, scanned, rest)
 
     def assemble(self, sums: list, scanned: Any, rest: Any) -> tuple:
         plan = self.plan
-        sums = [a.astype(v.aval.dtype) for a, v in zip(sums, plan.sums, strict=True)]
         partials = []  # per chunk, stacked: combined outside the region so JAX differentiates it
         for i in range(len(plan.partials)):
             parts = ([] if scanned is None else [scanned[0][i]]) + (
@@ -156,54 +233,28 @@ class Region:
         ]
         return sums, partials, stacked
 
-    # -- remat: custom VJP ---------------------------------------------------------------
-    def remat(self) -> Callable:
-        @jax.custom_vjp
-        def region(invariants: list, chunked: list) -> tuple:
-            return self.forward(invariants, chunked)
+    # -- remat backward ------------------------------------------------------------------
+    def backward(self, invariants: Sequence, chunked: Sequence, cts: tuple) -> tuple:
+        """Cotangents ``(invariants [accum dtype or None], chunked [or None])`` of this shard.
 
-        def fwd(invariants: list, chunked: list) -> tuple:
-            return self.forward(invariants, chunked), (invariants, chunked)
-
-        region.defvjp(fwd, self.backward)
-        return region
-
-    def backward(self, res: tuple, cts: tuple) -> tuple:
-        invariants, chunked = res
+        ``cts`` holds the cotangents of the float outputs (None for the others); partials'
+        cotangents are per chunk of this shard.
+        """
         ct_sums, ct_partials, ct_stacked = cts
-        plan, k = self.plan, self.plan.chunk
+        k = self.chunk
+
+        def pull(kk: int, start: Any, ct_p: list) -> tuple:
+            chunk = self.slices(chunked, start, kk)
+            f, primals, _, _ = self.differentiable(invariants, chunk, kk, start)
+            _, pullback = jax.vjp(lambda a, b: pick(f(a, b), self.out_float), *primals)
+            ct_st = [
+                None if ct is None else take_chunk(ct, loc, start, kk)
+                for ct, loc in zip(ct_stacked, self.stacked_locs, strict=True)
+            ]
+            return pullback(pick((ct_sums, ct_p, ct_st), self.out_float))
+
         diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
         diff_ch = [i for i, x in enumerate(chunked) if is_float(x)]
-        out_float = (
-            [is_float(a) for a in ct_sums],
-            [jnp.issubdtype(v.aval.dtype, jnp.inexact) for v, _ in plan.partials],
-            [jnp.issubdtype(v.aval.dtype, jnp.inexact) for v, _ in plan.stacked],
-        )
-
-        def pull(kk: int, start: Any, ct_p: list, ct_st: list) -> tuple:
-            """Cotangents of the differentiable invariant inputs and chunk slices."""
-            chunk = self.slices(chunked, start, kk)
-
-            def f(d_inv: list, d_ch: list) -> list:
-                inv, ch = list(invariants), list(chunk)
-                for i, x in zip(diff_inv, d_inv, strict=True):
-                    inv[i] = x
-                for i, x in zip(diff_ch, d_ch, strict=True):
-                    ch[i] = x
-                outs = self.body(kk, start, inv, ch)
-                return _pick(outs, out_float)
-
-            _, pullback = jax.vjp(f, [invariants[i] for i in diff_inv], [chunk[i] for i in diff_ch])
-            ct_all = (list(ct_sums), ct_p, ct_st)
-            return pullback(_pick(ct_all, out_float))
-
-        def ct_chunks(start: Any, kk: int) -> tuple:
-            ct_st = [
-                take_chunk(ct, loc, start, kk) if fl else None
-                for ct, loc, fl in zip(ct_stacked, self.stacked_locs, out_float[2], strict=True)
-            ]
-            return ct_st
-
         acc = [
             jnp.zeros(invariants[i].shape, accumulator_dtype(invariants[i].dtype, self.accum_dtype))
             for i in diff_inv
@@ -211,184 +262,236 @@ class Region:
         scanned = None
         if self.n_full:
 
-            def step(acc: list, c_and_ctp: tuple) -> tuple:
-                c, ct_p = c_and_ctp
-                start = c * k
-                d_inv, d_ch = pull(k, start, ct_p, ct_chunks(start, k))
-                acc = [a + x.astype(a.dtype) for a, x in zip(acc, d_inv, strict=True)]
-                return acc, d_ch
+            def step(acc: list, c_and_ct: tuple) -> tuple:
+                c, ct_p = c_and_ct
+                d_inv, d_ch = pull(k, c * k, ct_p)
+                return add_into(acc, d_inv), d_ch
 
-            ct_p_full = [
-                ct[: self.n_full] if fl else None
-                for ct, fl in zip(ct_partials, out_float[1], strict=True)
-            ]
+            ct_p_full = [None if ct is None else ct[: self.n_full] for ct in ct_partials]
             acc, scanned = lax.scan(step, acc, (jnp.arange(self.n_full), ct_p_full))
         rest = None
-        for start, length in self.chunk_starts():
-            ct_p = [
-                ct[self.n_full] if fl else None
-                for ct, fl in zip(ct_partials, out_float[1], strict=True)
-            ]
-            d_inv, rest = pull(length, start, ct_p, ct_chunks(start, length))
-            acc = [a + x.astype(a.dtype) for a, x in zip(acc, d_inv, strict=True)]
+        for start, length in self.remainder():
+            ct_p = [None if ct is None else ct[self.n_full] for ct in ct_partials]
+            d_inv, rest = pull(length, start, ct_p)
+            acc = add_into(acc, d_inv)
 
         ct_inv: list = [None] * len(invariants)
         for i, a in zip(diff_inv, acc, strict=True):
-            ct_inv[i] = a.astype(invariants[i].dtype)
+            ct_inv[i] = a
         ct_ch: list = [None] * len(chunked)
         for j, i in enumerate(diff_ch):
-            loc = self.chunk_locs[i]
             ct_ch[i] = join(
-                None if scanned is None else scanned[j], None if rest is None else rest[j], loc
+                None if scanned is None else scanned[j],
+                None if rest is None else rest[j],
+                self.chunk_locs[i],
             )
         return ct_inv, ct_ch
 
-    # -- fused: value and per-chunk gradient in one pass --------------------------------
-    def fused(self) -> Callable:
-        plan, k = self.plan, self.plan.chunk
-        float_sums = [
-            i for i, v in enumerate(plan.sums) if jnp.issubdtype(v.aval.dtype, jnp.inexact)
-        ]
-        width = sum(math.prod(plan.sums[i].aval.shape) for i in float_sums)
+    # -- fused forward -------------------------------------------------------------------
+    def jacobians(self, invariants: Sequence, chunked: Sequence) -> tuple:
+        """This shard's sums and the Jacobian rows of the float sums w.r.t. its inputs."""
+        k = self.chunk
+        float_sums = [i for i, f in enumerate(self.out_float[0]) if f]
+        width = sum(math.prod(self.plan.sums[i].aval.shape) for i in float_sums)
+        eye = jnp.eye(width, dtype=jnp.float32)
 
-        def chunk_jacobians(kk: int, start: Any, invariants: list, chunked: list) -> tuple:
-            """This chunk's sums and the Jacobian rows of its float sums (one per entry)."""
+        def rows(kk: int, start: Any) -> tuple:
             chunk = self.slices(chunked, start, kk)
-            diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
-            diff_ch = [i for i, x in enumerate(chunk) if is_float(x)]
+            f, primals, _, _ = self.differentiable(invariants, chunk, kk, start)
 
-            def f(d_inv: list, d_ch: list) -> tuple:
-                inv, ch = list(invariants), list(chunk)
-                for i, x in zip(diff_inv, d_inv, strict=True):
-                    inv[i] = x
-                for i, x in zip(diff_ch, d_ch, strict=True):
-                    ch[i] = x
-                sums = self.body(kk, start, inv, ch)[0]
-                flat = jnp.concatenate([jnp.ravel(sums[i]).astype(jnp.float32) for i in float_sums])
-                return flat, sums
+            def flat(a: list, b: list) -> tuple:
+                sums = f(a, b)[0]
+                return jnp.concatenate(
+                    [jnp.ravel(sums[i]).astype(jnp.float32) for i in float_sums]
+                ), sums
 
-            primals = ([invariants[i] for i in diff_inv], [chunk[i] for i in diff_ch])
-            _, pullback, sums = jax.vjp(f, *primals, has_aux=True)
-            if width == 1:
-                d_inv, d_ch = pullback(jnp.ones((1,), jnp.float32))
-                d_inv, d_ch = [x[None] for x in d_inv], [x[None] for x in d_ch]
-            else:
-                d_inv, d_ch = jax.vmap(pullback)(jnp.eye(width, dtype=jnp.float32))
-            return sums, d_inv, d_ch, diff_inv, diff_ch
+            _, pullback, sums = jax.vjp(flat, *primals, has_aux=True)
+            return (sums, *jax.vmap(pullback)(eye))
+
+        diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
+        jac = [
+            jnp.zeros(
+                (width, *invariants[i].shape),
+                accumulator_dtype(invariants[i].dtype, self.accum_dtype),
+            )
+            for i in diff_inv
+        ]
+        sums, scanned = self.zero_sums(), None
+        if self.n_full:
+
+            def step(carry: tuple, c: Any) -> tuple:
+                s, d_inv, d_ch = rows(k, c * k)
+                return (add_into(carry[0], s), add_into(carry[1], d_inv)), d_ch
+
+            (sums, jac), scanned = lax.scan(step, (sums, jac), jnp.arange(self.n_full))
+        rest = None
+        for start, length in self.remainder():
+            s, d_inv, rest = rows(length, start)
+            sums, jac = add_into(sums, s), add_into(jac, d_inv)
+        diff_ch = [i for i, x in enumerate(chunked) if is_float(x)]
+        jac_ch = [
+            join(
+                None if scanned is None else scanned[j],
+                None if rest is None else rest[j],
+                shifted(self.chunk_locs[i]),
+            )
+            for j, i in enumerate(diff_ch)
+        ]
+        return sums, jac, jac_ch
+
+
+class Layout:
+    """The axis on one device: the region runs as is."""
+
+    devices = 1
+
+    def region(self, plan: RegionPlan, accum_dtype: Any) -> Region:
+        return Region(plan, accum_dtype, plan.size, plan.chunk, 0)
+
+    def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
+        return fn
+
+    def reduce(self, x: Any) -> Any:
+        return x
+
+    def spec(self, loc: AxisLoc | None) -> Any:
+        return None
+
+
+class ShardedLayout(Layout):
+    """The axis sharded over ``axes`` of ``mesh``: ``shard_map``, one device per shard."""
+
+    def __init__(self, mesh: Any, axes: tuple[str, ...]):
+        self.mesh, self.axes = mesh, axes
+        self.devices = math.prod(mesh.shape[a] for a in axes)
+
+    def region(self, plan: RegionPlan, accum_dtype: Any) -> Region:
+        local = plan.size // self.devices
+        offset = lax.axis_index(self.axes) * local
+        return Region(plan, accum_dtype, local, plan.chunk // self.devices, offset)
+
+    def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
+        return jax.shard_map(
+            fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+        )
+
+    def reduce(self, x: Any) -> Any:
+        return None if x is None else lax.psum(x, self.axes)
+
+    def spec(self, loc: AxisLoc | None) -> Any:
+        if loc is None:
+            return PartitionSpec()
+        return PartitionSpec(*([None] * loc.dim), self.axes)
+
+
+def make_region(plan: RegionPlan, grad: str, accum_dtype: Any, layout: Layout) -> Callable:
+    """``region(invariants, chunked) -> (sums, stacked partials, stacked)``."""
+    spec = layout.spec
+    inv_specs = [spec(None) for _ in plan.invariants]
+    ch_specs = [spec(loc) for _, loc in plan.chunked]
+    out_specs = (
+        [spec(None) for _ in plan.sums],
+        [spec(AxisLoc(0)) for _ in plan.partials],
+        [spec(loc) for _, loc in plan.stacked],
+    )
+
+    def forward_local(checkpoint: bool) -> Callable:
+        def fn(invariants: list, chunked: list) -> tuple:
+            region = layout.region(plan, accum_dtype)
+            sums, partials, stacked = region.forward(invariants, chunked, checkpoint)
+            sums = [
+                layout.reduce(s).astype(v.aval.dtype) for s, v in zip(sums, plan.sums, strict=True)
+            ]
+            return sums, partials, stacked
+
+        return layout.map(fn, (inv_specs, ch_specs), out_specs)
+
+    if grad == "native":
+        return forward_local(checkpoint=True)
+
+    forward = forward_local(checkpoint=False)
+
+    @jax.custom_vjp
+    def region(invariants: list, chunked: list) -> tuple:
+        return forward(invariants, chunked)
+
+    def cast_back(cts: list, like: list) -> list:
+        return [None if c is None else c.astype(x.dtype) for c, x in zip(cts, like, strict=True)]
+
+    if grad == "remat":
+
+        def backward_local(invariants: list, chunked: list, cts: tuple) -> tuple:
+            ct_inv, ct_ch = layout.region(plan, accum_dtype).backward(invariants, chunked, cts)
+            return [layout.reduce(c) for c in ct_inv], ct_ch
+
+        backward = layout.map(
+            backward_local,
+            (inv_specs, ch_specs, out_specs),
+            (inv_specs, ch_specs),
+        )
 
         def fwd(invariants: list, chunked: list) -> tuple:
-            diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
+            return forward(invariants, chunked), (invariants, chunked)
+
+        def bwd(res: tuple, cts: tuple) -> tuple:
+            invariants, chunked = res
+            flags = float_outputs(plan)
+            cts = tuple(
+                [c if f else None for c, f in zip(group, group_flags, strict=True)]
+                for group, group_flags in zip(cts, flags, strict=True)
+            )
+            ct_inv, ct_ch = backward(invariants, chunked, cts)
+            return cast_back(ct_inv, invariants), cast_back(ct_ch, chunked)
+
+    else:  # fused
+
+        def jacobians_local(invariants: list, chunked: list) -> tuple:
+            sums, jac, jac_ch = layout.region(plan, accum_dtype).jacobians(invariants, chunked)
             sums = [
-                jnp.zeros(v.aval.shape, accumulator_dtype(v.aval.dtype, None)) for v in plan.sums
+                layout.reduce(s).astype(v.aval.dtype) for s, v in zip(sums, plan.sums, strict=True)
             ]
-            jac = [
-                jnp.zeros(
-                    (width, *invariants[i].shape),
-                    accumulator_dtype(invariants[i].dtype, self.accum_dtype),
-                )
-                for i in diff_inv
-            ]
+            return sums, [layout.reduce(j) for j in jac], jac_ch
 
-            def add(acc: list, xs: list) -> list:
-                return [a + x.astype(a.dtype) for a, x in zip(acc, xs, strict=True)]
+        diff_ch_specs = [
+            spec(shifted(loc))
+            for (v, loc) in plan.chunked
+            if jnp.issubdtype(v.aval.dtype, jnp.inexact)
+        ]
+        jacobians = layout.map(
+            jacobians_local,
+            (inv_specs, ch_specs),
+            ([spec(None) for _ in plan.sums], spec(None), diff_ch_specs),
+        )
 
-            scanned = None
-            if self.n_full:
-
-                def step(carry: tuple, c: Any) -> tuple:
-                    s, d_inv, d_ch, _, _ = chunk_jacobians(k, c * k, invariants, chunked)
-                    return (add(carry[0], s), add(carry[1], d_inv)), d_ch
-
-                (sums, jac), scanned = lax.scan(step, (sums, jac), jnp.arange(self.n_full))
-            rest = None
-            for start, length in self.chunk_starts():
-                s, d_inv, rest, _, _ = chunk_jacobians(length, start, invariants, chunked)
-                sums, jac = add(sums, s), add(jac, d_inv)
-            diff_ch = [i for i, x in enumerate(chunked) if is_float(x)]
-            jac_ch = [
-                join(
-                    None if scanned is None else scanned[j],
-                    None if rest is None else rest[j],
-                    _shifted(self.chunk_locs[i]),
-                )
-                for j, i in enumerate(diff_ch)
-            ]
-            out = self.assemble(sums, None, None)
-            return out, (invariants, chunked, jac, jac_ch)
+        def fwd(invariants: list, chunked: list) -> tuple:
+            sums, jac, jac_ch = jacobians(invariants, chunked)
+            return (sums, [], []), (invariants, chunked, jac, jac_ch)
 
         def bwd(res: tuple, cts: tuple) -> tuple:
             invariants, chunked, jac, jac_ch = res
-            ct_sums = cts[0]
+            flags = float_outputs(plan)[0]
             weights = jnp.concatenate(
-                [jnp.ravel(ct_sums[i]).astype(jnp.float32) for i in float_sums]
+                [jnp.ravel(c).astype(jnp.float32) for c, f in zip(cts[0], flags, strict=True) if f]
             )
-            ct_inv: list = [None] * len(invariants)
-            diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
-            for i, j in zip(diff_inv, jac, strict=True):
-                ct_inv[i] = jnp.tensordot(weights.astype(j.dtype), j, axes=1).astype(
-                    invariants[i].dtype
-                )
-            ct_ch: list = [None] * len(chunked)
-            diff_ch = [i for i, x in enumerate(chunked) if is_float(x)]
-            for i, j in zip(diff_ch, jac_ch, strict=True):
-                ct_ch[i] = jnp.tensordot(weights.astype(j.dtype), j, axes=1).astype(
-                    chunked[i].dtype
-                )
-            return ct_inv, ct_ch
 
-        @jax.custom_vjp
-        def region(invariants: list, chunked: list) -> tuple:
-            return self.forward(invariants, chunked)
+            def contract(values: list, jacs: list) -> list:
+                out: list = [None] * len(values)
+                diff = [i for i, x in enumerate(values) if is_float(x)]
+                for i, j in zip(diff, jacs, strict=True):
+                    out[i] = jnp.tensordot(weights.astype(j.dtype), j, axes=1).astype(
+                        values[i].dtype
+                    )
+                return out
 
-        region.defvjp(fwd, bwd)
-        return region
+            return contract(invariants, jac), contract(chunked, jac_ch)
 
-    # -- native: checkpointed scan, differentiated by JAX --------------------------------
-    def native(self) -> Callable:
-        def region(invariants: list, chunked: list) -> tuple:
-            return self.forward(invariants, chunked, checkpoint=True)
-
-        return region
+    region.defvjp(fwd, bwd)
+    return region
 
 
-def _shifted(loc: AxisLoc) -> AxisLoc:
-    """The axis position once a leading (Jacobian row) dimension is added."""
-    return AxisLoc(loc.dim + 1, loc.inner)
-
-
-FUSED_MAX_WIDTH = 8
-
-
-def fused_refusal(plan: RegionPlan) -> str | None:
-    """Why the fused mode does not apply to ``plan``, or None if it does."""
-    if plan.stacked or plan.partials:
-        return "the region has outputs that are not sums (stacked values or max/min partials)"
-    width = sum(
-        math.prod(v.aval.shape) for v in plan.sums if jnp.issubdtype(v.aval.dtype, jnp.inexact)
-    )
-    if width == 0:
-        return "the region has no floating-point sum to differentiate"
-    if width > FUSED_MAX_WIDTH:
-        return f"its sums have {width} entries (the fused mode takes at most {FUSED_MAX_WIDTH})"
-    return None
-
-
-def _pick(groups: Sequence, flags: Sequence) -> list:
-    """The entries of ``groups`` (lists) whose flag in ``flags`` (parallel lists) is set."""
-    return [
-        x
-        for group, group_flags in zip(groups, flags, strict=True)
-        for x, flag in zip(group, group_flags, strict=True)
-        if flag
-    ]
-
-
-def build(plan: RegionPlan, grad: str, accum_dtype: Any) -> Callable:
+def build(plan: RegionPlan, grad: str, accum_dtype: Any, layout: Layout) -> Callable:
     """``run(*flat_inputs) -> flat outputs`` for the whole program."""
-    region_obj = Region(plan, accum_dtype)
-    region = {"native": region_obj.native, "fused": region_obj.fused, "remat": region_obj.remat}[
-        grad
-    ]()
+    region = make_region(plan, grad, accum_dtype, layout)
     jaxpr = plan.jaxpr
     prologue, epilogue = plan.indices(PROLOGUE), plan.indices(EPILOGUE)
 

@@ -154,3 +154,13 @@ def key_impl(dtype: Any) -> Any:
 
 def key_impl_name(dtype: Any) -> str:
     return key_impl(dtype).name
+
+
+def named_sharding(x: Any) -> Any:
+    """The ``NamedSharding`` of a value (concrete, or traced in explicit-sharding mode), or None."""
+    sharding = (
+        jax.typeof(x).sharding if isinstance(x, _core.Tracer) else getattr(x, "sharding", None)
+    )
+    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.axis_names:
+        return sharding
+    return None

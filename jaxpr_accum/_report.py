@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, RegionPlan, nbytes
 
@@ -13,6 +14,17 @@ def _fmt_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError  # pragma: no cover
+
+
+def _describe_layout(layout: Any, region: RegionPlan) -> str:
+    if layout.devices == 1:
+        return "one device, contiguous chunks"
+    per = region.chunk // layout.devices
+    return (
+        f"sharded over mesh axis {layout.axes} ({layout.devices} devices): each device scans its "
+        f"own shard of {region.size // layout.devices} in chunks of {per} (chunk i takes {per} "
+        "rows from every shard); accumulators are summed across devices once, after the loop"
+    )
 
 
 @dataclasses.dataclass
@@ -33,10 +45,16 @@ class Plan:
     stops: list[str]
     hoisted: list[str]
     candidates: list[tuple[int, str, int, bool]]
+    layout: str
 
     @classmethod
     def from_region(
-        cls, region: RegionPlan, candidates: list[RegionPlan], grad: str, grad_reason: str
+        cls,
+        region: RegionPlan,
+        candidates: list[RegionPlan],
+        grad: str,
+        grad_reason: str,
+        layout: Any,
     ) -> Plan:
         n_full, rem = divmod(region.size, region.chunk)
         counts = {s: region.stages.count(s) for s in (PROLOGUE, BODY, EPILOGUE)}
@@ -56,6 +74,7 @@ class Plan:
             stops=[str(s) for s in region.stops],
             hoisted=[str(s) for s in region.hoisted_draws],
             candidates=[(c.size, c.born, c.estimate, c is region) for c in candidates],
+            layout=_describe_layout(layout, region),
         )
 
     def __str__(self) -> str:
@@ -66,6 +85,7 @@ class Plan:
             + ")",
             f"  born at: {self.born}",
             f"  gradient mode: {self.grad} ({self.grad_reason})",
+            f"  layout: {self.layout}",
             f"  equations: {self.counts[PROLOGUE]} hoisted before the loop, "
             f"{self.counts[BODY]} chunked, {self.counts[EPILOGUE]} left after the loop",
         ]

@@ -26,9 +26,9 @@ chosen (ties: larger axis, then earlier born).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from typing import Any
-
-import numpy as np
 
 from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis
@@ -81,7 +81,7 @@ class RegionPlan:
 
 def nbytes(v: Any) -> int:
     aval = v.aval
-    return int(np.prod(aval.shape, dtype=np.int64)) * getattr(aval.dtype, "itemsize", 4)
+    return math.prod(aval.shape) * getattr(aval.dtype, "itemsize", 4)
 
 
 def _vars(vs: Any) -> list[Var]:
@@ -173,8 +173,7 @@ def make_plan(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Region
         for v in jaxpr.eqns[idx].outvars
         if loc((), v) is not None and v not in {s for s, _ in stacked}
     )
-    total = sum(nbytes(v) for e in jaxpr.eqns for v in e.outvars)
-    estimate = total - int(saved * (1 - min(chunk, size) / size))
+    estimate = _total_bytes(jaxpr) - int(saved * (1 - min(chunk, size) / size))
     return RegionPlan(
         jaxpr=jaxpr,
         analysis=analysis,
@@ -192,6 +191,11 @@ def make_plan(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Region
         reductions=reductions,
         estimate=estimate,
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _total_bytes(jaxpr: Jaxpr) -> int:
+    return sum(nbytes(v) for e in jaxpr.eqns for v in e.outvars)
 
 
 def _reduction_kinds(jaxpr: Jaxpr, analysis: Analysis, stages: list[str]) -> dict:

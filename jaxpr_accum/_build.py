@@ -46,6 +46,7 @@ from jax.sharding import PartitionSpec
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import Literal
+from jaxpr_accum._conv import canonicalize
 from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, RegionPlan
 from jaxpr_accum._resize import Resizer
 from jaxpr_accum._rules import AxisLoc
@@ -247,6 +248,7 @@ class Region:
             chunk = self.slices(chunked, start, kk)
             f, primals, _, _ = self.differentiable(invariants, chunk, kk, start)
             _, pullback = jax.vjp(lambda a, b: pick(f(a, b), self.out_float), *primals)
+            pullback = canonicalize(pullback)
             ct_st = [
                 None if ct is None else take_chunk(ct, loc, start, kk)
                 for ct, loc in zip(ct_stacked, self.stacked_locs, strict=True)
@@ -306,7 +308,10 @@ class Region:
                 ), sums
 
             _, pullback, sums = jax.vjp(flat, *primals, has_aux=True)
-            return (sums, *jax.vmap(pullback)(eye))
+            if width == 1:  # no vmap: batching would make the convolutions non-canonical
+                d_inv, d_ch = canonicalize(pullback)(eye[0])
+                return sums, [x[None] for x in d_inv], [x[None] for x in d_ch]
+            return (sums, *canonicalize(jax.vmap(pullback))(eye))
 
         diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
         jac = [

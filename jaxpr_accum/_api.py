@@ -289,10 +289,11 @@ class SerializedFunction:
                 "do not divide"
             )
         if self.chunk % d:
-            lower, upper = max(d, self.chunk // d * d), (self.chunk // d + 1) * d
+            lower, upper = self.chunk // d * d, (self.chunk // d + 1) * d
+            nearest = f"{lower} and {upper}" if lower else f"{upper} (the smallest)"
             raise ValueError(
                 f"`chunk` {self.chunk} must be a multiple of the {d} shards of mesh axis "
-                f"{axes}; the nearest valid chunk sizes are {lower} and {upper}"
+                f"{axes}; the nearest valid chunk sizes are {nearest}"
             )
         return layout
 

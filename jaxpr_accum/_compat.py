@@ -53,9 +53,32 @@ def user_context(eqn: JaxprEqn) -> Iterator[None]:
         yield
 
 
+def _fit_shardings(params: dict[str, Any]) -> dict[str, Any]:
+    """Drop sharding params recorded on another mesh than the current one.
+
+    Inside ``shard_map`` the context mesh has manual axes; an output sharding recorded when
+    the program was traced (on the caller's mesh) no longer applies there. Dropping it only
+    forgets a layout annotation, never changes a value.
+    """
+    fitted = None
+    for key, value in params.items():
+        if isinstance(value, jax.sharding.NamedSharding):
+            context = jax.sharding.get_abstract_mesh()
+            if value.mesh.abstract_mesh != context:
+                fitted = fitted or dict(params)
+                fitted[key] = None
+    return params if fitted is None else fitted
+
+
+def in_manual_context() -> bool:
+    """Whether we are tracing inside ``shard_map`` (some context mesh axis is manual)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return any(t == jax.sharding.AxisType.Manual for t in getattr(mesh, "axis_types", ()))
+
+
 def bind(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | None = None) -> list:
     """Re-emit ``eqn`` on ``invals`` (optionally with new params), keeping its source info."""
-    params = eqn.params if params is None else params
+    params = _fit_shardings(eqn.params if params is None else params)
     bind_params = eqn.primitive.get_bind_params(params)
     with user_context(eqn):
         out = eqn.primitive.bind(*invals, **bind_params)
@@ -154,6 +177,12 @@ def key_impl(dtype: Any) -> Any:
 
 def key_impl_name(dtype: Any) -> str:
     return key_impl(dtype).name
+
+
+def placement_key(x: Any) -> str:
+    """What of a value's placement a plan depends on (its ``NamedSharding``, if any)."""
+    sharding = named_sharding(x)
+    return "" if sharding is None else f"{sharding.mesh.abstract_mesh}|{sharding.spec}"
 
 
 def named_sharding(x: Any) -> Any:

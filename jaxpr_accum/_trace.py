@@ -63,12 +63,13 @@ def split_arguments(args: tuple, kwargs: dict) -> tuple[list, Any, list[bool], l
 
 def cache_key(leaves: list, treedef: Any, dynamic: list[bool]) -> Any:
     """Hashable key of a call's avals and static leaves, or None if a static leaf is unhashable."""
-    parts: list = [treedef]
+    parts: list = [treedef, str(jax.sharding.get_abstract_mesh())]
     for leaf, dyn in zip(leaves, dynamic, strict=True):
         if dyn:
             aval = jax.typeof(leaf) if isinstance(leaf, jax.core.Tracer) else None
             shape, dtype = np.shape(leaf), jax.numpy.result_type(leaf)
-            parts.append(("dyn", shape, str(dtype), getattr(aval, "weak_type", False)))
+            weak = getattr(aval, "weak_type", False)
+            parts.append(("dyn", shape, str(dtype), weak, _compat.placement_key(leaf)))
         else:
             try:
                 hash(leaf)

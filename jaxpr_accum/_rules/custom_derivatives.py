@@ -1,10 +1,11 @@
 """``custom_jvp_call`` and ``custom_vjp_call``: chunked, with their custom rules kept.
 
 The primal function is analysed as a sub-jaxpr linked to the equation's operands and results.
-The rule (the JVP jaxpr, or the VJP's forward jaxpr) is analysed lazily, when JAX asks for it
-while differentiating the chunked body: a rule usually calls its own primal function, so
-analysing it eagerly would recurse forever. It is seeded with the primal's axis positions
-(tangents sit where their primals do), checked, and resized like any jaxpr. At chunk size
+The rule (the JVP jaxpr, or the VJP's forward jaxpr) is traced when the equation is first
+analysed (in the caller's context, not inside a ``shard_map``), but analysed lazily, when JAX
+asks for it while differentiating the chunked body: a rule usually calls its own primal
+function, so analysing it eagerly would recurse forever. It is seeded with the primal's axis
+positions (tangents sit where their primals do), checked, and resized like any jaxpr. At chunk size
 both are re-emitted through ``jax.custom_jvp`` / ``jax.custom_vjp``; a custom VJP's backward
 function is the user's own, called on chunk-sized residuals and cotangents (it must not
 hard-code the full size).
@@ -63,6 +64,13 @@ class CustomJVP(Rule):
             view.barrier("a custom-derivative function closes over a value with the axis")
             return
         link_call(view, eqn, ("call_jaxpr",), eqn.params["call_jaxpr"], eqn.invars, eqn.outvars)
+        if not _compat.in_manual_context():  # trace the rule now, in the caller's context
+            self.rule_jaxpr(eqn, view.analysis, view.key)
+
+    def rule_jaxpr(self, eqn: Any, analysis: Any, key: tuple) -> tuple:
+        """The JVP rule's jaxpr and output-zero flags, traced once per equation."""
+        zeros = [_nondiff(v) for v in eqn.invars[eqn.params["num_consts"] :]]
+        return analysis.memoize(("jvp", key), lambda: _compat.custom_jvp_rule_jaxpr(eqn, zeros))
 
     def resize(self, eqn: Any, r: Any, invals: list) -> list:
         nc = eqn.params["num_consts"]
@@ -78,9 +86,7 @@ class CustomJVP(Rule):
 
         @fun.defjvp
         def fun_jvp(primals: tuple, tangents: tuple) -> tuple:
-            jvp, out_zeros = r.analysis.memoize(
-                ("jvp", r.key), lambda: _compat.custom_jvp_rule_jaxpr(eqn, zeros)
-            )
+            jvp, out_zeros = self.rule_jaxpr(eqn, r.analysis, r.key)
             nonzero = [t for t, z in zip(tangents, zeros, strict=True) if not z]
             tangent_locs = [loc for loc, z in zip(in_locs, zeros, strict=True) if not z]
             seeds = list(enumerate(in_locs + tangent_locs))
@@ -97,12 +103,17 @@ class CustomJVP(Rule):
 
 
 class CustomVJP(CustomJVP):
+    def rule_jaxpr(self, eqn: Any, analysis: Any, key: tuple) -> tuple:
+        """The forward rule's jaxpr and ``(n_res, input_fwds)``, traced once per equation."""
+        fwd_of, _, nc = _compat.custom_vjp_parts(eqn)
+        nonzeros = [not _nondiff(v) for v in eqn.invars[nc:]]
+        return analysis.memoize(("fwd", key), lambda: fwd_of(nonzeros))
+
     def resize(self, eqn: Any, r: Any, invals: list) -> list:
         nc = eqn.params["num_consts"]
         consts, args = invals[:nc], invals[nc:]
         call = eqn.params["call_jaxpr"]
-        fwd_of, bwd_fn, _ = _compat.custom_vjp_parts(eqn)
-        nonzeros = [not _nondiff(v) for v in eqn.invars[nc:]]
+        _, bwd_fn, _ = _compat.custom_vjp_parts(eqn)
         in_locs = r.in_locs[nc:]
 
         @jax.custom_vjp
@@ -110,9 +121,7 @@ class CustomVJP(CustomJVP):
             return tuple(r.eval(("call_jaxpr",), call, [*consts, *a]))
 
         def fwd(*a: Any) -> tuple:
-            fwd_jaxpr, (n_res, input_fwds) = r.analysis.memoize(
-                ("fwd", r.key), lambda: fwd_of(nonzeros)
-            )
+            fwd_jaxpr, (n_res, input_fwds) = self.rule_jaxpr(eqn, r.analysis, r.key)
             n_res_out = n_res - sum(f is not None for f in input_fwds)
             outs = _eval_rule(r, fwd_jaxpr, list(enumerate(in_locs)), list(a))
             res_out = iter(outs[:n_res_out])

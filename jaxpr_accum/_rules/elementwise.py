@@ -31,6 +31,15 @@ class Elementwise(Rule):
             view.set_out(j, loc)
 
 
+class LayoutOnly(Elementwise):
+    """Sharding annotations: the value is unchanged. Inside the chunk body they are dropped:
+    the chunk's layout is the loop's business, and a spec written for the full axis need
+    not divide a chunk."""
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        return list(invals)
+
+
 class PerOperandIdentity(Rule):
     """``optimization_barrier``-like: output ``i`` is operand ``i``."""
 
@@ -66,4 +75,5 @@ square reduce_precision copy copy_p stop_gradient add_any mul_add pvary pcast
 
 register(ELEMENTWISE_PRIMITIVES, Elementwise())
 register("optimization_barrier", PerOperandIdentity())
+register(["sharding_constraint", "mesh_cast", "reshard"], LayoutOnly())
 register("bitcast_convert_type", BitcastConvert())

@@ -1,0 +1,523 @@
+"""Multi-device cases for ``tests/test_sharding.py``, run in a subprocess with 8 CPU devices.
+
+XLA reads ``--xla_force_host_platform_device_count`` once, when JAX initialises its backend,
+so the multi-device checks cannot run in the pytest process (which keeps one device, see
+``conftest.py``). ``test_sharding.py`` runs this script once::
+
+    python tests/sharding_cases.py [CASE ...]     # no names: every case
+
+and reads one JSON object per line from stdout: ``{"case": name, ...facts}`` or
+``{"case": name, "error": traceback}``. The script only *measures* (errors against the
+oracle, collectives in the compiled HLO, the ``explain`` text, error messages); the
+assertions, with their thresholds, live in ``test_sharding.py``.
+
+The oracle is the unsharded, unchunked original: ``jax.value_and_grad(loss)`` on host
+(numpy) inputs, on one device. The serialized function runs on inputs placed with
+``NamedSharding(mesh, P("data"))`` and is compiled once per case with
+``jax.jit(jax.value_and_grad(sf)).lower(...).compile()``; that executable gives both the
+values and the HLO text.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jaxpr_accum as ja  # noqa: E402
+
+N_DEVICES = 8
+BATCH = 64  # 8 rows per device
+CHUNK = 16  # 2 rows per device per chunk: 4 chunks
+
+# --------------------------------------------------------------------------------------
+# HLO text: computations, while loops, collectives
+# --------------------------------------------------------------------------------------
+
+COLLECTIVES = (
+    "all-reduce",
+    "all-gather",
+    "all-to-all",
+    "ragged-all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+    "reduce-scatter",
+)
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?(\S+)\s+\(.*\{\s*$")
+_OPCODE = re.compile(
+    r"\s(" + "|".join(COLLECTIVES) + r")(-start|-done)?\("
+)  # an instruction's opcode is followed by "(", a name by " =", "," or ")"
+_CALLED = re.compile(
+    r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)"
+)
+_CALLED_LIST = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_WHILE = re.compile(r"\swhile\(.*?condition=%?([\w.\-]+), body=%?([\w.\-]+)")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def hlo_computations(text: str) -> dict[str, str]:
+    """``{name: body text}`` for every computation of an HLO module's text."""
+    comps: dict[str, str] = {}
+    name, lines = None, []
+    for line in text.splitlines():
+        if name is None:
+            m = _HEADER.match(line)
+            if m and not line.startswith("HloModule"):
+                name, lines = m.group(1), []
+        elif line.startswith("}"):
+            comps[name] = "\n".join(lines)
+            name = None
+        else:
+            lines.append(line)
+    return comps
+
+
+def called(body: str) -> set[str]:
+    names = set(_CALLED.findall(body))
+    for group in _CALLED_LIST.findall(body):
+        names.update(n.strip().lstrip("%") for n in group.split(",") if n.strip())
+    return names
+
+
+def reachable(comps: dict[str, str], roots: set[str]) -> set[str]:
+    """``roots`` and every computation they call, transitively."""
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in comps:
+            continue
+        seen.add(n)
+        todo.extend(called(comps[n]) - seen)
+    return seen
+
+
+def collectives_in(body: str) -> list[str]:
+    return [op + suffix for op, suffix in _OPCODE.findall(body)]
+
+
+def hlo_facts(text: str) -> dict[str, Any]:
+    """While loops, the collectives inside them, and the module's all-reduce count."""
+    comps = hlo_computations(text)
+    loops = [(c, b) for body in comps.values() for c, b in _WHILE.findall(body)]
+    roots = {n for pair in loops for n in pair}
+    missing = sorted(r for r in roots if r not in comps)
+    in_loops = reachable(comps, roots)
+    loop_collectives = sorted({f"{op} in {n}" for n in in_loops for op in collectives_in(comps[n])})
+    everywhere = [op for body in comps.values() for op in collectives_in(body)]
+    return {
+        "n_computations": len(comps),
+        "n_while": len(loops),
+        "loop_computations_missing": missing,
+        "n_loop_computations": len(in_loops),
+        "loop_collectives": loop_collectives,
+        "all_reduce_total": sum(op in ("all-reduce", "all-reduce-start") for op in everywhere),
+        "collectives_total": sorted(set(everywhere)),
+        "trip_counts": sorted({int(n) for n in _TRIP.findall(text)}),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Comparing with the oracle
+# --------------------------------------------------------------------------------------
+
+
+def rel_err(got: Any, ref: Any) -> float:
+    """Largest ``max|got - ref| / max|ref|`` over the leaves (``max|ref| == 0``: absolute)."""
+    worst = 0.0
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+        g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
+        if g.shape != r.shape:
+            return float("inf")
+        scale = float(np.max(np.abs(r), initial=0.0)) or 1.0
+        worst = max(worst, float(np.max(np.abs(g - r), initial=0.0)) / scale)
+    return worst
+
+
+def host(tree: Any) -> Any:
+    return jax.tree.map(np.asarray, tree)
+
+
+# --------------------------------------------------------------------------------------
+# Models: loss(params, batch, *rest) -> scalar; batch is serialized (argnums=1)
+# --------------------------------------------------------------------------------------
+
+
+def mlp_problem() -> tuple[Callable, Any, Any, tuple]:
+    rng = np.random.RandomState(0)
+    sizes = [16, 32, 32, 4]
+    params = [
+        (
+            rng.normal(size=(a, b)).astype(np.float32) / np.sqrt(a),
+            rng.normal(size=(b,)).astype(np.float32) * 0.1,
+        )
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+    ]
+    x = rng.normal(size=(BATCH, 16)).astype(np.float32)
+    y = rng.normal(size=(BATCH, 4)).astype(np.float32)
+
+    def loss(params: Any, batch: Any) -> jax.Array:
+        h, target = batch
+        for i, (w, b) in enumerate(params):
+            h = h @ w + b
+            if i < len(params) - 1:
+                h = jnp.tanh(h)
+        return jnp.mean((h - target) ** 2)
+
+    return loss, params, (x, y), ()
+
+
+class ConvNet(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = nn.relu(nn.Conv(8, (3, 3))(x))
+        x = nn.relu(nn.Conv(8, (3, 3), strides=(2, 2))(x))
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(10)(x)
+
+
+def conv_problem() -> tuple[Callable, Any, Any, tuple]:
+    rng = np.random.RandomState(1)
+    x = rng.normal(size=(BATCH, 8, 8, 3)).astype(np.float32)
+    labels = rng.randint(0, 10, size=(BATCH,)).astype(np.int32)
+    model = ConvNet()
+    params = host(model.init(jax.random.key(0), x[:1]))
+
+    def loss(params: Any, batch: Any) -> jax.Array:
+        images, labels = batch
+        logits = model.apply(params, images)
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+    return loss, params, (x, labels), ()
+
+
+class DropoutMLP(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = nn.Dropout(0.5, deterministic=False)(x)  # on the input: zeros in d loss / d x
+        x = nn.relu(nn.Dense(32)(x))
+        x = nn.Dropout(0.3, deterministic=False)(x)
+        return nn.Dense(1)(x)[:, 0]
+
+
+def dropout_problem() -> tuple[Callable, Any, Any, tuple]:
+    rng = np.random.RandomState(2)
+    x = rng.normal(size=(BATCH, 16)).astype(np.float32)
+    y = rng.normal(size=(BATCH,)).astype(np.float32)
+    model = DropoutMLP()
+    params = host(model.init({"params": jax.random.key(0)}, x[:1]))
+
+    def loss(params: Any, batch: Any, key: jax.Array) -> jax.Array:
+        x, y = batch
+        pred = model.apply(params, x, rngs={"dropout": key})
+        return jnp.mean((pred - y) ** 2)
+
+    return loss, params, (x, y), (jax.random.key(42),)
+
+
+PROBLEMS = {"mlp": mlp_problem, "conv": conv_problem, "dropout": dropout_problem}
+
+
+# --------------------------------------------------------------------------------------
+# One model case: sharded serialized run vs the unsharded original
+# --------------------------------------------------------------------------------------
+
+
+def run_model(
+    model: str,
+    grad: str,
+    *,
+    mesh: Any,
+    batch_spec: Any,
+    set_mesh: bool = False,
+    mesh_axis: Any = None,
+    chunk: int = CHUNK,
+) -> dict[str, Any]:
+    loss, params, batch, rest = PROBLEMS[model]()
+    argnums = (0, 1)  # d/d params and d/d batch (zeros of input dropout are visible there)
+    vg = {"argnums": argnums, "allow_int": True}  # integer labels: float0 cotangents
+    ref_value, ref_grads = jax.jit(jax.value_and_grad(loss, **vg))(params, batch, *rest)
+
+    ctx = jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext()
+    with ctx:
+        params_s = jax.device_put(params, NamedSharding(mesh, P()))
+        batch_s = jax.device_put(batch, NamedSharding(mesh, batch_spec))
+        sf = ja.serialize_axis(loss, chunk=chunk, argnums=1, grad=grad, mesh_axis=mesh_axis)
+        args = (params_s, batch_s, *rest)
+        compiled = jax.jit(jax.value_and_grad(sf, **vg)).lower(*args).compile()
+        value, grads = compiled(*args)
+        plan = sf.explain(*args)
+        batch_grad_spec = [
+            str(g.sharding.spec) for g in jax.tree.leaves(grads[1]) if hasattr(g, "sharding")
+        ]
+
+    float_batch = [i for i, b in enumerate(batch) if np.issubdtype(b.dtype, np.floating)]
+    facts: dict[str, Any] = {
+        "value_err": rel_err(value, ref_value),
+        "params_grad_err": rel_err(grads[0], ref_grads[0]),
+        "batch_grad_err": rel_err(
+            [grads[1][i] for i in float_batch], [ref_grads[1][i] for i in float_batch]
+        ),
+        # bit-level check of the dropout draws: d loss / d x is exactly 0 where x was dropped
+        "batch_grad_zeros_equal": all(
+            bool(np.array_equal(np.asarray(grads[1][i]) == 0, np.asarray(ref_grads[1][i]) == 0))
+            for i in float_batch
+        ),
+        "batch_grad_zero_fraction": float(np.mean(np.asarray(ref_grads[1][0]) == 0)),
+        "batch_grad_spec": batch_grad_spec,
+        "n_grad_leaves": len(jax.tree.leaves(grads)),
+        "n_outputs": 1,
+        "chunk": chunk,
+        "batch": BATCH,
+        "plan_grad": plan.grad,
+        "explain": str(plan),
+    }
+    facts.update(hlo_facts(compiled.as_text()))
+    return facts
+
+
+def explicit_mesh() -> Any:
+    return jax.make_mesh((N_DEVICES,), ("data",), axis_types=(AxisType.Explicit,))
+
+
+def auto_mesh() -> Any:
+    return jax.make_mesh((N_DEVICES,), ("data",), axis_types=(AxisType.Auto,))
+
+
+# --------------------------------------------------------------------------------------
+# Other cases
+# --------------------------------------------------------------------------------------
+
+
+def case_devices() -> dict[str, Any]:
+    return {"device_count": jax.device_count()}
+
+
+def case_draws() -> dict[str, Any]:
+    """Random draws of a stacked (per-row) output are bit-identical to the original's."""
+
+    def noisy(x: jax.Array, key: jax.Array) -> jax.Array:
+        u = jax.random.uniform(key, x.shape)
+        keep = jax.random.bernoulli(jax.random.fold_in(key, 1), 0.5, x.shape)
+        return x * u + keep.astype(x.dtype)
+
+    x = np.random.RandomState(3).normal(size=(BATCH, 16)).astype(np.float32)
+    key = jax.random.key(7)
+    ref = np.asarray(jax.jit(noisy)(x, key))
+    mesh = explicit_mesh()
+    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+    sf = ja.serialize_axis(noisy, chunk=CHUNK, argnums=0)
+    got = np.asarray(jax.jit(sf)(xs, key))
+    return {
+        "bit_identical": bool(np.array_equal(got, ref)),
+        "n_different": int(np.sum(got != ref)),
+        "explain": str(sf.explain(xs, key)),
+    }
+
+
+def case_parser_control() -> dict[str, Any]:
+    """A negative control for ``hlo_facts``: collectives placed inside a scan are found."""
+    mesh = explicit_mesh()
+
+    def per_device(x: jax.Array) -> jax.Array:
+        def step(carry: jax.Array, row: jax.Array) -> tuple[jax.Array, None]:
+            gathered = jax.lax.all_gather(row, "data", tiled=True)
+            return carry + jax.lax.psum(jnp.sum(row), "data") + jnp.sum(gathered**2), None
+
+        return jax.lax.scan(step, jnp.zeros((), x.dtype), x)[0]
+
+    f = jax.shard_map(
+        per_device, mesh=mesh, in_specs=P(None, "data"), out_specs=P(), check_vma=False
+    )
+    x = jax.device_put(np.ones((16, BATCH), np.float32), NamedSharding(mesh, P(None, "data")))
+    return hlo_facts(jax.jit(f).lower(x).compile().as_text())
+
+
+def chunk_error(mesh: Any, *, set_mesh: bool, mesh_axis: Any, chunk: int) -> dict[str, Any]:
+    loss, params, batch, rest = mlp_problem()
+    ctx = jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext()
+    facts: dict[str, Any] = {"chunk": chunk}
+    with ctx:
+        batch_s = jax.device_put(batch, NamedSharding(mesh, P("data")))
+        try:
+            sf = ja.serialize_axis(loss, chunk=chunk, argnums=1, mesh_axis=mesh_axis)
+            facts["decoration_error"] = None
+        except Exception as e:  # recorded: the test asserts there is none
+            facts["decoration_error"] = f"{type(e).__name__}: {e}"
+            return facts
+        for how, call in [
+            ("call", lambda: sf(params, batch_s)),
+            ("jit_value_and_grad", lambda: jax.jit(jax.value_and_grad(sf))(params, batch_s)),
+        ]:
+            try:
+                call()
+                facts[how] = None
+            except Exception as e:
+                facts[how] = {
+                    "type": type(e).__name__,
+                    "is_value_error": isinstance(e, ValueError),
+                    "message": str(e),
+                }
+    return facts
+
+
+def case_uneven_axis() -> dict[str, Any]:
+    """An axis of 60 rows that 8 shards do not divide, sharded through ``mesh_axis``."""
+    loss, params, (x, y), _ = mlp_problem()
+    batch = (x[:60], y[:60])
+    mesh = auto_mesh()
+    with jax.set_mesh(mesh):
+        sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1, mesh_axis="data")
+        try:
+            sf(params, batch)
+            return {"error_raised": None}
+        except Exception as e:
+            return {
+                "error_raised": {
+                    "type": type(e).__name__,
+                    "is_value_error": isinstance(e, ValueError),
+                    "message": str(e),
+                }
+            }
+
+
+def case_reuse(first: str) -> dict[str, Any]:
+    """One ``SerializedFunction`` called on unsharded and on sharded inputs (either order).
+
+    Both calls must be right and each must use its own layout: the sharding is part of
+    the call signature, as it is for ``jax.jit``.
+    """
+    loss, params, batch, _ = mlp_problem()
+    ref_value, ref_grad = jax.jit(jax.value_and_grad(loss))(params, batch)
+    mesh = explicit_mesh()
+    placed = {
+        "one": (params, batch),
+        "sharded": (
+            jax.device_put(params, NamedSharding(mesh, P())),
+            jax.device_put(batch, NamedSharding(mesh, P("data"))),
+        ),
+    }
+    sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1, grad="auto")
+    facts: dict[str, Any] = {}
+    for which in (first, "sharded" if first == "one" else "one"):
+        args = placed[which]
+        try:
+            value, grad = jax.jit(jax.value_and_grad(sf))(*args)
+            facts[which] = {
+                "err": max(rel_err(value, ref_value), rel_err(grad, ref_grad)),
+                "layout": sf.explain(*args).layout,
+            }
+        except Exception as e:
+            facts[which] = {"raised": f"{type(e).__name__}: {str(e)[:400]}"}
+    return facts
+
+
+def case_bad_mesh_axis() -> dict[str, Any]:
+    """``mesh_axis`` naming an axis the mesh lacks, and ``mesh_axis`` without any mesh."""
+    loss, params, batch, _ = mlp_problem()
+    mesh = auto_mesh()
+    placed = jax.device_put(batch, NamedSharding(mesh, P("data")))
+    facts: dict[str, Any] = {}
+    for how, mesh_axis, b in (("unknown_axis", "model", placed), ("no_mesh", "data", batch)):
+        sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1, mesh_axis=mesh_axis)
+        try:
+            sf(params, b)
+            facts[how] = None
+        except Exception as e:
+            facts[how] = {"is_value_error": isinstance(e, ValueError), "message": str(e)}
+    return facts
+
+
+def model_case(model: str, grad: str, **kw: Any) -> Callable[[], dict[str, Any]]:
+    def run() -> dict[str, Any]:
+        kw.setdefault("mesh", explicit_mesh())
+        kw.setdefault("batch_spec", P("data"))
+        return run_model(model, grad, **kw)
+
+    return run
+
+
+CASES: dict[str, Callable[[], dict[str, Any]]] = {"devices": case_devices}
+# Explicit-sharding mode: the sharding is read from the avals (no mesh_axis).
+for _model in PROBLEMS:
+    for _grad in ("remat", "auto", "native"):
+        CASES[f"{_model}-{_grad}"] = model_case(_model, _grad)
+# mesh_axis= on a mesh of Auto axes, whose avals do not carry the sharding.
+CASES["mesh_axis-set_mesh-mlp-auto"] = lambda: run_model(
+    "mlp", "auto", mesh=auto_mesh(), batch_spec=P("data"), set_mesh=True, mesh_axis="data"
+)
+CASES["mesh_axis-set_mesh-dropout-remat"] = lambda: run_model(
+    "dropout", "remat", mesh=auto_mesh(), batch_spec=P("data"), set_mesh=True, mesh_axis="data"
+)
+CASES["mesh_axis-inputs-mlp-auto"] = lambda: run_model(
+    "mlp", "auto", mesh=auto_mesh(), batch_spec=P("data"), mesh_axis="data"
+)
+CASES["mesh_axis-inputs-conv-native"] = lambda: run_model(
+    "conv", "native", mesh=auto_mesh(), batch_spec=P("data"), mesh_axis="data"
+)
+# Explicit mode under jax.set_mesh (the sharding is in the avals and in the context).
+CASES["set_mesh-explicit-mlp-remat"] = lambda: run_model(
+    "mlp", "remat", mesh=explicit_mesh(), batch_spec=P("data"), set_mesh=True
+)
+# chunk 24: 3 rows per device per chunk, 2 full chunks and a remainder of 2 rows per device.
+CASES["dropout-remainder-remat"] = model_case("dropout", "remat", chunk=24)
+CASES["set_mesh-explicit-dropout-auto"] = lambda: run_model(
+    "dropout", "auto", mesh=explicit_mesh(), batch_spec=P("data"), set_mesh=True
+)
+# Two mesh axes: the batch over both (a tuple), or over one of them only.
+CASES["mesh2d-tuple-mlp-auto"] = lambda: run_model(
+    "mlp",
+    "auto",
+    mesh=jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2),
+    batch_spec=P(("x", "y")),
+    mesh_axis=("x", "y"),
+)
+CASES["mesh2d-data-only-mlp-remat"] = lambda: run_model(
+    "mlp",
+    "remat",
+    mesh=jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2),
+    batch_spec=P("data"),
+    chunk=8,
+)
+CASES["draws"] = case_draws
+CASES["parser_control"] = case_parser_control
+CASES["chunk_error-explicit"] = lambda: chunk_error(
+    explicit_mesh(), set_mesh=False, mesh_axis=None, chunk=12
+)
+CASES["chunk_error-mesh_axis"] = lambda: chunk_error(
+    auto_mesh(), set_mesh=True, mesh_axis="data", chunk=20
+)
+CASES["uneven_axis"] = case_uneven_axis
+CASES["bad_mesh_axis"] = case_bad_mesh_axis
+CASES["reuse-one-then-sharded"] = lambda: case_reuse("one")
+CASES["reuse-sharded-then-one"] = lambda: case_reuse("sharded")
+
+
+def main(names: list[str]) -> None:
+    for name in names or list(CASES):
+        try:
+            facts = {"case": name, **CASES[name]()}
+        except Exception:
+            facts = {"case": name, "error": traceback.format_exc()}
+        print(json.dumps(facts), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,200 @@
+"""Data parallelism: the serialized axis sharded over 8 (simulated) CPU devices.
+
+The checks run in one subprocess (``tests/sharding_cases.py``), because the device count is
+fixed when JAX initialises its backend and every other test keeps one device. That script
+measures; the assertions live here:
+
+* values and gradients (parameters and batch) equal the *unsharded, unchunked* original's
+  within 2e-4 relative to each leaf's magnitude, for a dense MLP, a Flax conv net and a Flax
+  dropout MLP, in the ``remat``, ``auto`` (fused) and ``native`` gradient modes; dropout
+  draws are identical (the exact zeros of d loss / d x, and a stacked output bit for bit);
+* in the compiled HLO of ``jax.jit(jax.value_and_grad(sf))``, the while loops' body and
+  condition computations (and everything they call) contain no collective at all; the module
+  has at most one all-reduce per gradient leaf and output (XLA combines them: 1 or 2);
+* ``mesh_axis=`` on a mesh of ``Auto`` axes, under ``jax.set_mesh`` and with
+  ``NamedSharding`` inputs, and tuples of mesh axes;
+* ``chunk`` not a multiple of the shards: a ``ValueError`` at the first call naming both
+  numbers and the nearest valid sizes; an axis the shards do not divide: a ``ValueError``;
+* ``str(sf.explain(...))`` names the mesh axis and the per-device chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "sharding_cases.py"
+RTOL = 2e-4
+N_DEVICES = 8
+BATCH = 64
+
+# case -> (grad mode reported by explain, mesh axes as explain prints them, devices, chunk)
+MODEL_CASES: dict[str, tuple[str, str, int, int]] = {}
+for _model in ("mlp", "conv", "dropout"):
+    for _grad, _reported in (("remat", "remat"), ("auto", "fused"), ("native", "native")):
+        MODEL_CASES[f"{_model}-{_grad}"] = (_reported, "('data',)", 8, 16)
+MODEL_CASES.update(
+    {
+        "mesh_axis-set_mesh-mlp-auto": ("fused", "('data',)", 8, 16),
+        "mesh_axis-set_mesh-dropout-remat": ("remat", "('data',)", 8, 16),
+        "mesh_axis-inputs-mlp-auto": ("fused", "('data',)", 8, 16),
+        "mesh_axis-inputs-conv-native": ("native", "('data',)", 8, 16),
+        "dropout-remainder-remat": ("remat", "('data',)", 8, 24),
+        "set_mesh-explicit-mlp-remat": ("remat", "('data',)", 8, 16),
+        "set_mesh-explicit-dropout-auto": ("fused", "('data',)", 8, 16),
+        "mesh2d-tuple-mlp-auto": ("fused", "('x', 'y')", 8, 16),
+        "mesh2d-data-only-mlp-remat": ("remat", "('data',)", 4, 8),
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict[str, Any]]:
+    """Run every case in one subprocess with 8 CPU devices; ``{case: facts}``."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={N_DEVICES}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            facts = json.loads(line)
+            out[facts["case"]] = facts
+    if proc.returncode != 0 or not out:
+        pytest.fail(
+            f"{SCRIPT.name} exited with {proc.returncode}; stderr tail:\n{proc.stderr[-4000:]}"
+        )
+    return out
+
+
+def case(results: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    assert name in results, f"case {name!r} did not report (got {sorted(results)})"
+    facts = results[name]
+    if "error" in facts:
+        pytest.fail(f"case {name!r} raised:\n{facts['error']}")
+    return facts
+
+
+def test_subprocess_has_eight_devices(results: dict) -> None:
+    assert case(results, "devices")["device_count"] == N_DEVICES
+
+
+def test_hlo_parser_finds_collectives_inside_a_loop(results: dict) -> None:
+    """Negative control: a scan with a psum and an all_gather in its body is flagged."""
+    facts = case(results, "parser_control")
+    assert facts["n_while"] >= 1 and facts["loop_computations_missing"] == []
+    found = " ".join(facts["loop_collectives"])
+    assert "all-reduce" in found and "all-gather" in found, facts["loop_collectives"]
+
+
+@pytest.mark.parametrize("name", list(MODEL_CASES))
+def test_values_and_gradients_match_unsharded_original(results: dict, name: str) -> None:
+    facts = case(results, name)
+    grad, _, _, _ = MODEL_CASES[name]
+    assert facts["plan_grad"] == grad
+    for what in ("value_err", "params_grad_err", "batch_grad_err"):
+        assert facts[what] <= RTOL, f"{what} = {facts[what]:.3e} > {RTOL}"
+    # the batch cotangents stay sharded over the batch axis
+    for spec in facts["batch_grad_spec"]:
+        assert spec.startswith(("P('data'", "P(('x', 'y')")), facts["batch_grad_spec"]
+    if "dropout" in name:
+        # The input dropout zeroes about half of d loss / d x; the same entries, exactly.
+        assert 0.3 < facts["batch_grad_zero_fraction"] < 0.7
+        assert facts["batch_grad_zeros_equal"], "dropout draws differ from the original's"
+
+
+@pytest.mark.parametrize("name", list(MODEL_CASES))
+def test_no_collectives_inside_the_loop(results: dict, name: str) -> None:
+    facts = case(results, name)
+    _, _, _, chunk = MODEL_CASES[name]
+    assert facts["n_while"] >= 1, "no while loop in the compiled program: nothing was chunked"
+    assert facts["loop_computations_missing"] == [], "a while loop's computation was not parsed"
+    assert facts["loop_collectives"] == [], "collectives inside the chunk loop"
+    # One psum of the accumulators after the loop (per pass): at most one all-reduce per
+    # gradient leaf and output, and in practice XLA combines them into one or two.
+    bound = facts["n_grad_leaves"] + facts["n_outputs"]
+    assert 1 <= facts["all_reduce_total"] <= bound, facts["all_reduce_total"]
+    assert facts["all_reduce_total"] <= 2, facts["all_reduce_total"]
+    assert set(facts["collectives_total"]) <= {"all-reduce", "all-reduce-start", "all-reduce-done"}
+    if facts["trip_counts"]:  # the chunk loop runs N / chunk times on every device
+        assert BATCH // chunk in facts["trip_counts"], facts["trip_counts"]
+
+
+@pytest.mark.parametrize("name", list(MODEL_CASES))
+def test_explain_reports_mesh_axis_and_per_device_chunk(results: dict, name: str) -> None:
+    facts = case(results, name)
+    _, axes, devices, chunk = MODEL_CASES[name]
+    text = facts["explain"]
+    assert f"mesh axis {axes}" in text, text
+    assert f"({devices} devices)" in text, text
+    assert f"chunks of {chunk // devices}" in text, text
+
+
+def test_random_draws_bit_identical(results: dict) -> None:
+    facts = case(results, "draws")
+    assert facts["bit_identical"], f"{facts['n_different']} entries differ"
+
+
+def _has_number(message: str, n: int) -> bool:
+    return re.search(rf"(?<!\d){n}(?!\d)", message) is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "chunk", "nearest"),
+    [("chunk_error-explicit", 12, (8, 16)), ("chunk_error-mesh_axis", 20, (16, 24))],
+)
+def test_chunk_not_a_multiple_of_the_shards(
+    results: dict, name: str, chunk: int, nearest: tuple[int, int]
+) -> None:
+    facts = case(results, name)
+    assert facts["decoration_error"] is None, "the error needs the mesh: first call, not before"
+    for how in ("call", "jit_value_and_grad"):
+        err = facts[how]
+        assert err is not None, f"{how}: no error for chunk={chunk} over {N_DEVICES} shards"
+        assert err["is_value_error"], f"{how}: {err['type']}: {err['message']}"
+        message = err["message"]
+        for n in (chunk, N_DEVICES, *nearest):
+            assert _has_number(message, n), f"{how}: {n} not in {message!r}"
+
+
+def test_axis_not_divided_by_the_shards(results: dict) -> None:
+    err = case(results, "uneven_axis")["error_raised"]
+    assert err is not None, "no error for an axis of 60 over 8 shards"
+    assert err["is_value_error"], f"{err['type']}: {err['message']}"
+    assert _has_number(err["message"], 60) and _has_number(err["message"], N_DEVICES)
+
+
+def test_mesh_axis_errors(results: dict) -> None:
+    facts = case(results, "bad_mesh_axis")
+    unknown, no_mesh = facts["unknown_axis"], facts["no_mesh"]
+    assert unknown is not None and unknown["is_value_error"], unknown
+    assert "model" in unknown["message"] and "data" in unknown["message"], unknown["message"]
+    assert no_mesh is not None and no_mesh["is_value_error"], no_mesh
+    assert "set_mesh" in no_mesh["message"], no_mesh["message"]
+
+
+@pytest.mark.parametrize("name", ["reuse-one-then-sharded", "reuse-sharded-then-one"])
+def test_one_function_on_unsharded_and_sharded_inputs(results: dict, name: str) -> None:
+    """The trace cache must tell placements apart, as ``jax.jit`` does."""
+    facts = case(results, name)
+    for which, layout in (("one", "one device"), ("sharded", "sharded over mesh axis")):
+        got = facts[which]
+        assert "raised" not in got, f"{which} call after the other: {got['raised']}"
+        assert got["err"] <= RTOL, f"{which}: error {got['err']:.3e}"
+        assert got["layout"].startswith(layout), f"{which}: layout {got['layout']!r}"

@@ -25,7 +25,7 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
-from jaxpr_accum._rules import AxisLoc, rule_for
+from jaxpr_accum._rules import AxisLoc, passed_through, rule_for
 
 Ctx = tuple  # path of (equation index, sub-jaxpr path) pairs from the top-level jaxpr
 Ref = tuple  # (ctx, Var)
@@ -142,10 +142,13 @@ class Analysis:
         rule = rule_for(eqn.primitive)
         for path, sub in rule.children(eqn, View(self, ctx, idx, eqn)):
             sub_ctx = ctx + ((idx, path),)
-            for j, inner in enumerate(open_jaxpr(sub).eqns):
+            body = open_jaxpr(sub)
+            passed = passed_through(body) if getattr(rule, "passes_reductions", False) else set()
+            for j, inner in enumerate(body.eqns):
                 if not self.touches(sub_ctx, inner):
                     continue
-                if (sub_ctx, j) in self.reductions:
+                reduced = self.reductions.get((sub_ctx, j), {})
+                if any(inner.outvars[o] not in passed for o in reduced):
                     return inner, "reduces over the axis inside a nested function"
                 found = self.blocker(sub_ctx, j, inner)
                 if found is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info
 from jax._src.interpreters import partial_eval as _pe
@@ -151,7 +152,10 @@ def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable, int]:
         return ClosedJaxpr(jaxpr, consts), [res_tree.num_leaves, list(input_fwds)]
 
     def bwd(*args: Any) -> list:
-        return list(params["bwd"].call_wrapped(*args))
+        # JAX checks the rule's outputs against the avals recorded at the full size; at chunk
+        # size they legitimately differ, so that check is switched off for this call only.
+        with _config.disable_bwd_checks(True):
+            return list(params["bwd"].call_wrapped(*args))
 
     return fwd_jaxpr_of, bwd, params["num_consts"]
 

@@ -26,6 +26,13 @@ from typing import Any, NamedTuple
 from jaxpr_accum import _compat
 
 
+def passed_through(jaxpr: Any) -> set:
+    """Outputs of ``jaxpr`` that no equation inside it reads: a reduction producing one of
+    them hands its per-chunk partial straight out, so the enclosing call reduces too."""
+    read = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, _compat.Literal)}
+    return {v for v in jaxpr.outvars if not isinstance(v, _compat.Literal) and v not in read}
+
+
 class AxisLoc(NamedTuple):
     """Where the tracked axis sits in one value: dimension ``dim`` has size ``N * inner``
     and the axis is its major factor (``inner == 1``: the dimension is the axis itself)."""

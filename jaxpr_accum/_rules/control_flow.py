@@ -16,7 +16,7 @@ import jax
 from jax import lax
 
 from jaxpr_accum._compat import open_jaxpr
-from jaxpr_accum._rules.base import Rule, register
+from jaxpr_accum._rules.base import Rule, passed_through, register
 
 
 def link_call(view: Any, eqn: Any, path: tuple, sub: Any, operands: list, results: list) -> None:
@@ -31,7 +31,13 @@ def link_call(view: Any, eqn: Any, path: tuple, sub: Any, operands: list, result
 
 
 class Call(Rule):
-    """``jit`` / ``closed_call``: inlined at chunk size."""
+    """``jit`` / ``closed_call``: inlined at chunk size.
+
+    A reduction over the axis whose result is a direct output of the called function makes
+    that output of the call a reduction too (the call returns the chunk's partial).
+    """
+
+    passes_reductions = True
 
     def __init__(self, param: str):
         self.param = param
@@ -39,6 +45,16 @@ class Call(Rule):
     def propagate(self, eqn: Any, view: Any) -> None:
         sub = eqn.params[self.param]
         link_call(view, eqn, (self.param,), sub, eqn.invars, eqn.outvars)
+        inner = open_jaxpr(sub)
+        ctx = view.sub_ctx((self.param,))
+        passed = passed_through(inner)
+        for j, inner_eqn in enumerate(inner.eqns):
+            for o, kind in view.analysis.reductions.get((ctx, j), {}).items():
+                v = inner_eqn.outvars[o]
+                if v in passed:
+                    for out_index, w in enumerate(inner.outvars):
+                        if w is v:
+                            view.reduce(out_index, kind)
 
     def resize(self, eqn: Any, r: Any, invals: list) -> list:
         return r.eval((self.param,), eqn.params[self.param], invals)

@@ -58,6 +58,20 @@ class Rule:
         return [(path, j) for path, j in _compat.sub_jaxprs(eqn.params)]
 
 
+def shared_loc(eqn: Any, view: Any, operands: Any) -> AxisLoc | None:
+    """The one position that ``operands`` and every output agree on, or None.
+
+    Two different positions make the equation a barrier (and return None).
+    """
+    found = [view.in_loc(i) for i in operands]
+    found += [view.out_loc(j) for j in range(len(eqn.outvars))]
+    locs = {loc for loc in found if loc is not None}
+    if len(locs) > 1:
+        view.barrier(f"operands of `{eqn.primitive.name}` carry the axis at different places")
+        return None
+    return next(iter(locs), None)
+
+
 class Barrier(Rule):
     def __init__(self, reason: str):
         self.reason = reason

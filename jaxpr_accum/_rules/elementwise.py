@@ -8,21 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxpr_accum._rules.base import Rule, register
+from jaxpr_accum._rules.base import Rule, register, shared_loc
 
 
 class Elementwise(Rule):
     def propagate(self, eqn: Any, view: Any) -> None:
         out_shape = eqn.outvars[0].aval.shape
-        found = [view.out_loc(j) for j in range(len(eqn.outvars))]
-        found += [view.in_loc(i) for i in range(len(eqn.invars))]
-        locs = {loc for loc in found if loc is not None}
-        if len(locs) > 1:
-            view.barrier(f"operands of `{eqn.primitive.name}` carry the axis at different places")
+        loc = shared_loc(eqn, view, range(len(eqn.invars)))
+        if loc is None:
             return
-        if not locs:
-            return
-        (loc,) = locs
         for i, v in enumerate(eqn.invars):
             shape = getattr(v.aval, "shape", ())
             if len(shape) == len(out_shape) and shape[loc.dim] == out_shape[loc.dim]:

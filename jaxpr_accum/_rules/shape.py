@@ -16,7 +16,7 @@ from typing import Any
 from jax import lax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._rules.base import AxisLoc, Rule, register
+from jaxpr_accum._rules.base import AxisLoc, Rule, register, shared_loc
 
 
 def _with(seq: Any, dim: int, value: Any) -> tuple:
@@ -122,15 +122,9 @@ class SameShape(Rule):
 
     def propagate(self, eqn: Any, view: Any) -> None:
         carriers = self.carriers(eqn)
-        found = [view.in_loc(i) for i in carriers]
-        found += [view.out_loc(j) for j in range(len(eqn.outvars))]
-        locs = {loc for loc in found if loc is not None}
-        if len(locs) > 1:
-            view.barrier(f"operands of `{eqn.primitive.name}` carry the axis at different places")
+        loc = shared_loc(eqn, view, carriers)
+        if loc is None:
             return
-        if not locs:
-            return
-        (loc,) = locs
         if not self.allowed(eqn, loc.dim):
             view.barrier(f"`{eqn.primitive.name}` {self.what}")
             return

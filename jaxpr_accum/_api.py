@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jaxpr_accum import _compat, _nnx, _plan, _trace
 from jaxpr_accum._axes import Analysis
-from jaxpr_accum._build import Layout, ShardedLayout, build, fused_refusal
+from jaxpr_accum._build import FUSED_MAX_WIDTH, Layout, ShardedLayout, build, fused_refusal
 from jaxpr_accum._compat import ClosedJaxpr
 from jaxpr_accum._plan import RegionPlan, SerializeError
 from jaxpr_accum._report import Plan
@@ -229,9 +229,12 @@ class SerializedFunction:
                 what = f"an axis longer than `chunk` {self.chunk}"
             if not candidates:
                 where = "at any position" if self.axis is None else f"born at position {self.axis}"
-                raise SerializeError(
-                    f"found no {what[3:]} {where}; pass `argnums=` or `size=` to name it"
+                hint = (
+                    "check `size` and `axis`, or pass `argnums=`"
+                    if self.size is not None
+                    else "pass `argnums=` or `size=` to name it"
                 )
+                raise SerializeError(f"found no {what[3:]} {where}; {hint}")
         usable = [c for c in candidates if c.has_body]
         if not usable:
             raise _plan.nothing_chunkable(candidates, what)
@@ -260,8 +263,9 @@ class SerializedFunction:
             if sharding is None:
                 continue
             entry = sharding.spec[loc.dim] if loc.dim < len(sharding.spec) else None
-            if axes is None and entry is not None:
-                axes = (entry,) if isinstance(entry, str) else tuple(entry)
+            names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+            if axes is None and names and _compat.explicit_axes(sharding.mesh, names):
+                axes = names  # only explicit axes are seen alike eagerly and under jit
             mesh = mesh or sharding.mesh
         if axes is None:
             return Layout()
@@ -300,7 +304,7 @@ class SerializedFunction:
     def _grad_mode(self, region: RegionPlan) -> tuple[str, str]:
         if self.grad in ("remat", "native"):
             return self.grad, "requested"
-        refusal = fused_refusal(region)
+        refusal = fused_refusal(region, 1 if self.grad == "auto" else FUSED_MAX_WIDTH)
         if refusal is None:
             why = "every output of the region is a small sum: value and gradient in one pass"
             return "fused", ("auto: " if self.grad == "auto" else "requested: ") + why

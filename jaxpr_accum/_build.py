@@ -124,16 +124,24 @@ def pick(groups: Sequence, flags: Sequence) -> list:
     ]
 
 
-def fused_refusal(plan: RegionPlan) -> str | None:
-    """Why the fused mode does not apply to ``plan``, or None if it does."""
+def fused_refusal(plan: RegionPlan, max_width: int = FUSED_MAX_WIDTH) -> str | None:
+    """Why the fused mode does not apply to ``plan``, or None if it does.
+
+    The fused forward keeps one parameter-sized accumulator per output entry, so ``auto``
+    only takes it for a single scalar (``max_width=1``); asked for explicitly, up to
+    ``FUSED_MAX_WIDTH`` entries.
+    """
     if plan.stacked or plan.partials:
         return "the region has outputs that are not sums (stacked values or max/min partials)"
     flags = float_outputs(plan)[0]
     width = sum(math.prod(v.aval.shape) for v, f in zip(plan.sums, flags, strict=True) if f)
     if width == 0:
         return "the region has no floating-point sum to differentiate"
-    if width > FUSED_MAX_WIDTH:
-        return f"its sums have {width} entries (the fused mode takes at most {FUSED_MAX_WIDTH})"
+    if width > max_width:
+        return (
+            f"its sums have {width} entries and the fused mode would keep one parameter-sized "
+            f"gradient per entry (it takes at most {max_width} here)"
+        )
     return None
 
 

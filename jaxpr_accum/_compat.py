@@ -197,3 +197,9 @@ def named_sharding(x: Any) -> Any:
     if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.axis_names:
         return sharding
     return None
+
+
+def explicit_axes(mesh: Any, names: Sequence[str]) -> bool:
+    """Whether all of ``names`` are ``Explicit`` axes of ``mesh`` (shardings in the avals)."""
+    types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
+    return all(types.get(n) == jax.sharding.AxisType.Explicit for n in names)

@@ -118,6 +118,15 @@ def make_plan(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Region
                     for j, v in enumerate(eqn.outvars)
                 )
                 s = BODY if inputs_ok and outputs_ok else EPILOGUE
+                frontier = all(stage[v] != EPILOGUE for v in ins if loc((), v) is not None)
+                if s == EPILOGUE and frontier:
+                    stops.append(
+                        Stop(
+                            eqn,
+                            "needs a value reduced over the whole axis; runs after the loop "
+                            "on the stacked values",
+                        )
+                    )
                 if s == BODY and reduced:
                     reductions.append(
                         Stop(eqn, f"reduces the axis ({', '.join(reduced.values())})")

@@ -116,4 +116,17 @@ def register_rule(primitive: Any, rule: Any) -> None:
             "`rule` must be 'elementwise' or an object with `propagate` and `resize` methods, "
             f"got {rule!r}"
         )
-    RULES[name] = rule
+    RULES[name] = rule if isinstance(rule, Rule) else _UserRule(rule)
+
+
+class _UserRule(Rule):
+    """A user's object with ``propagate`` and ``resize``; the rest from ``Rule``."""
+
+    def __init__(self, user: Any):
+        self.user = user
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        self.user.propagate(eqn, view)
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        return self.user.resize(eqn, r, invals)

@@ -1,0 +1,297 @@
+"""The public surface: decorator forms, attributes, reports, argument checking, errors."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import ClosedJaxpr
+
+import jaxpr_accum as ja
+
+from .oracle import assert_matches_original
+
+N = 12
+CHUNK = 5
+
+_rs = np.random.RandomState(0)
+W = jnp.asarray(_rs.normal(size=(3, 4)), jnp.float32)
+X = jnp.asarray(_rs.normal(size=(N, 3)), jnp.float32)
+
+
+def loss(w, x):
+    return jnp.tanh(x @ w).sum()
+
+
+THIS_FILE = os.path.basename(__file__)
+
+
+# --------------------------------------------------------------------------------------
+# Public names and decorator forms
+# --------------------------------------------------------------------------------------
+
+
+def test_public_names():
+    for name in ["serialize_axis", "SerializedFunction", "Plan", "SerializeError", "register_rule"]:
+        assert hasattr(ja, name), name
+    assert issubclass(ja.SerializeError, ValueError)
+    assert callable(ja.register_rule)
+
+
+def test_decorator_with_chunk_only():
+    @ja.serialize_axis(chunk=4)
+    def f(w, x):
+        return jnp.tanh(x @ w).sum()
+
+    assert isinstance(f, ja.SerializedFunction)
+    assert_matches_original(loss, f, W, X)
+
+
+def test_decorator_with_axis_and_chunk():
+    @ja.serialize_axis(axis=0, chunk=4)
+    def f(w, x):
+        return jnp.tanh(x @ w).sum()
+
+    assert isinstance(f, ja.SerializedFunction)
+    assert_matches_original(loss, f, W, X)
+
+
+def test_direct_call_form():
+    sf = ja.serialize_axis(loss, chunk=4)
+    assert isinstance(sf, ja.SerializedFunction)
+    assert_matches_original(loss, sf, W, X)
+
+
+def test_original_is_the_wrapped_function():
+    sf = ja.serialize_axis(loss, chunk=4, argnums=1)
+    assert sf.original is loss
+
+    @ja.serialize_axis(chunk=4)
+    def g(w, x):
+        return loss(w, x)
+
+    assert g.original(W, X) == loss(W, X)
+    assert not isinstance(g.original, ja.SerializedFunction)
+
+
+@pytest.mark.parametrize("grad", ["remat", "native", "auto"])
+def test_grad_modes_accepted(grad):
+    sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1, grad=grad)
+    assert_matches_original(loss, sf, W, X)
+
+
+def test_keyword_arguments_at_call():
+    sf = ja.serialize_axis(loss, chunk=CHUNK)
+    assert jnp.allclose(sf(W, x=X), loss(W, X), rtol=2e-4)
+    assert jnp.allclose(sf(w=W, x=X), loss(W, X), rtol=2e-4)
+
+
+# --------------------------------------------------------------------------------------
+# explain / jaxpr
+# --------------------------------------------------------------------------------------
+
+
+def test_explain_returns_plan_with_sizes():
+    sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1)
+    plan = sf.explain(W, X)
+    assert isinstance(plan, ja.Plan)
+    report = str(plan)
+    assert isinstance(report, str) and report.strip()
+    assert str(N) in report, report
+    assert str(CHUNK) in report, report
+
+
+def test_explain_automatic_axis():
+    sf = ja.serialize_axis(loss, chunk=CHUNK)
+    report = str(sf.explain(W, X))
+    assert str(N) in report, report
+    assert str(CHUNK) in report, report
+
+
+def test_explain_reports_barrier_with_primitive():
+    """A cumsum along the axis on a side branch cannot be chunked; the rest can. The report
+    (or the error, if the rewriter refuses) names the primitive."""
+
+    def f(w, x):
+        h = jnp.tanh(x @ w)
+        side = jnp.cumsum(h, axis=0)[-1].sum()
+        return h.sum() + side
+
+    sf = ja.serialize_axis(f, chunk=CHUNK, argnums=1)
+    try:
+        report = str(sf.explain(W, X))
+    except ja.SerializeError as e:  # refusing outright is allowed, but must say why
+        report = str(e)
+    assert "cumsum" in report, report
+
+
+def test_jaxpr_is_closed_jaxpr():
+    sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1)
+    jaxpr = sf.jaxpr(W, X)
+    assert isinstance(jaxpr, ClosedJaxpr)
+    out = jax.extend.core.jaxpr_as_fun(jaxpr)(*jax.tree.leaves((W, X)))
+    np.testing.assert_allclose(np.asarray(out[0]), np.asarray(loss(W, X)), rtol=2e-4)
+
+
+def test_jaxpr_avals_match_original():
+    sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1)
+    got = sf.jaxpr(W, X)
+    ref = jax.make_jaxpr(loss)(W, X)
+    assert [v.aval for v in got.jaxpr.invars] == [v.aval for v in ref.jaxpr.invars]
+    assert [v.aval for v in got.jaxpr.outvars] == [v.aval for v in ref.jaxpr.outvars]
+
+
+# --------------------------------------------------------------------------------------
+# Bad arguments: ValueError / TypeError naming the argument, at decoration or first call
+# --------------------------------------------------------------------------------------
+
+
+def _raises_naming(name, make, call=True):
+    with pytest.raises((ValueError, TypeError)) as info:
+        sf = make()
+        if call:
+            sf(W, X)
+    assert name in str(info.value), f"message does not name {name!r}: {info.value}"
+    return info.value
+
+
+@pytest.mark.parametrize("chunk", [0, -1, 2.5, "4", True, None])
+def test_bad_chunk(chunk):
+    _raises_naming("chunk", lambda: ja.serialize_axis(loss, chunk=chunk, argnums=1))
+
+
+@pytest.mark.parametrize("chunk", [0, -1, 2.5, True])
+def test_bad_chunk_decorator_form(chunk):
+    def make():
+        @ja.serialize_axis(chunk=chunk)
+        def f(w, x):
+            return loss(w, x)
+
+        return f
+
+    _raises_naming("chunk", make)
+
+
+def test_chunk_numpy_integer_accepted():
+    sf = ja.serialize_axis(loss, chunk=np.int64(4), argnums=1)
+    assert_matches_original(loss, sf, W, X, check_grad=False)
+
+
+@pytest.mark.parametrize("argnums", [2, 5, (1, 3), -3])
+def test_argnums_out_of_range(argnums):
+    _raises_naming("argnums", lambda: ja.serialize_axis(loss, chunk=4, argnums=argnums))
+
+
+@pytest.mark.parametrize("axis", [2, 7, -3])
+def test_axis_out_of_range(axis):
+    _raises_naming("axis", lambda: ja.serialize_axis(loss, chunk=4, argnums=1, axis=axis))
+
+
+def test_axis_out_of_range_for_one_leaf():
+    """axis=1 exists for x [12, 3] but not for the per-example weights v [12]."""
+
+    def f(w, x, v):
+        return (jnp.tanh(x @ w).sum(-1) * v).sum()
+
+    v = jnp.ones((N,))
+    sf = ja.serialize_axis(f, chunk=4, argnums=(1, 2), axis=1)
+    with pytest.raises((ValueError, TypeError)) as info:
+        sf(W, X, v)
+    assert "axis" in str(info.value), str(info.value)
+
+
+def test_unequal_sizes_across_leaves():
+    def f(w, x, y):
+        return jnp.tanh(x @ w).sum() + jnp.sin(y).sum()
+
+    y = jnp.ones((N - 4, 2))
+    sf = ja.serialize_axis(f, chunk=4, argnums=(1, 2))
+    with pytest.raises((ValueError, TypeError)) as info:
+        sf(W, X, y)
+    msg = str(info.value)
+    assert str(N) in msg and str(N - 4) in msg, msg
+
+
+def test_unequal_sizes_within_one_argument():
+    def f(w, batch):
+        x, y = batch
+        return jnp.tanh(x @ w).sum() + jnp.sin(y).sum()
+
+    sf = ja.serialize_axis(f, chunk=4, argnums=1)
+    with pytest.raises((ValueError, TypeError)) as info:
+        sf(W, (X, jnp.ones((N + 1,))))
+    msg = str(info.value)
+    assert str(N) in msg and str(N + 1) in msg, msg
+
+
+@pytest.mark.parametrize("grad", ["bogus", "", None, 1])
+def test_bad_grad_mode(grad):
+    _raises_naming("grad", lambda: ja.serialize_axis(loss, chunk=4, argnums=1, grad=grad))
+
+
+@pytest.mark.parametrize("size", [0, -2, 2.5])
+def test_bad_size(size):
+    _raises_naming("size", lambda: ja.serialize_axis(loss, chunk=4, size=size))
+
+
+def test_not_callable():
+    with pytest.raises(TypeError):
+        ja.serialize_axis(3, chunk=4)
+
+
+# --------------------------------------------------------------------------------------
+# Programs that cannot be serialized
+# --------------------------------------------------------------------------------------
+
+
+def _cumsum_loss(x):
+    return jnp.cumsum(x, axis=0).sum()
+
+
+def _sort_loss(x):
+    return (jnp.sort(x, axis=0) * jnp.arange(x.shape[0])[:, None]).sum()
+
+
+@pytest.mark.parametrize(
+    "fn, primitive", [(_cumsum_loss, "cumsum"), (_sort_loss, "sort")], ids=["cumsum", "sort"]
+)
+def test_nothing_chunkable_raises(fn, primitive):
+    sf = ja.serialize_axis(fn, chunk=4, argnums=0)
+    with pytest.raises(ja.SerializeError) as info:
+        sf(X)
+    msg = str(info.value)
+    assert primitive in msg, msg
+    assert THIS_FILE in msg, f"message should point at the user's source line: {msg}"
+
+
+def test_nothing_chunkable_explain_also_raises_or_reports():
+    sf = ja.serialize_axis(_cumsum_loss, chunk=4, argnums=0)
+    try:
+        report = str(sf.explain(X))
+    except ja.SerializeError as e:
+        report = str(e)
+    assert "cumsum" in report, report
+
+
+def test_two_candidate_axes_of_requested_size():
+    """size=n names an axis, but two unrelated independent axes have that size."""
+    rs = np.random.RandomState(1)
+    a = jnp.asarray(rs.normal(size=(6, 3)), jnp.float32)
+    b = jnp.asarray(rs.normal(size=(6, 2)), jnp.float32)
+
+    def f(a, b):
+        return jnp.tanh(a).sum() + jnp.sin(b).sum()
+
+    sf = ja.serialize_axis(f, chunk=2, size=6)
+    with pytest.raises(ja.SerializeError) as info:
+        sf(a, b)
+    assert "6" in str(info.value)
+
+
+def test_chunk_larger_than_axis_is_one_chunk():
+    sf = ja.serialize_axis(loss, chunk=N + 100, argnums=1)
+    assert_matches_original(loss, sf, W, X)

@@ -1,0 +1,254 @@
+"""Hypothesis generates programs, shapes and chunk sizes; the original is the oracle.
+
+A program is a chain of per-example operations on a value ``h`` of shape ``[N, *features]``:
+dense layers (``h @ W + b``), convolutions (a per-sample NHWC ``lax.conv_general_dilated``
+under ``jax.vmap``, so that the batch shows up as a merged ``[N * 1, ...]`` conv batch),
+elementwise functions, broadcasting (a per-feature bias, a scalar scale), reshapes merging two
+feature axes, and reductions over feature axes, followed by a reduction of every feature axis
+and a sum over the batch axis (optionally also returning the per-example values, which the
+rewriter must stack). Two families:
+
+* microbatching: the batch is the input ``x``, serialized with ``argnums=0``;
+* Monte-Carlo: the axis is born inside from ``jax.random.normal(key, (S, *mu.shape))`` and
+  serialized with ``size=S`` (S is 7 or 11, which no feature dimension can equal: features
+  are products of numbers in 1..6).
+
+Chunk sizes are drawn from {1, N, N + 3, a divisor of N, a non-divisor of N}. Values and
+gradients with respect to every float input are compared (``oracle.assert_matches_original``).
+
+The number of examples comes from the Hypothesis profile (see ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+from jax import lax
+
+import jaxpr_accum as ja
+
+from .oracle import assert_matches_original, find_eqns
+
+PROPERTY_SETTINGS = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+UNARY = {
+    "tanh": jnp.tanh,
+    "relu": jax.nn.relu,
+    "sin": jnp.sin,
+}
+BINARY = {
+    "x*tanh(x)": lambda h: h * jnp.tanh(h),
+    "x+sin(x)": lambda h: h + jnp.sin(h),
+    "x*x": lambda h: h * h,
+}
+
+
+# --------------------------------------------------------------------------------------
+# Program generation: a list of op specs (pure data, printed by Hypothesis on failure)
+# --------------------------------------------------------------------------------------
+
+
+@st.composite
+def op_chains(draw: st.DrawFn) -> tuple[tuple[int, ...], list[tuple[Any, ...]], str]:
+    """Per-example feature shape, a chain of ops, and the final feature reduction."""
+    rank = draw(st.sampled_from([1, 2, 3]))  # number of feature axes
+    if rank == 3:  # an image: H, W, C (kept small: convs are the slowest to compile)
+        feat = (
+            draw(st.integers(1, 4)),
+            draw(st.integers(1, 4)),
+            draw(st.integers(1, 3)),
+        )
+    else:
+        feat = tuple(draw(st.integers(1, 6)) for _ in range(rank))
+    shape = feat
+    ops: list[tuple[Any, ...]] = []
+    for _ in range(draw(st.integers(1, 5))):
+        choices = ["dense", "unary", "binary", "bias", "scale"]
+        if len(shape) == 3:
+            choices.append("conv")
+        if len(shape) >= 2:
+            choices += ["merge", "reduce"]
+        op = draw(st.sampled_from(choices))
+        if op == "dense":
+            g = draw(st.integers(1, 6))
+            ops.append(("dense", shape[-1], g))
+            shape = (*shape[:-1], g)
+        elif op == "conv":
+            k = draw(st.sampled_from([1, 2, 3]))
+            c = draw(st.integers(1, 3))
+            ops.append(("conv", k, shape[-1], c))
+            shape = (*shape[:-1], c)
+        elif op == "unary":
+            ops.append(("unary", draw(st.sampled_from(sorted(UNARY)))))
+        elif op == "binary":
+            ops.append(("binary", draw(st.sampled_from(sorted(BINARY)))))
+        elif op == "bias":
+            ops.append(("bias", shape[-1]))
+        elif op == "scale":
+            ops.append(("scale",))
+        elif op == "merge":
+            ops.append(("merge",))
+            shape = (*shape[:-2], shape[-2] * shape[-1])
+        elif op == "reduce":
+            kind = draw(st.sampled_from(["sum", "max"]))
+            ax = draw(st.integers(0, len(shape) - 1))
+            ops.append(("reduce", kind, ax))
+            shape = shape[:ax] + shape[ax + 1 :]
+    final = draw(st.sampled_from(["sum", "max"]))
+    return feat, ops, final
+
+
+@st.composite
+def chunks_for(draw: st.DrawFn, n: int) -> int:
+    """1, N, N + 3, a random divisor, or a random non-divisor of N."""
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    non_divisors = [d for d in range(2, n) if n % d != 0]
+    options = [st.just(1), st.just(n), st.just(n + 3), st.sampled_from(divisors)]
+    if non_divisors:
+        options.append(st.sampled_from(non_divisors))
+    return draw(st.one_of(options))
+
+
+def make_params(ops: list[tuple[Any, ...]], seed: int) -> list[Any]:
+    rs = np.random.RandomState(seed)
+
+    def normal(*shape: int, scale: float = 1.0) -> jax.Array:
+        return jnp.asarray(rs.normal(size=shape) * scale, jnp.float32)
+
+    params: list[Any] = []
+    for op in ops:
+        if op[0] == "dense":
+            _, a, g = op
+            params.append({"w": normal(a, g, scale=1 / math.sqrt(a)), "b": normal(g, scale=0.1)})
+        elif op[0] == "conv":
+            _, k, cin, cout = op
+            params.append(normal(k, k, cin, cout, scale=1 / math.sqrt(k * k * cin)))
+        elif op[0] == "bias":
+            params.append(normal(op[1]))
+        elif op[0] == "scale":
+            params.append(jnp.float32(rs.uniform(0.5, 1.5)))
+        else:
+            params.append(None)
+    return params
+
+
+def _conv_one(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """One sample [H, W, C] -> [H, W, C']: NHWC conv with a conv batch of 1."""
+    y = lax.conv_general_dilated(
+        x[None],
+        kernel,
+        window_strides=(1, 1),
+        padding="SAME",
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+    )
+    return y[0]
+
+
+def apply_chain(ops: list[tuple[Any, ...]], params: list[Any], h: jax.Array) -> jax.Array:
+    """Apply the ops to ``h`` of shape [N, *features] (axis 0 is the batch)."""
+    for op, p in zip(ops, params, strict=True):
+        kind = op[0]
+        if kind == "dense":
+            h = h @ p["w"] + p["b"]
+        elif kind == "conv":
+            h = jax.vmap(_conv_one, in_axes=(0, None))(h, p)
+        elif kind == "unary":
+            h = UNARY[op[1]](h)
+        elif kind == "binary":
+            h = BINARY[op[1]](h)
+        elif kind == "bias":
+            h = h + p
+        elif kind == "scale":
+            h = h * p
+        elif kind == "merge":
+            h = h.reshape(*h.shape[:-2], h.shape[-2] * h.shape[-1])
+        elif kind == "reduce":
+            _, how, ax = op
+            h = h.sum(axis=ax + 1) if how == "sum" else h.max(axis=ax + 1)
+        else:  # pragma: no cover - generator and interpreter out of sync
+            raise AssertionError(op)
+    return h
+
+
+def assert_chunked(sf: Any, n: int, chunk: int, *args: Any) -> None:
+    """Every op in these programs is chunkable, so the rewritten program must scan over
+    ``n // chunk`` chunks (checked when there are at least two), and the report names n."""
+    if n // chunk >= 2:
+        jaxpr = sf.jaxpr(*args)
+        lengths = [e.params["length"] for e in find_eqns(jaxpr, "scan")]
+        assert n // chunk in lengths, f"no scan of length {n // chunk} in:\n{jaxpr}"
+    assert str(n) in str(sf.explain(*args))
+
+
+def finish(h: jax.Array, final: str, per_example: bool) -> Any:
+    axes = tuple(range(1, h.ndim))
+    per = h.sum(axis=axes) if final == "sum" else h.max(axis=axes)
+    total = per.sum()
+    return (total, per) if per_example else total
+
+
+# --------------------------------------------------------------------------------------
+# Properties
+# --------------------------------------------------------------------------------------
+
+
+@PROPERTY_SETTINGS
+@given(
+    data=st.data(),
+    chain=op_chains(),
+    n=st.integers(1, 12),
+    per_example=st.booleans(),
+    grad=st.sampled_from(["remat", "native"]),
+    seed=st.integers(0, 2**16),
+)
+def test_microbatched_program(data, chain, n, per_example, grad, seed):
+    feat, ops, final = chain
+    chunk = data.draw(chunks_for(n), label="chunk")
+    params = make_params(ops, seed)
+    x = jnp.asarray(np.random.RandomState(seed + 1).normal(size=(n, *feat)), jnp.float32)
+
+    def f(x, params):
+        return finish(apply_chain(ops, params, x), final, per_example)
+
+    note(f"N={n} feat={feat} chunk={chunk} grad={grad} ops={ops} final={final}")
+    sf = ja.serialize_axis(f, chunk=chunk, argnums=0, grad=grad)
+    assert_matches_original(f, sf, x, params)
+    assert_chunked(sf, n, chunk, x, params)
+
+
+@PROPERTY_SETTINGS
+@given(
+    data=st.data(),
+    chain=op_chains(),
+    s=st.sampled_from([7, 11]),
+    per_example=st.booleans(),
+    grad=st.sampled_from(["remat", "native"]),
+    seed=st.integers(0, 2**16),
+)
+def test_monte_carlo_program(data, chain, s, per_example, grad, seed):
+    """The axis is born inside, from a random draw; gradients flow to mu and log_sigma."""
+    feat, ops, final = chain
+    chunk = data.draw(chunks_for(s), label="chunk")
+    params = make_params(ops, seed)
+    rs = np.random.RandomState(seed + 1)
+    mu = jnp.asarray(rs.normal(size=feat), jnp.float32)
+    log_sigma = jnp.asarray(rs.normal(size=feat) * 0.3, jnp.float32)
+    key = jax.random.key(seed)
+
+    def f(mu, log_sigma, params, key):
+        z = mu + jnp.exp(log_sigma) * jax.random.normal(key, (s, *mu.shape))
+        return finish(apply_chain(ops, params, z), final, per_example)
+
+    note(f"S={s} feat={feat} chunk={chunk} grad={grad} ops={ops} final={final}")
+    sf = ja.serialize_axis(f, chunk=chunk, size=s, grad=grad)
+    assert_matches_original(f, sf, mu, log_sigma, params, key)
+    assert_chunked(sf, s, chunk, mu, log_sigma, params, key)

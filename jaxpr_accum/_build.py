@@ -145,11 +145,22 @@ def fused_refusal(plan: RegionPlan, max_width: int = FUSED_MAX_WIDTH) -> str | N
     return None
 
 
+Needed = tuple[Sequence[bool], Sequence[bool]] | None
+
+
 class Region:
     """The chunked region on one device: ``size`` positions from global position ``offset``."""
 
-    def __init__(self, plan: RegionPlan, accum_dtype: Any, size: int, chunk: int, offset: Any):
-        self.plan, self.accum_dtype = plan, accum_dtype
+    def __init__(
+        self,
+        plan: RegionPlan,
+        accum_dtype: Any,
+        size: int,
+        chunk: int,
+        offset: Any,
+        needed: Needed = None,
+    ):
+        self.plan, self.accum_dtype, self.needed = plan, accum_dtype, needed
         self.size, self.chunk, self.offset = size, chunk, offset
         self.body_indices = plan.indices(BODY)
         self.chunk_locs = [loc for _, loc in plan.chunked]
@@ -179,10 +190,18 @@ class Region:
         """``(start, length)`` of the remainder call, if any."""
         return [(self.n_full * self.chunk, self.rem)] if self.rem else []
 
+    def wanted(self, values: Sequence, group: int) -> list[int]:
+        """Indices of the inputs (``group`` 0: invariant, 1: chunked) to differentiate:
+        floats that the caller perturbs (all floats when that is not known)."""
+        return [
+            i
+            for i, x in enumerate(values)
+            if is_float(x) and (self.needed is None or self.needed[group][i])
+        ]
+
     def differentiable(self, invariants: Sequence, chunk: Sequence, k: int, start: Any) -> tuple:
-        """``(f, primals, diff_inv, diff_ch)``: the chunk as a function of its float inputs."""
-        diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
-        diff_ch = [i for i, x in enumerate(chunk) if is_float(x)]
+        """``(f, primals, diff_inv, diff_ch)``: the chunk as a function of its wanted inputs."""
+        diff_inv, diff_ch = self.wanted(invariants, 0), self.wanted(chunk, 1)
 
         def f(d_inv: list, d_ch: list) -> tuple:
             inv, ch = list(invariants), list(chunk)
@@ -263,8 +282,7 @@ class Region:
             ]
             return pullback(pick((ct_sums, ct_p, ct_st), self.out_float))
 
-        diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
-        diff_ch = [i for i, x in enumerate(chunked) if is_float(x)]
+        diff_inv, diff_ch = self.wanted(invariants, 0), self.wanted(chunked, 1)
         acc = [
             jnp.zeros(invariants[i].shape, accumulator_dtype(invariants[i].dtype, self.accum_dtype))
             for i in diff_inv
@@ -321,7 +339,7 @@ class Region:
                 return sums, [x[None] for x in d_inv], [x[None] for x in d_ch]
             return (sums, *canonicalize(jax.vmap(pullback))(eye))
 
-        diff_inv = [i for i, x in enumerate(invariants) if is_float(x)]
+        diff_inv = self.wanted(invariants, 0)
         jac = [
             jnp.zeros(
                 (width, *invariants[i].shape),
@@ -341,7 +359,7 @@ class Region:
         for start, length in self.remainder():
             s, d_inv, rest = rows(length, start)
             sums, jac = add_into(sums, s), add_into(jac, d_inv)
-        diff_ch = [i for i, x in enumerate(chunked) if is_float(x)]
+        diff_ch = self.wanted(chunked, 1)
         jac_ch = [
             join(
                 None if scanned is None else scanned[j],
@@ -358,8 +376,8 @@ class Layout:
 
     devices = 1
 
-    def region(self, plan: RegionPlan, accum_dtype: Any) -> Region:
-        return Region(plan, accum_dtype, plan.size, plan.chunk, 0)
+    def region(self, plan: RegionPlan, accum_dtype: Any, needed: Needed = None) -> Region:
+        return Region(plan, accum_dtype, plan.size, plan.chunk, 0, needed)
 
     def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
         return fn
@@ -378,10 +396,10 @@ class ShardedLayout(Layout):
         self.mesh, self.axes = mesh, axes
         self.devices = math.prod(mesh.shape[a] for a in axes)
 
-    def region(self, plan: RegionPlan, accum_dtype: Any) -> Region:
+    def region(self, plan: RegionPlan, accum_dtype: Any, needed: Needed = None) -> Region:
         local = plan.size // self.devices
         offset = lax.axis_index(self.axes) * local
-        return Region(plan, accum_dtype, local, plan.chunk // self.devices, offset)
+        return Region(plan, accum_dtype, local, plan.chunk // self.devices, offset, needed)
 
     def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
         return jax.shard_map(
@@ -397,8 +415,27 @@ class ShardedLayout(Layout):
         return PartitionSpec(*([None] * loc.dim), self.axes)
 
 
+def _unwrap(primals: list) -> tuple[list, list[bool]]:
+    """Values and perturbed flags of ``custom_vjp`` primals (``symbolic_zeros=True``)."""
+    return [p.value for p in primals], [bool(p.perturbed) for p in primals]
+
+
+def _mask(flags: Sequence[bool]) -> tuple:
+    """Flags as pytree *structure* (``()`` / ``None``), so they travel in residuals."""
+    return tuple(() if f else None for f in flags)
+
+
+def _flags(mask: tuple) -> list[bool]:
+    return [m is not None for m in mask]
+
+
 def make_region(plan: RegionPlan, grad: str, accum_dtype: Any, layout: Layout) -> Callable:
-    """``region(invariants, chunked) -> (sums, stacked partials, stacked)``."""
+    """``region(invariants, chunked) -> (sums, stacked partials, stacked)``.
+
+    The custom VJPs use symbolic zeros: only inputs the caller differentiates are
+    differentiated (a ``while_loop`` on an input nobody differentiates stays legal), and
+    outputs nobody differentiates get zero cotangents.
+    """
     spec = layout.spec
     inv_specs = [spec(None) for _ in plan.invariants]
     ch_specs = [spec(loc) for _, loc in plan.chunked]
@@ -407,15 +444,16 @@ def make_region(plan: RegionPlan, grad: str, accum_dtype: Any, layout: Layout) -
         [spec(AxisLoc(0)) for _ in plan.partials],
         [spec(loc) for _, loc in plan.stacked],
     )
+    out_float = float_outputs(plan)
+
+    def reduce_sums(sums: list) -> list:
+        return [layout.reduce(s).astype(v.aval.dtype) for s, v in zip(sums, plan.sums, strict=True)]
 
     def forward_local(checkpoint: bool) -> Callable:
         def fn(invariants: list, chunked: list) -> tuple:
             region = layout.region(plan, accum_dtype)
             sums, partials, stacked = region.forward(invariants, chunked, checkpoint)
-            sums = [
-                layout.reduce(s).astype(v.aval.dtype) for s, v in zip(sums, plan.sums, strict=True)
-            ]
-            return sums, partials, stacked
+            return reduce_sums(sums), partials, stacked
 
         return layout.map(fn, (inv_specs, ch_specs), out_specs)
 
@@ -433,72 +471,70 @@ def make_region(plan: RegionPlan, grad: str, accum_dtype: Any, layout: Layout) -
 
     if grad == "remat":
 
-        def backward_local(invariants: list, chunked: list, cts: tuple) -> tuple:
-            ct_inv, ct_ch = layout.region(plan, accum_dtype).backward(invariants, chunked, cts)
-            return [layout.reduce(c) for c in ct_inv], ct_ch
-
-        backward = layout.map(
-            backward_local,
-            (inv_specs, ch_specs, out_specs),
-            (inv_specs, ch_specs),
-        )
-
         def fwd(invariants: list, chunked: list) -> tuple:
-            return forward(invariants, chunked), (invariants, chunked)
+            (inv, need_inv), (ch, need_ch) = _unwrap(invariants), _unwrap(chunked)
+            return forward(inv, ch), (inv, ch, _mask(need_inv), _mask(need_ch))
 
         def bwd(res: tuple, cts: tuple) -> tuple:
-            invariants, chunked = res
-            flags = float_outputs(plan)
+            inv, ch, need_inv, need_ch = res
+            needed = (_flags(need_inv), _flags(need_ch))
             cts = tuple(
-                [c if f else None for c, f in zip(group, group_flags, strict=True)]
-                for group, group_flags in zip(cts, flags, strict=True)
+                [_compat.instantiate(c) if f else None for c, f in zip(group, flags, strict=True)]
+                for group, flags in zip(cts, out_float, strict=True)
             )
-            ct_inv, ct_ch = backward(invariants, chunked, cts)
-            return cast_back(ct_inv, invariants), cast_back(ct_ch, chunked)
+
+            def backward_local(invariants: list, chunked: list, cts: tuple) -> tuple:
+                local = layout.region(plan, accum_dtype, needed)
+                ct_inv, ct_ch = local.backward(invariants, chunked, cts)
+                return [layout.reduce(c) for c in ct_inv], ct_ch
+
+            backward = layout.map(
+                backward_local, (inv_specs, ch_specs, out_specs), (inv_specs, ch_specs)
+            )
+            ct_inv, ct_ch = backward(inv, ch, cts)
+            return cast_back(ct_inv, inv), cast_back(ct_ch, ch)
 
     else:  # fused
 
-        def jacobians_local(invariants: list, chunked: list) -> tuple:
-            sums, jac, jac_ch = layout.region(plan, accum_dtype).jacobians(invariants, chunked)
-            sums = [
-                layout.reduce(s).astype(v.aval.dtype) for s, v in zip(sums, plan.sums, strict=True)
-            ]
-            return sums, [layout.reduce(j) for j in jac], jac_ch
-
-        diff_ch_specs = [
-            spec(shifted(loc))
-            for (v, loc) in plan.chunked
-            if jnp.issubdtype(v.aval.dtype, jnp.inexact)
-        ]
-        jacobians = layout.map(
-            jacobians_local,
-            (inv_specs, ch_specs),
-            ([spec(None) for _ in plan.sums], spec(None), diff_ch_specs),
-        )
-
         def fwd(invariants: list, chunked: list) -> tuple:
-            sums, jac, jac_ch = jacobians(invariants, chunked)
-            return (sums, [], []), (invariants, chunked, jac, jac_ch)
+            (inv, need_inv), (ch, need_ch) = _unwrap(invariants), _unwrap(chunked)
+            needed = (need_inv, need_ch)
+
+            def jacobians_local(invariants: list, chunked: list) -> tuple:
+                local = layout.region(plan, accum_dtype, needed)
+                sums, jac, jac_ch = local.jacobians(invariants, chunked)
+                return reduce_sums(sums), [layout.reduce(j) for j in jac], jac_ch
+
+            wanted_ch = Region(plan, None, 1, 1, 0, needed).wanted(ch, 1)
+            jac_ch_specs = [spec(shifted(plan.chunked[i][1])) for i in wanted_ch]
+            jacobians = layout.map(
+                jacobians_local,
+                (inv_specs, ch_specs),
+                ([spec(None) for _ in plan.sums], spec(None), jac_ch_specs),
+            )
+            sums, jac, jac_ch = jacobians(inv, ch)
+            return (sums, [], []), (inv, ch, jac, jac_ch, _mask(need_inv), _mask(need_ch))
 
         def bwd(res: tuple, cts: tuple) -> tuple:
-            invariants, chunked, jac, jac_ch = res
-            flags = float_outputs(plan)[0]
+            inv, ch, jac, jac_ch, need_inv, need_ch = res
+            wanted = Region(plan, None, 1, 1, 0, (_flags(need_inv), _flags(need_ch))).wanted
             weights = jnp.concatenate(
-                [jnp.ravel(c).astype(jnp.float32) for c, f in zip(cts[0], flags, strict=True) if f]
+                [
+                    jnp.ravel(_compat.instantiate(c)).astype(jnp.float32)
+                    for c, f in zip(cts[0], out_float[0], strict=True)
+                    if f
+                ]
             )
 
-            def contract(values: list, jacs: list) -> list:
+            def contract(values: list, jacs: list, group: int) -> list:
                 out: list = [None] * len(values)
-                diff = [i for i, x in enumerate(values) if is_float(x)]
-                for i, j in zip(diff, jacs, strict=True):
-                    out[i] = jnp.tensordot(weights.astype(j.dtype), j, axes=1).astype(
-                        values[i].dtype
-                    )
+                for i, j in zip(wanted(values, group), jacs, strict=True):
+                    out[i] = jnp.tensordot(weights.astype(j.dtype), j, axes=1)
                 return out
 
-            return contract(invariants, jac), contract(chunked, jac_ch)
+            return cast_back(contract(inv, jac, 0), inv), cast_back(contract(ch, jac_ch, 1), ch)
 
-    region.defvjp(fwd, bwd)
+    region.defvjp(fwd, bwd, symbolic_zeros=True)
     return region
 
 

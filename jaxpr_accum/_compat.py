@@ -203,3 +203,10 @@ def explicit_axes(mesh: Any, names: Sequence[str]) -> bool:
     """Whether all of ``names`` are ``Explicit`` axes of ``mesh`` (shardings in the avals)."""
     types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
     return all(types.get(n) == jax.sharding.AxisType.Explicit for n in names)
+
+
+def instantiate(ct: Any) -> Any:
+    """A cotangent as an array: symbolic zeros (``custom_vjp(symbolic_zeros=True)``) as zeros."""
+    if isinstance(ct, jax.custom_derivatives.SymbolicZero):
+        return jax.numpy.zeros(ct.aval.shape, ct.aval.dtype)
+    return ct

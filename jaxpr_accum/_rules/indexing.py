@@ -127,6 +127,6 @@ class Scatter(Rule):
 
 register("gather", Gather())
 register(
-    ["scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min", "scatter_max"],
+    ["scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"],
     Scatter(),
 )

@@ -205,6 +205,10 @@ def _rev_allowed(eqn: Any, d: int) -> bool:
     return d not in eqn.params["dimensions"]
 
 
+def _tile_allowed(eqn: Any, d: int) -> bool:
+    return eqn.params["reps"][d] == 1
+
+
 def _dus_allowed(eqn: Any, d: int) -> bool:
     return eqn.invars[1].aval.shape[d] == eqn.invars[0].aval.shape[d]
 
@@ -219,6 +223,7 @@ register("iota", Iota())
 register("pad", SameShape(_first, _pad_allowed, "pads along the axis"))
 register("concatenate", SameShape(_all, _concat_allowed, "concatenates along the axis"))
 register("rev", SameShape(_first, _rev_allowed, "reverses the axis"))
+register("tile", SameShape(_first, _tile_allowed, "repeats the axis"))
 register(
     "dynamic_update_slice",
     SameShape(lambda e: [0, 1], _dus_allowed, "updates part of the axis"),

@@ -98,8 +98,13 @@ class Analysis:
             self._changed = False
             self.walk(self.jaxpr, ())
             if not self._changed:
-                return self
-        raise RuntimeError("axis analysis did not converge")  # pragma: no cover
+                break
+        else:  # pragma: no cover
+            raise RuntimeError("axis analysis did not converge")
+        for (ctx, idx), eqn in list(self.eqns.items()):
+            if not rule_for(eqn.primitive).children(eqn, View(self, ctx, idx, eqn)):
+                self._check_outputs_accounted(ctx, idx, eqn)
+        return self
 
     def walk(self, jaxpr: Jaxpr | ClosedJaxpr, ctx: Ctx) -> None:
         for idx, eqn in enumerate(open_jaxpr(jaxpr).eqns):
@@ -108,12 +113,10 @@ class Analysis:
                 continue
             self.eqns[key] = eqn
             view = View(self, ctx, idx, eqn)
-            rule = rule_for(eqn.primitive)
-            rule.propagate(eqn, view)
-            if not rule.children(eqn, view):
-                self._check_outputs_accounted(ctx, idx, eqn)
+            rule_for(eqn.primitive).propagate(eqn, view)
 
     def _check_outputs_accounted(self, ctx: Ctx, idx: int, eqn: JaxprEqn) -> None:
+        """After convergence: an equation that reads the axis must carry it on, or reduce it."""
         key = (ctx, idx)
         if key in self.barriers or key in self.hoists:
             return

@@ -2,16 +2,27 @@
 
 - ``seed1_problem``: the seed-1 encoder-decoder (re-exported from ``jaxpr_accum._demo``).
 - ``mlp_problem``: an MLP regression loss over many rows, sized so that activations (rows x
-  width per layer) dominate parameters, for microbatching with ``argnums``.
+  width per layer) dominate parameters, for microbatching with ``argnums``; ``MLPConfig.dtype``
+  makes parameters and data 16-bit (``benchmarks/accuracy.py``).
+- ``transformer_problem``: a pre-norm Flax linen transformer language-model loss with dropout,
+  for microbatching its token batch with ``argnums=1`` (``TransformerConfig.dropout=0``: the
+  same model without any random draws).
 - Peers (DESIGN.md, "Performance targets"): for each problem, the hand-written
   ``lax.scan`` + ``jax.checkpoint`` gradient accumulation that users write today, and
   ``jax.lax.map(batch_size=k)`` with and without ``jax.checkpoint``. They compute the same loss
   (up to reassociation) with the same signature, so they can be measured with the same helpers.
+- Helpers shared by the benchmark scripts (end of the file): ``time_paired`` (interleaved
+  rounds, per-round time ratios against a reference, medians of those), ``tree_rel_error`` and
+  ``write_doc_section`` (each script owns one marked section of ``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,10 +35,19 @@ from jaxpr_accum._demo import Seed1Config, log_likelihood, seed1_modules, seed1_
 __all__ = [
     "MLPConfig",
     "Seed1Config",
+    "TransformerConfig",
     "mlp_peers",
     "mlp_problem",
     "seed1_peers",
     "seed1_problem",
+    "transformer_peers",
+    "transformer_problem",
+    "PairedTimes",
+    "make_transformer_loss",
+    "transformer_modules",
+    "time_paired",
+    "tree_rel_error",
+    "write_doc_section",
 ]
 
 
@@ -44,6 +64,7 @@ class MLPConfig:
     depth: int = 4
     d_out: int = 16
     seed: int = 0
+    dtype: str = "float32"  # of parameters and data
 
 
 def _mlp_apply(params, x):
@@ -68,12 +89,13 @@ def mlp_problem(cfg: MLPConfig | None = None) -> tuple[Callable[..., Any], tuple
     key = jax.random.PRNGKey(cfg.seed)
     kx, ky, *kl = jax.random.split(key, 2 + cfg.depth + 1)
     dims = [cfg.d_in] + [cfg.width] * cfg.depth + [cfg.d_out]
+    dtype = jnp.dtype(cfg.dtype)
     params = []
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
         w = jax.random.normal(kl[i], (a, b), jnp.float32) / jnp.sqrt(a)
-        params.append((w, jnp.zeros((b,), jnp.float32)))
-    x = jax.random.normal(kx, (cfg.rows, cfg.d_in), jnp.float32)
-    y = jax.random.normal(ky, (cfg.rows, cfg.d_out), jnp.float32)
+        params.append((w.astype(dtype), jnp.zeros((b,), dtype)))
+    x = jax.random.normal(kx, (cfg.rows, cfg.d_in), jnp.float32).astype(dtype)
+    y = jax.random.normal(ky, (cfg.rows, cfg.d_out), jnp.float32).astype(dtype)
 
     def loss(params, x, y):
         return _mlp_row_loss_sum(params, x, y) / x.shape[0]
@@ -171,3 +193,305 @@ def seed1_peers(cfg: Seed1Config | None, chunk: int) -> dict[str, Callable[..., 
         "lax.map": lax_map(False),
         "lax.map+checkpoint": lax_map(True),
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Transformer language model with dropout (microbatching the token batch)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """A pre-norm decoder-only transformer; ``dropout=0`` builds it without any random draws."""
+
+    batch: int = 32
+    seq: int = 64
+    embed: int = 128
+    heads: int = 4
+    layers: int = 2
+    vocab: int = 256
+    dropout: float = 0.1
+    #: Attention dropout drawn per example and head (``u32[batch, heads, seq, seq]``, as in
+    #: DESIGN.md's seed 2), not Flax's default mask broadcast over batch and heads.
+    attention_dropout_per_example: bool = True
+    seed: int = 0
+
+
+def transformer_modules(cfg: TransformerConfig):
+    """The linen ``Transformer`` class of ``cfg`` (defined lazily: importing needs no Flax)."""
+    import flax.linen as nn
+
+    det = cfg.dropout == 0.0
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.LayerNorm()(x)
+            h = nn.MultiHeadDotProductAttention(
+                num_heads=cfg.heads,
+                dropout_rate=cfg.dropout,
+                deterministic=det,
+                broadcast_dropout=not cfg.attention_dropout_per_example,
+            )(h, h, mask=nn.make_causal_mask(jnp.ones(x.shape[:2])))
+            x = x + nn.Dropout(cfg.dropout, deterministic=det)(h)
+            h = nn.LayerNorm()(x)
+            h = nn.gelu(nn.Dense(4 * cfg.embed)(h))
+            h = nn.Dropout(cfg.dropout, deterministic=det)(h)
+            h = nn.Dense(cfg.embed)(h)
+            return x + nn.Dropout(cfg.dropout, deterministic=det)(h)
+
+    class Transformer(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            x = nn.Embed(cfg.vocab, cfg.embed)(tokens)
+            x = x + self.param("pos", nn.initializers.normal(0.02), (cfg.seq, cfg.embed))
+            for _ in range(cfg.layers):
+                x = Block()(x)
+            return nn.Dense(cfg.vocab)(nn.LayerNorm()(x))
+
+    return Transformer
+
+
+def _transformer_ce_sum(model, cfg: TransformerConfig, params, tokens, dropout_key):
+    """Sum over sequences and positions of the next-token cross-entropy."""
+    rngs = None if cfg.dropout == 0.0 else {"dropout": dropout_key}
+    logits = model.apply({"params": params}, tokens[:, :-1], rngs=rngs)
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.sum(logp * jax.nn.one_hot(tokens[:, 1:], cfg.vocab, dtype=logp.dtype))
+
+
+def make_transformer_loss(cfg: TransformerConfig) -> Callable[..., Any]:
+    """A fresh ``loss(params, tokens, dropout_key)`` function object (no tracing caches hit)."""
+    model = transformer_modules(cfg)()
+
+    def loss(params, tokens, dropout_key):
+        """Mean next-token cross-entropy over the batch and the sequence."""
+        ce = _transformer_ce_sum(model, cfg, params, tokens, dropout_key)
+        return ce / (tokens.shape[0] * (tokens.shape[1] - 1))
+
+    return loss
+
+
+def transformer_problem(
+    cfg: TransformerConfig | None = None,
+) -> tuple[Callable[..., Any], tuple]:
+    """Return ``(loss, (params, tokens, dropout_key))``; serialize with ``argnums=1``.
+
+    ``tokens`` is ``int32[batch, seq + 1]`` (inputs and shifted targets).
+    """
+    cfg = cfg or TransformerConfig()
+    data_key, init_key, dropout_key = jax.random.split(jax.random.PRNGKey(cfg.seed), 3)
+    tokens = jax.random.randint(data_key, (cfg.batch, cfg.seq + 1), 0, cfg.vocab)
+    params = transformer_modules(cfg)().init(init_key, tokens[:, :-1])["params"]
+    return make_transformer_loss(cfg), (params, tokens, dropout_key)
+
+
+def transformer_peers(cfg: TransformerConfig | None, chunk: int) -> dict[str, Callable[..., Any]]:
+    """Hand-written chunked versions of ``transformer_problem(cfg)``'s loss, same signature.
+
+    A user writing these by hand derives one dropout key per chunk (per example for
+    ``lax.map``) with ``fold_in``: the masks differ from the unchunked run's (same
+    distribution), which does not matter for memory and time.
+    """
+    cfg = cfg or TransformerConfig()
+    model = transformer_modules(cfg)()
+
+    def ce_sum(params, tokens, key):
+        return _transformer_ce_sum(model, cfg, params, tokens, key)
+
+    def scan_checkpoint(params, tokens, dropout_key):
+        b = tokens.shape[0]
+        assert b % chunk == 0, "the hand-written peer needs chunk | batch"
+        ts = tokens.reshape(b // chunk, chunk, *tokens.shape[1:])
+
+        @jax.checkpoint
+        def body(total, it):
+            i, t = it
+            return total + ce_sum(params, t, jax.random.fold_in(dropout_key, i)), None
+
+        total, _ = lax.scan(body, jnp.zeros((), jnp.float32), (jnp.arange(b // chunk), ts))
+        return total / (b * (tokens.shape[1] - 1))
+
+    def lax_map(remat: bool):
+        def f(params, tokens, dropout_key):
+            def per_example(it):
+                i, t = it
+                return ce_sum(params, t[None], jax.random.fold_in(dropout_key, i))
+
+            per_example = jax.checkpoint(per_example) if remat else per_example
+            b = tokens.shape[0]
+            ces = lax.map(per_example, (jnp.arange(b), tokens), batch_size=chunk)
+            return jnp.sum(ces) / (b * (tokens.shape[1] - 1))
+
+        return f
+
+    return {
+        "scan+checkpoint": scan_checkpoint,
+        "lax.map": lax_map(False),
+        "lax.map+checkpoint": lax_map(True),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Measurement and reporting helpers shared by the benchmark scripts
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PairedTimes:
+    """Times and time ratios (vs the group's reference) of one group of thunks, per round."""
+
+    times: dict[str, dict[int, float]]
+    slow: set[str]
+    reference: str
+    outputs: dict[str, Any]  # each thunk's output from the warm-up round
+
+    def rounds(self, name: str) -> list[int]:
+        return sorted(self.times[name])
+
+    def ratios(self, name: str, other: str | None = None) -> list[float]:
+        """Per-round ``time(name) / time(other)`` (default: the reference), shared rounds."""
+        a, b = self.times[name], self.times[other or self.reference]
+        return [a[r] / b[r] for r in sorted(a) if r in b]
+
+    def median_ratio(self, name: str, other: str | None = None) -> float:
+        return statistics.median(self.ratios(name, other))
+
+    def spread(self, name: str) -> tuple[float, float]:
+        """Interquartile range of the paired ratios (min and max for fewer than 4 rounds)."""
+        r = sorted(self.ratios(name))
+        if len(r) < 4:
+            return r[0], r[-1]
+        q = statistics.quantiles(r, n=4)
+        return q[0], q[2]
+
+    def median_time(self, name: str) -> float:
+        t = self.times[name]
+        return statistics.median([v for r, v in t.items() if r > 0] or list(t.values()))
+
+
+def time_paired(
+    groups: dict[Any, dict[str, Callable[[], Any]]],
+    *,
+    reference: str,
+    min_rounds: int = 3,
+    max_rounds: int = 25,
+    budget_s: float = 30.0,
+    slow_ratio: float = 8.0,
+) -> dict[Any, PairedTimes]:
+    """Time thunks in interleaved rounds; each round's times are divided by the reference's.
+
+    ``groups`` maps a group key to ``{name: thunk}``, each group holding the ``reference``
+    thunk. Every round calls every group's thunks once, back to back, the order rotated from
+    round to round (so that drift and position effects hit all alike); the reported figure is
+    the median over rounds of ``time(name) / time(reference)`` of the same round.
+
+    Round 0 is the warm-up (its outputs are kept, for exactness checks) and is discarded,
+    except for a thunk whose round-0 ratio exceeds ``slow_ratio`` (a pathological program,
+    such as XLA:CPU's conv-in-a-loop trap): that one keeps its round-0 ratio and is not called
+    again, so that a 40x outlier does not eat the
+    budget. Timed rounds continue until ``budget_s`` is spent (at least ``min_rounds``, at
+    most ``max_rounds``).
+    """
+    import jax
+
+    out = {g: PairedTimes({n: {} for n in th}, set(), reference, {}) for g, th in groups.items()}
+    t_start = None
+    rnd = 0
+    while rnd <= max_rounds:
+        t_round = time.perf_counter()
+        for g, th in groups.items():
+            res = out[g]
+            names = [n for n in th if n not in res.slow or rnd == 0]
+            shift = rnd % len(names)
+            for n in names[shift:] + names[:shift]:
+                t0 = time.perf_counter()
+                y = jax.block_until_ready(th[n]())
+                res.times[n][rnd] = time.perf_counter() - t0
+                if rnd == 0:
+                    res.outputs[n] = y
+            if rnd == 0:
+                ref0 = res.times[reference][0]
+                for n in th:
+                    if n != reference and res.times[n][0] / ref0 > slow_ratio:
+                        res.slow.add(n)
+                    else:
+                        res.times[n].pop(0)  # warm-up
+                res.times[reference][0] = ref0  # kept only for the slow ones' pairing
+        if rnd == 0:
+            t_start = time.perf_counter()
+        else:
+            spent = time.perf_counter() - t_start
+            per_round = time.perf_counter() - t_round
+            if rnd >= min_rounds and spent + per_round > budget_s:
+                break
+        rnd += 1
+    for res in out.values():
+        if not res.slow:
+            res.times[reference].pop(0, None)
+    return out
+
+
+def tree_rel_error(got: Any, ref: Any, *, floor: float = 1e-3) -> float:
+    """Largest per-leaf ``max|got - ref| / scale`` over two pytrees of arrays.
+
+    ``scale`` is the leaf's own ``max|ref|``, floored at ``floor`` times the largest over all
+    leaves: a leaf that is zero in exact arithmetic (attention's key bias) is compared at the
+    scale of the whole gradient instead of dividing rounding noise by zero.
+    """
+    import jax
+    import numpy as np
+
+    pairs = [
+        (np.asarray(g, np.float64), np.asarray(r, np.float64))
+        for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True)
+    ]
+    top = max((float(np.abs(r).max()) for _, r in pairs if r.size), default=0.0)
+    worst = 0.0
+    for g, r in pairs:
+        if g.shape != r.shape:
+            return float("inf")
+        if not r.size:
+            continue
+        d = float(np.abs(g - r).max())
+        scale = max(float(np.abs(r).max()), floor * top, 1e-30)
+        worst = max(worst, d / scale)
+    return worst
+
+
+#: The sections of ``docs/benchmarks.md``, in order; each script rewrites its own.
+DOC_SECTIONS = ("peers", "accuracy", "tracing", "random_memory")
+DOC_HEADER = """# Benchmarks
+
+Written by the scripts in `benchmarks/` (each one rewrites its own section below):
+`python benchmarks/peers.py`, `python benchmarks/accuracy.py`, `python benchmarks/tracing.py`,
+`python benchmarks/random_memory.py`. Memory is XLA's own accounting of the compiled
+`jax.jit(jax.value_and_grad(f))` (`compiled.memory_analysis().temp_size_in_bytes`); times are
+medians of *paired* ratios from interleaved repeats (every round runs the original and each
+variant back to back, the ratio is taken per round, then the median over rounds), so that
+drift on a shared machine affects both sides of every ratio alike.
+"""
+
+
+def write_doc_section(path: str, name: str, markdown: str) -> None:
+    """Replace section ``name`` of the Markdown file ``path`` (created if missing)."""
+    assert name in DOC_SECTIONS, name
+    text = DOC_HEADER
+    if os.path.exists(path):
+        with open(path) as fh:
+            text = fh.read()
+    sections = {}
+    for sec in DOC_SECTIONS:
+        m = re.search(rf"<!-- {sec}:begin -->\n(.*?)<!-- {sec}:end -->\n", text, re.S)
+        if m:
+            sections[sec] = m.group(1)
+    head = text.split("<!-- ", 1)[0] if "<!-- " in text else text
+    sections[name] = markdown.rstrip("\n") + "\n"
+    body = "".join(
+        f"<!-- {sec}:begin -->\n{sections[sec]}<!-- {sec}:end -->\n\n"
+        for sec in DOC_SECTIONS
+        if sec in sections
+    )
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write(head.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n")

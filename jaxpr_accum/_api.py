@@ -174,25 +174,27 @@ class SerializedFunction:
         return prepared, inputs
 
     def _check_argnums(self, args: tuple, dyn: list, ranges: list) -> None:
+        assert self.argnums is not None and self.axis is not None  # checked at decoration
+        argnums, axis = self.argnums, self.axis
         n = len(args)
-        for a in self.argnums:
+        for a in argnums:
             if not -n <= a < n:
                 raise ValueError(
                     f"`argnums` {a} is out of range for a call with {n} positional argument(s)"
                 )
-        sizes = {}
-        for a in self.argnums:
+        sizes: dict[int, list[str]] = {}
+        for a in argnums:
             leaf_ids = ranges[a % n]
             if not leaf_ids:
                 raise ValueError(f"`argnums` {a}: argument {a} has no array leaves to serialize")
             for i in leaf_ids:
                 shape = jnp.shape(dyn[i])
-                if not -len(shape) <= self.axis < len(shape):
+                if not -len(shape) <= axis < len(shape):
                     raise ValueError(
-                        f"`axis` {self.axis} is out of range for a leaf of argument {a} "
+                        f"`axis` {axis} is out of range for a leaf of argument {a} "
                         f"with shape {shape}"
                     )
-                sizes.setdefault(shape[self.axis], []).append(f"argument {a} leaf {shape}")
+                sizes.setdefault(shape[axis], []).append(f"argument {a} leaf {shape}")
         if len(sizes) > 1:
             detail = "; ".join(f"size {n}: {', '.join(w)}" for n, w in sizes.items())
             raise ValueError(
@@ -210,13 +212,14 @@ class SerializedFunction:
             names.setdefault(v, f"keyword argument leaf {i}")
 
         if self.argnums is not None:
+            assert self.axis is not None  # checked at decoration
             n_args = len(traced.arg_leaf_ranges)
             seeds = []
             for a in self.argnums:
                 for i in traced.arg_leaf_ranges[a % n_args]:
                     v = jaxpr.invars[nc + i]
-                    seeds.append((v, AxisLoc(self.axis % len(v.aval.shape))))
-            size = seeds[0][0].aval.shape[seeds[0][1].dim]
+                    seeds.append((v, AxisLoc(self.axis % len(_compat.shape_of(v)))))
+            size = _compat.shape_of(seeds[0][0])[seeds[0][1].dim]
             analysis = Analysis(jaxpr, size).run(seeds)
             born = ", ".join(sorted({names[v] for v, _ in seeds})) + f" at axis {self.axis}"
             candidates = [_plan.make_plan(jaxpr, analysis, self.chunk, born)]

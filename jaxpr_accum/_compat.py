@@ -210,3 +210,8 @@ def instantiate(ct: Any) -> Any:
     if isinstance(ct, jax.custom_derivatives.SymbolicZero):
         return jax.numpy.zeros(ct.aval.shape, ct.aval.dtype)
     return ct
+
+
+def shape_of(v: Var) -> tuple[int, ...]:
+    """The shape of a jaxpr variable (its aval is a ``ShapedArray``)."""
+    return tuple(v.aval.shape)  # type: ignore[attr-defined]

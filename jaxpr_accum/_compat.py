@@ -18,32 +18,9 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info
 from jax._src.interpreters import partial_eval as _pe
-from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
-
-__all__ = [
-    "ClosedJaxpr",
-    "Jaxpr",
-    "JaxprEqn",
-    "Literal",
-    "Var",
-    "DropVar",
-    "bind",
-    "custom_jvp_rule_jaxpr",
-    "custom_vjp_parts",
-    "dce",
-    "float0",
-    "is_key_dtype",
-    "source_line",
-    "sub_jaxprs",
-    "user_context",
-]
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var  # noqa: F401 (re-exported)
 
 DropVar = _core.DropVar
-float0 = jax.dtypes.float0
-
-
-def is_key_dtype(dtype: Any) -> bool:
-    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 @contextlib.contextmanager
@@ -161,7 +138,7 @@ def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable, int]:
 
 
 def zeros_float0(shape: Sequence[int]) -> np.ndarray:
-    return np.zeros(tuple(shape), dtype=float0)
+    return np.zeros(tuple(shape), dtype=jax.dtypes.float0)
 
 
 def is_array(x: Any) -> bool:

@@ -22,7 +22,6 @@ at most 1.5x the unchunked bf16 error. The process exits 1 if it is not.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -32,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from models import MLPConfig, mlp_problem, write_doc_section  # noqa: E402
+from models import MLPConfig, benchmark_options, mlp_problem, write_doc_section  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
 from jaxpr_accum._demo import print_table  # noqa: E402
@@ -53,15 +52,8 @@ def global_rel_error(got, ref) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="512 rows in chunks of 4")
-    parser.add_argument(
-        "--doc",
-        default=None,
-        help="Markdown output (default: docs/benchmarks.md in a full run; none with --quick)",
-    )
-    opts = parser.parse_args(argv)
-    doc = opts.doc or (None if opts.quick else os.path.join(ROOT, "docs", "benchmarks.md"))
+    opts = benchmark_options(__doc__, "512 rows in chunks of 4", argv)
+    doc = opts.doc
     t_start = time.perf_counter()
 
     rows, chunk = (512, 4) if opts.quick else (2048, 16)
@@ -164,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
         write_doc_section(doc, "accuracy", "\n".join(md))
-        print(f"wrote {os.path.relpath(doc)}")
     return 0 if ok else 1
 
 

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
@@ -473,6 +474,29 @@ drift on a shared machine affects both sides of every ratio alike.
 """
 
 
+def benchmark_options(
+    doc_string: str, quick_help: str, argv: list[str] | None, extra: Callable | None = None
+) -> Any:
+    """The command line every benchmark script shares: ``--quick`` and ``--doc``.
+
+    ``opts.doc`` is the Markdown file to write: docs/benchmarks.md in a full run, none with
+    ``--quick`` unless given. ``extra(parser)`` adds a script's own options.
+    """
+    parser = argparse.ArgumentParser(description=doc_string.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument(
+        "--doc",
+        default=None,
+        help="Markdown output (default: docs/benchmarks.md in a full run; none with --quick)",
+    )
+    if extra is not None:
+        extra(parser)
+    opts = parser.parse_args(argv)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    opts.doc = opts.doc or (None if opts.quick else os.path.join(root, "docs", "benchmarks.md"))
+    return opts
+
+
 def write_doc_section(path: str, name: str, markdown: str) -> None:
     """Replace section ``name`` of the Markdown file ``path`` (created if missing)."""
     assert name in DOC_SECTIONS, name
@@ -495,3 +519,4 @@ def write_doc_section(path: str, name: str, markdown: str) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as fh:
         fh.write(head.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n")
+    print(f"wrote {os.path.relpath(path)}")

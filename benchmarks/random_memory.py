@@ -28,7 +28,6 @@ The process exits 1 if a check fails.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import re
@@ -41,6 +40,7 @@ import jax  # noqa: E402
 from models import (  # noqa: E402
     Seed1Config,
     TransformerConfig,
+    benchmark_options,
     seed1_problem,
     transformer_problem,
     write_doc_section,
@@ -180,15 +180,8 @@ def seed1_structure(quick: bool) -> tuple[list[tuple[str, str, bool]], dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller models")
-    parser.add_argument(
-        "--doc",
-        default=None,
-        help="Markdown output (default: docs/benchmarks.md in a full run; none with --quick)",
-    )
-    opts = parser.parse_args(argv)
-    doc = opts.doc or (None if opts.quick else os.path.join(ROOT, "docs", "benchmarks.md"))
+    opts = benchmark_options(__doc__, "smaller models", argv)
+    doc = opts.doc
     t_start = time.perf_counter()
     print(f"jax {jax.__version__}, backend {jax.default_backend()}; chunk {CHUNK}")
 
@@ -273,7 +266,6 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
         write_doc_section(doc, "random_memory", "\n".join(md))
-        print(f"wrote {os.path.relpath(doc)}")
     return 0 if ok else 1
 
 

@@ -23,7 +23,6 @@ clock; the process CPU time is shown as well, since the machine is shared). Exit
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -33,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 from models import (  # noqa: E402
     TransformerConfig,
+    benchmark_options,
     make_transformer_loss,
     transformer_problem,
     write_doc_section,
@@ -60,16 +60,15 @@ def n_eqns(jaxpr) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="4 layers, 2 repeats")
-    parser.add_argument("--repeats", type=int, default=None, help="fresh traces of each (3)")
-    parser.add_argument(
-        "--doc",
-        default=None,
-        help="Markdown output (default: docs/benchmarks.md in a full run; none with --quick)",
+    opts = benchmark_options(
+        __doc__,
+        "4 layers, 2 repeats",
+        argv,
+        lambda parser: parser.add_argument(
+            "--repeats", type=int, default=None, help="fresh traces of each (3)"
+        ),
     )
-    opts = parser.parse_args(argv)
-    doc = opts.doc or (None if opts.quick else os.path.join(ROOT, "docs", "benchmarks.md"))
+    doc = opts.doc
     repeats = opts.repeats or (2 if opts.quick else 3)
     t_start = time.perf_counter()
 
@@ -172,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
         write_doc_section(doc, "tracing", "\n".join(md))
-        print(f"wrote {os.path.relpath(doc)}")
     return 0 if ok else 1
 
 

@@ -31,10 +31,9 @@ import numpy as np
 from jax import lax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, Literal
+from jaxpr_accum._trace import INLINED, eval_inlined
 
 _conv_p = lax.conv_general_dilated_p
-_INLINED = {"jit", "pjit", "closed_call", "core_call"}
 
 
 def _canonical_numbers(n: int) -> lax.ConvDimensionNumbers:
@@ -92,23 +91,11 @@ def _is_float_conv(invals: Sequence[Any]) -> bool:
     return all(jax.numpy.issubdtype(x.dtype, jax.numpy.floating) for x in invals)
 
 
-def _eval(jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> list:
-    env: dict = dict(zip(jaxpr.constvars, consts, strict=True))
-    env.update(zip(jaxpr.invars, args, strict=True))
-    for eqn in jaxpr.eqns:
-        invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
-        if eqn.primitive is _conv_p and _is_float_conv(invals):
-            with _compat.user_context(eqn):
-                outs = [canonical_conv(*invals, **eqn.params)]
-        elif eqn.primitive.name in _INLINED:
-            sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-            inner = _compat.open_jaxpr(sub)
-            outs = _eval(inner, sub.consts if isinstance(sub, ClosedJaxpr) else [], invals)
-        else:
-            outs = _compat.bind(eqn, invals)
-        for v, x in zip(eqn.outvars, outs, strict=True):
-            env[v] = x
-    return [v.val if isinstance(v, Literal) else env[v] for v in jaxpr.outvars]
+def _emit(eqn: Any, invals: list) -> list:
+    if eqn.primitive is _conv_p and _is_float_conv(invals):
+        with _compat.user_context(eqn):
+            return [canonical_conv(*invals, **eqn.params)]
+    return _compat.bind(eqn, invals)
 
 
 def canonicalize(fun: Callable) -> Callable:
@@ -121,9 +108,9 @@ def canonicalize(fun: Callable) -> Callable:
         closed, out_shape = jax.make_jaxpr(
             lambda *f: fun(*jax.tree_util.tree_unflatten(tree, f)), return_shape=True
         )(*flat)
-        if not any(e.primitive is _conv_p or e.primitive.name in _INLINED for e in closed.eqns):
+        if not any(e.primitive is _conv_p or e.primitive.name in INLINED for e in closed.eqns):
             return fun(*args)
-        outs = _eval(closed.jaxpr, closed.consts, flat)
+        outs = eval_inlined(closed.jaxpr, closed.consts, flat, _emit)
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
 
     return wrapped

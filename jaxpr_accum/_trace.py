@@ -23,7 +23,7 @@ import numpy as np
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, Literal
 
-_INLINED = {"jit", "pjit", "closed_call", "core_call"}
+INLINED = {"jit", "pjit", "closed_call", "core_call"}
 
 
 def is_dynamic(leaf: Any) -> bool:
@@ -107,14 +107,22 @@ def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
     if not _has_calls(closed.jaxpr):
         return closed
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
-    return jax.make_jaxpr(lambda *a: _eval_inlined(closed.jaxpr, closed.consts, a))(*avals)
+    return jax.make_jaxpr(lambda *a: eval_inlined(closed.jaxpr, closed.consts, a))(*avals)
 
 
 def _has_calls(jaxpr: Jaxpr) -> bool:
-    return any(e.primitive.name in _INLINED for e in jaxpr.eqns)
+    return any(e.primitive.name in INLINED for e in jaxpr.eqns)
 
 
-def _eval_inlined(jaxpr: Jaxpr, consts: Sequence, args: Sequence, outer: Any = None) -> list:
+def eval_inlined(
+    jaxpr: Jaxpr,
+    consts: Sequence,
+    args: Sequence,
+    emit: Callable[[Any, list], list] = _compat.bind,
+    outer: Any = None,
+) -> list:
+    """Evaluate ``jaxpr`` with nested ``jit`` / ``closed_call`` inlined; every other equation
+    goes through ``emit(eqn, invals) -> outputs`` (by default: bound unchanged)."""
     env: dict = dict(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
 
@@ -124,13 +132,13 @@ def _eval_inlined(jaxpr: Jaxpr, consts: Sequence, args: Sequence, outer: Any = N
     for eqn in jaxpr.eqns:
         eqn = _compat.inherit_source(eqn, outer)
         invals = [read(v) for v in eqn.invars]
-        if eqn.primitive.name in _INLINED:
+        if eqn.primitive.name in INLINED:
             sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
             inner = sub.jaxpr if isinstance(sub, ClosedJaxpr) else sub
             sub_consts = sub.consts if isinstance(sub, ClosedJaxpr) else []
-            outs = _eval_inlined(inner, sub_consts, invals, eqn)
+            outs = eval_inlined(inner, sub_consts, invals, emit, eqn)
         else:
-            outs = _compat.bind(eqn, invals)
+            outs = emit(eqn, invals)
         for v, x in zip(eqn.outvars, outs, strict=True):
             env[v] = x
     return [read(v) for v in jaxpr.outvars]

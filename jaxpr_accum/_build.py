@@ -186,9 +186,27 @@ class Region:
             take_chunk(x, loc, start, k) for x, loc in zip(chunked, self.chunk_locs, strict=True)
         ]
 
-    def remainder(self) -> list[tuple[int, int]]:
-        """``(start, length)`` of the remainder call, if any."""
-        return [(self.n_full * self.chunk, self.rem)] if self.rem else []
+    def over_chunks(self, step: Callable, carry: Any, per_chunk: Any = ()) -> tuple:
+        """Run ``step(carry, k, start, x) -> (carry, y)`` over every chunk of this shard.
+
+        The full chunks run in a ``lax.scan`` (``x``: ``per_chunk``'s leaves indexed by the
+        chunk), the remainder once more at its own length. Returns ``(carry, ys of the full
+        chunks or None, y of the remainder or None)``.
+        """
+        k, n = self.chunk, self.n_full
+        scanned = rest = None
+        if n:
+
+            def scan_step(c: Any, index_and_x: tuple) -> tuple:
+                index, x = index_and_x
+                return step(c, k, index * k, x)
+
+            head = jax.tree_util.tree_map(lambda a: a[:n], per_chunk)
+            carry, scanned = lax.scan(scan_step, carry, (jnp.arange(n), head))
+        if self.rem:
+            x = jax.tree_util.tree_map(lambda a: a[n], per_chunk)
+            carry, rest = step(carry, self.rem, n * k, x)
+        return carry, scanned, rest
 
     def wanted(self, values: Sequence, group: int) -> list[int]:
         """Indices of the inputs (``group`` 0: invariant, 1: chunked) to differentiate:
@@ -221,27 +239,17 @@ class Region:
 
     # -- forward -------------------------------------------------------------------------
     def forward(self, invariants: Sequence, chunked: Sequence, checkpoint: bool = False) -> tuple:
-        k = self.chunk
-
         def one(kk: int, start: Any, inv: Sequence, ch: Sequence) -> tuple:
             return self.body(kk, start, inv, self.slices(ch, start, kk))
 
         if checkpoint:
             one = jax.checkpoint(one, static_argnums=(0,))
 
-        sums, scanned = self.zero_sums(), None
-        if self.n_full:
+        def step(acc: list, kk: int, start: Any, _: Any) -> tuple:
+            s, p, st = one(kk, start, invariants, chunked)
+            return add_into(acc, s), (p, st)
 
-            def step(acc: list, c: Any) -> tuple:
-                s, p, st = one(k, c * k, invariants, chunked)
-                return add_into(acc, s), (p, st)
-
-            sums, scanned = lax.scan(step, sums, jnp.arange(self.n_full))
-        rest = None
-        for start, length in self.remainder():
-            s, p, st = one(length, start, invariants, chunked)
-            sums, rest = add_into(sums, s), (p, st)
-        return self.assemble(sums, scanned, rest)
+        return self.assemble(*self.over_chunks(step, self.zero_sums()))
 
     def assemble(self, sums: list, scanned: Any, rest: Any) -> tuple:
         plan = self.plan
@@ -269,7 +277,6 @@ class Region:
         cotangents are per chunk of this shard.
         """
         ct_sums, ct_partials, ct_stacked = cts
-        k = self.chunk
 
         def pull(kk: int, start: Any, ct_p: list) -> tuple:
             chunk = self.slices(chunked, start, kk)
@@ -287,21 +294,12 @@ class Region:
             jnp.zeros(invariants[i].shape, accumulator_dtype(invariants[i].dtype, self.accum_dtype))
             for i in diff_inv
         ]
-        scanned = None
-        if self.n_full:
 
-            def step(acc: list, c_and_ct: tuple) -> tuple:
-                c, ct_p = c_and_ct
-                d_inv, d_ch = pull(k, c * k, ct_p)
-                return add_into(acc, d_inv), d_ch
+        def step(acc: list, kk: int, start: Any, ct_p: list) -> tuple:
+            d_inv, d_ch = pull(kk, start, ct_p)
+            return add_into(acc, d_inv), d_ch
 
-            ct_p_full = [None if ct is None else ct[: self.n_full] for ct in ct_partials]
-            acc, scanned = lax.scan(step, acc, (jnp.arange(self.n_full), ct_p_full))
-        rest = None
-        for start, length in self.remainder():
-            ct_p = [None if ct is None else ct[self.n_full] for ct in ct_partials]
-            d_inv, rest = pull(length, start, ct_p)
-            acc = add_into(acc, d_inv)
+        acc, scanned, rest = self.over_chunks(step, acc, list(ct_partials))
 
         ct_inv: list = [None] * len(invariants)
         for i, a in zip(diff_inv, acc, strict=True):
@@ -318,7 +316,6 @@ class Region:
     # -- fused forward -------------------------------------------------------------------
     def jacobians(self, invariants: Sequence, chunked: Sequence) -> tuple:
         """This shard's sums and the Jacobian rows of the float sums w.r.t. its inputs."""
-        k = self.chunk
         float_sums = [i for i, f in enumerate(self.out_float[0]) if f]
         width = sum(math.prod(self.plan.sums[i].aval.shape) for i in float_sums)
         eye = jnp.eye(width, dtype=jnp.float32)
@@ -347,18 +344,12 @@ class Region:
             )
             for i in diff_inv
         ]
-        sums, scanned = self.zero_sums(), None
-        if self.n_full:
 
-            def step(carry: tuple, c: Any) -> tuple:
-                s, d_inv, d_ch = rows(k, c * k)
-                return (add_into(carry[0], s), add_into(carry[1], d_inv)), d_ch
+        def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
+            s, d_inv, d_ch = rows(kk, start)
+            return (add_into(carry[0], s), add_into(carry[1], d_inv)), d_ch
 
-            (sums, jac), scanned = lax.scan(step, (sums, jac), jnp.arange(self.n_full))
-        rest = None
-        for start, length in self.remainder():
-            s, d_inv, rest = rows(length, start)
-            sums, jac = add_into(sums, s), add_into(jac, d_inv)
+        (sums, jac), scanned, rest = self.over_chunks(step, (self.zero_sums(), jac))
         diff_ch = self.wanted(chunked, 1)
         jac_ch = [
             join(

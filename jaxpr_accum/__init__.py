@@ -6,7 +6,7 @@ explicit cotangent accumulation. Same values, same gradients; memory that scales
 """
 
 from jaxpr_accum._api import SerializedFunction, serialize_axis
-from jaxpr_accum._plan import SerializeError
+from jaxpr_accum._errors import SerializeError
 from jaxpr_accum._report import Plan
 from jaxpr_accum._rules.base import register_rule
 

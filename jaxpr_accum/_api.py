@@ -11,8 +11,10 @@ those tracers).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +25,8 @@ from jaxpr_accum import _compat, _nnx, _plan, _trace
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._build import FUSED_MAX_WIDTH, Layout, ShardedLayout, build, fused_refusal
 from jaxpr_accum._compat import ClosedJaxpr
-from jaxpr_accum._plan import RegionPlan, SerializeError
+from jaxpr_accum._errors import SerializeError
+from jaxpr_accum._plan import RegionPlan
 from jaxpr_accum._report import Plan
 from jaxpr_accum._rules import AxisLoc
 
@@ -46,29 +49,37 @@ class _Prepared:
         self.traced, self.region, self.plan = traced, region, plan
         self.run = run
         self.jitted = jax.jit(run)
+        self.warned = False
 
 
-class SerializedFunction:
-    """``fun`` with one axis run in chunks. See ``serialize_axis``."""
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The validated arguments of ``serialize_axis`` (immutable: a new setting is a new
+    ``SerializedFunction``, never a stale plan)."""
 
-    def __init__(
-        self,
-        fun: Callable,
+    chunk: int
+    axis: int | None = 0
+    argnums: tuple[int, ...] | None = None
+    size: int | None = None
+    grad: str = "auto"
+    accum_dtype: Any = None
+    mesh_axis: tuple[str, ...] | None = None
+
+    @classmethod
+    def validated(
+        cls,
         *,
-        chunk: int,
-        axis: int | None = 0,
-        argnums: int | tuple[int, ...] | None = None,
-        size: int | None = None,
-        grad: str = "auto",
+        chunk: Any,
+        axis: Any = 0,
+        argnums: Any = None,
+        size: Any = None,
+        grad: Any = "auto",
         accum_dtype: Any = None,
         mesh_axis: Any = None,
-    ):
-        if not callable(fun):
-            raise TypeError(f"`fun` must be callable, got {fun!r}")
-        self.chunk = _check_int("chunk", chunk, 1)
+    ) -> Settings:
+        chunk = _check_int("chunk", chunk, 1)
         if axis is not None:
             axis = _check_int("axis", axis, -(2**31))
-        self.axis = axis
         if argnums is not None:
             nums = (argnums,) if not isinstance(argnums, (tuple, list)) else tuple(argnums)
             if not nums:
@@ -78,24 +89,15 @@ class SerializedFunction:
                 raise ValueError(
                     "`axis=None` needs automatic selection; with `argnums` pass an int"
                 )
-        self.argnums = argnums
-        self.size = None if size is None else _check_int("size", size, 1)
+        size = None if size is None else _check_int("size", size, 1)
         if argnums is not None and size is not None:
             raise ValueError("pass either `argnums` or `size`, not both")
         if grad not in GRAD_MODES:
             raise ValueError(
                 f"`grad` must be one of {', '.join(map(repr, GRAD_MODES))}; got {grad!r}"
             )
-        self.grad = grad
         if accum_dtype is not None:
-            try:
-                dtype = jnp.dtype(accum_dtype)
-            except TypeError as e:
-                raise TypeError(f"`accum_dtype` must be a dtype, got {accum_dtype!r}") from e
-            if not jnp.issubdtype(dtype, jnp.floating):
-                raise ValueError(f"`accum_dtype` must be a floating dtype, got {dtype}")
-            accum_dtype = dtype
-        self.accum_dtype = accum_dtype
+            accum_dtype = _check_accum_dtype(accum_dtype)
         if mesh_axis is not None:
             axes = (mesh_axis,) if isinstance(mesh_axis, str) else mesh_axis
             if not (
@@ -105,13 +107,68 @@ class SerializedFunction:
                     f"`mesh_axis` must be a mesh axis name or a tuple of names, got {mesh_axis!r}"
                 )
             mesh_axis = tuple(axes)
-        self.mesh_axis = mesh_axis
-        self.original = fun
-        self._cache: dict = {}
-        self._pure: SerializedFunction | None = None
+        return cls(chunk, axis, argnums, size, grad, accum_dtype, mesh_axis)
+
+
+def _check_accum_dtype(accum_dtype: Any) -> Any:
+    try:
+        dtype = jnp.dtype(accum_dtype)
+    except TypeError as e:
+        raise TypeError(f"`accum_dtype` must be a dtype, got {accum_dtype!r}") from e
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"`accum_dtype` must be a floating dtype, got {dtype}")
+    if jax.dtypes.canonicalize_dtype(dtype) != dtype:  # 64-bit types without x64
+        raise ValueError(
+            f"`accum_dtype` {dtype} needs 64-bit floats, which are disabled: enable them "
+            "with `jax.config.update('jax_enable_x64', True)` before creating the function, "
+            "or pass `accum_dtype=jnp.float32`"
+        )
+    return dtype
+
+
+def _setting(name: str) -> property:
+    return property(lambda self: getattr(self.settings, name), doc=f"The `{name}` setting.")
+
+
+class SerializedFunction:
+    """``fun`` with one axis run in chunks. See ``serialize_axis``.
+
+    The settings (``chunk``, ``axis``, ...) are read-only; ``serialize_axis(sf.original,
+    ...)`` makes a function with other settings.
+    """
+
+    settings: Settings
+    original: Callable
+    _cache: dict
+    _pure: SerializedFunction | None
+
+    chunk = _setting("chunk")
+    axis = _setting("axis")
+    argnums = _setting("argnums")
+    size = _setting("size")
+    grad = _setting("grad")
+    accum_dtype = _setting("accum_dtype")
+    mesh_axis = _setting("mesh_axis")
+
+    def __init__(self, fun: Callable, settings: Settings):
+        if not callable(fun):
+            raise TypeError(f"`fun` must be callable, got {fun!r}")
+        object.__setattr__(self, "settings", settings)
+        object.__setattr__(self, "original", fun)
+        object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_pure", None)
         functools.update_wrapper(self, fun)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SETTING_NAMES or name in ("settings", "original"):
+            raise AttributeError(
+                f"`{name}` of a SerializedFunction is read-only (its plans are cached); make "
+                f"a new one instead: `serialize_axis(sf.original, {name}=...)`"
+            )
+        object.__setattr__(self, name, value)
+
     # -- public --------------------------------------------------------------------------
+    @_compat.api_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._pure is not self and _nnx.has_graph_nodes(args, kwargs):
             states, kw_states = _nnx.pure_arguments(args, kwargs)
@@ -119,15 +176,20 @@ class SerializedFunction:
             _nnx.write_back(args, kwargs, new_states, new_kw)
             return out
         prepared, inputs = self._prepare(args, kwargs)
+        if prepared.plan.warning and not prepared.warned and prepared.region.size:
+            prepared.warned = True
+            warnings.warn(f"{self!r}: {prepared.plan.warning}", UserWarning, stacklevel=2)
         outs = prepared.jitted(*inputs)
         return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
 
+    @_compat.api_boundary
     def explain(self, *args: Any, **kwargs: Any) -> Plan:
         if self._pure is not self and _nnx.has_graph_nodes(args, kwargs):
             states, kw_states = _nnx.pure_arguments(args, kwargs)
             return self._pure_version().explain(*states, **kw_states)
         return self._prepare(args, kwargs)[0].plan
 
+    @_compat.api_boundary
     def jaxpr(self, *args: Any, **kwargs: Any) -> ClosedJaxpr:
         if self._pure is not self and _nnx.has_graph_nodes(args, kwargs):
             states, kw_states = _nnx.pure_arguments(args, kwargs)
@@ -142,19 +204,12 @@ class SerializedFunction:
     # -- internals -----------------------------------------------------------------------
     def _pure_version(self) -> SerializedFunction:
         """The same serialization of ``fun`` as a pure function of NNX state (see ``_nnx``)."""
-        if self._pure is None:
-            self._pure = SerializedFunction(
-                _nnx.purify(self.original),
-                chunk=self.chunk,
-                axis=self.axis,
-                argnums=self.argnums,
-                size=self.size,
-                grad=self.grad,
-                accum_dtype=self.accum_dtype,
-                mesh_axis=self.mesh_axis,
-            )
-            self._pure._pure = self._pure  # its arguments are already pure state
-        return self._pure
+        pure = self._pure
+        if pure is None:
+            pure = SerializedFunction(_nnx.purify(self.original), self.settings)
+            object.__setattr__(pure, "_pure", pure)  # its arguments are already pure state
+            object.__setattr__(self, "_pure", pure)
+        return pure
 
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[_Prepared, list]:
         leaves, treedef, dynamic, ranges = _trace.split_arguments(args, kwargs)
@@ -162,6 +217,7 @@ class SerializedFunction:
         key = _trace.cache_key(leaves, treedef, dynamic)
         prepared = self._cache.get(key) if key is not None else None
         if prepared is None:
+            _check_concrete_shapes(args, kwargs)
             if self.argnums is not None:
                 self._check_argnums(args, dyn, ranges)
             traced = _trace.trace(self.original, leaves, treedef, dynamic, ranges)
@@ -238,16 +294,10 @@ class SerializedFunction:
                     else "pass `argnums=` or `size=` to name it"
                 )
                 raise SerializeError(f"found no {what[3:]} {where}; {hint}")
-        usable = [c for c in candidates if c.has_body]
+        usable = [c for c in candidates if c.usable]
         if not usable:
             raise _plan.nothing_chunkable(candidates, what)
-        if self.size is not None and len(usable) > 1:
-            listed = "; ".join(f"born at {c.born}" for c in usable)
-            raise SerializeError(
-                f"two or more different axes have size {self.size}: {listed}. "
-                "Name the one you mean with `argnums=` or `axis=`."
-            )
-        region = _plan.choose(usable)
+        region = _plan.choose(usable)  # several axes of the asked size: the cost model picks
         grad, reason = self._grad_mode(region)
         layout = self._layout(traced, region, inputs)
         plan = Plan.from_region(region, usable, grad, reason, layout)
@@ -331,7 +381,7 @@ def serialize_axis(
     one named by ``argnums`` (position ``axis`` of those arguments' array leaves), the one of
     size ``size``, or else found automatically. See DESIGN.md for the full contract.
     """
-    kwargs = dict(
+    settings = Settings.validated(
         chunk=chunk,
         axis=axis,
         argnums=argnums,
@@ -341,6 +391,21 @@ def serialize_axis(
         mesh_axis=mesh_axis,
     )
     if fun is None:
-        SerializedFunction(lambda: None, **kwargs)  # check the arguments at decoration
-        return lambda f: SerializedFunction(f, **kwargs)
-    return SerializedFunction(fun, **kwargs)
+        return lambda f: SerializedFunction(f, settings)
+    return SerializedFunction(fun, settings)
+
+
+_SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
+
+
+def _check_concrete_shapes(args: tuple, kwargs: dict) -> None:
+    """Symbolic dimensions (``jax.export`` shape polymorphism) cannot be chunked."""
+    paths = jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
+    for path, leaf in paths:
+        shape = getattr(leaf, "shape", ())
+        if _trace.is_dynamic(leaf) and not all(isinstance(d, int) for d in shape):
+            raise SerializeError(
+                f"{_trace.describe_argument(path)} has the symbolic shape {shape}; "
+                "serialize_axis plans chunks for concrete sizes. Export the function at a "
+                "concrete batch size, or export the original (unserialized) function."
+            )

@@ -50,6 +50,7 @@ from jaxpr_accum._conv import canonicalize
 from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, RegionPlan
 from jaxpr_accum._resize import Resizer
 from jaxpr_accum._rules import AxisLoc
+from jaxpr_accum._rules.custom_derivatives import function_name
 
 COMBINE: dict[str, Callable] = {
     "sum": lambda x: lax.reduce_sum(x, (0,)),
@@ -124,6 +125,29 @@ def pick(groups: Sequence, flags: Sequence) -> list:
     ]
 
 
+def jacobian_row_dtype(plan: RegionPlan) -> Any:
+    """The dtype of the fused Jacobian rows: the float sums' own, at least float32."""
+    flags = float_outputs(plan)[0]
+    dtypes = [v.aval.dtype for v, f in zip(plan.sums, flags, strict=True) if f]
+    return jnp.result_type(jnp.float32, *dtypes)
+
+
+def _custom_vjp_in_body(plan: RegionPlan) -> str | None:
+    """The name of a custom VJP called (at any depth) by the region's body, or None."""
+
+    def search(eqns: Sequence) -> str | None:
+        for eqn in eqns:
+            if eqn.primitive.name == "custom_vjp_call":
+                return function_name(eqn)
+            for _, sub in _compat.sub_jaxprs(eqn.params):
+                found = search(_compat.open_jaxpr(sub).eqns)
+                if found is not None:
+                    return found
+        return None
+
+    return search([plan.jaxpr.eqns[i] for i in plan.indices(BODY)])
+
+
 def fused_refusal(plan: RegionPlan, max_width: int = FUSED_MAX_WIDTH) -> str | None:
     """Why the fused mode does not apply to ``plan``, or None if it does.
 
@@ -133,10 +157,26 @@ def fused_refusal(plan: RegionPlan, max_width: int = FUSED_MAX_WIDTH) -> str | N
     """
     if plan.stacked or plan.partials:
         return "the region has outputs that are not sums (stacked values or max/min partials)"
+    custom = _custom_vjp_in_body(plan)
+    if custom is not None:
+        return (
+            f"the region calls the custom VJP `{custom}`, whose backward rule need not be "
+            "linear in the cotangent (gradient clipping is not): Jacobian rows taken with unit "
+            "cotangents would change it"
+        )
     flags = float_outputs(plan)[0]
     width = sum(math.prod(v.aval.shape) for v, f in zip(plan.sums, flags, strict=True) if f)
     if width == 0:
         return "the region has no floating-point sum to differentiate"
+    if any(
+        jnp.issubdtype(v.aval.dtype, jnp.complexfloating)
+        for v, f in zip(plan.sums, flags, strict=True)
+        if f
+    ):
+        return (
+            "a sum is complex: its gradient is not complex-linear in the cotangent, so "
+            "Jacobian rows for real cotangents would drop the imaginary direction"
+        )
     if width > max_width:
         return (
             f"its sums have {width} entries and the fused mode would keep one parameter-sized "
@@ -318,7 +358,8 @@ class Region:
         """This shard's sums and the Jacobian rows of the float sums w.r.t. its inputs."""
         float_sums = [i for i, f in enumerate(self.out_float[0]) if f]
         width = sum(math.prod(self.plan.sums[i].aval.shape) for i in float_sums)
-        eye = jnp.eye(width, dtype=jnp.float32)
+        row_dtype = jacobian_row_dtype(self.plan)
+        eye = jnp.eye(width, dtype=row_dtype)
 
         def rows(kk: int, start: Any) -> tuple:
             chunk = self.slices(chunked, start, kk)
@@ -327,7 +368,7 @@ class Region:
             def flat(a: list, b: list) -> tuple:
                 sums = f(a, b)[0]
                 return jnp.concatenate(
-                    [jnp.ravel(sums[i]).astype(jnp.float32) for i in float_sums]
+                    [jnp.ravel(sums[i]).astype(row_dtype) for i in float_sums]
                 ), sums
 
             _, pullback, sums = jax.vjp(flat, *primals, has_aux=True)
@@ -406,18 +447,32 @@ class ShardedLayout(Layout):
         return PartitionSpec(*([None] * loc.dim), self.axes)
 
 
+def _aligned(values: Sequence, indices: Sequence[int], n: int) -> list:
+    """``values`` placed at ``indices`` of a length-``n`` list, empty placeholders elsewhere."""
+    out: list = [jnp.zeros((0,), jnp.bool_)] * n
+    for i, x in zip(indices, values, strict=True):
+        out[i] = x
+    return out
+
+
 def _unwrap(primals: list) -> tuple[list, list[bool]]:
     """Values and perturbed flags of ``custom_vjp`` primals (``symbolic_zeros=True``)."""
     return [p.value for p in primals], [bool(p.perturbed) for p in primals]
 
 
-def _mask(flags: Sequence[bool]) -> tuple:
-    """Flags as pytree *structure* (``()`` / ``None``), so they travel in residuals."""
-    return tuple(() if f else None for f in flags)
+def _mask(flags: Sequence[bool]) -> list:
+    """Perturbed flags as residual *shapes*: one empty array per flag, of length 1 if set.
+
+    JAX memoises a ``custom_vjp``'s forward per perturbation pattern but keeps only the
+    latest call's residual *pytree structure*; a structure that depended on the flags would
+    be paired with another pattern's forward (a stale mask: zero or misplaced gradients).
+    Shapes live in the memoised forward jaxpr itself, so they always match it.
+    """
+    return [jnp.zeros((1 if f else 0,), jnp.bool_) for f in flags]
 
 
-def _flags(mask: tuple) -> list[bool]:
-    return [m is not None for m in mask]
+def _flags(mask: Sequence) -> list[bool]:
+    return [m.shape[0] == 1 for m in mask]
 
 
 def make_region(plan: RegionPlan, grad: str, accum_dtype: Any, layout: Layout) -> Callable:
@@ -504,14 +559,18 @@ def make_region(plan: RegionPlan, grad: str, accum_dtype: Any, layout: Layout) -
                 ([spec(None) for _ in plan.sums], spec(None), jac_ch_specs),
             )
             sums, jac, jac_ch = jacobians(inv, ch)
-            return (sums, [], []), (inv, ch, jac, jac_ch, _mask(need_inv), _mask(need_ch))
+            # One residual per input (an empty placeholder where not differentiated), so the
+            # residual structure does not depend on what is perturbed (see ``_mask``).
+            jac_all = _aligned(jac, Region(plan, None, 1, 1, 0, needed).wanted(inv, 0), len(inv))
+            jac_ch_all = _aligned(jac_ch, wanted_ch, len(ch))
+            return (sums, [], []), (inv, ch, jac_all, jac_ch_all, _mask(need_inv), _mask(need_ch))
 
         def bwd(res: tuple, cts: tuple) -> tuple:
             inv, ch, jac, jac_ch, need_inv, need_ch = res
             wanted = Region(plan, None, 1, 1, 0, (_flags(need_inv), _flags(need_ch))).wanted
             weights = jnp.concatenate(
                 [
-                    jnp.ravel(_compat.instantiate(c)).astype(jnp.float32)
+                    jnp.ravel(_compat.instantiate(c)).astype(jacobian_row_dtype(plan))
                     for c, f in zip(cts[0], out_float[0], strict=True)
                     if f
                 ]
@@ -519,8 +578,8 @@ def make_region(plan: RegionPlan, grad: str, accum_dtype: Any, layout: Layout) -
 
             def contract(values: list, jacs: list, group: int) -> list:
                 out: list = [None] * len(values)
-                for i, j in zip(wanted(values, group), jacs, strict=True):
-                    out[i] = jnp.tensordot(weights.astype(j.dtype), j, axes=1)
+                for i in wanted(values, group):
+                    out[i] = jnp.tensordot(weights.astype(jacs[i].dtype), jacs[i], axes=1)
                 return out
 
             return cast_back(contract(inv, jac, 0), inv), cast_back(contract(ch, jac_ch, 1), ch)
@@ -531,8 +590,16 @@ def make_region(plan: RegionPlan, grad: str, accum_dtype: Any, layout: Layout) -
 
 def build(plan: RegionPlan, grad: str, accum_dtype: Any, layout: Layout) -> Callable:
     """``run(*flat_inputs) -> flat outputs`` for the whole program."""
-    region = make_region(plan, grad, accum_dtype, layout)
     jaxpr = plan.jaxpr
+    if not plan.has_body:  # an empty axis: the program as written
+
+        def as_written(*flat_inputs: Any) -> list:
+            env: dict = dict(zip(jaxpr.invars, flat_inputs, strict=True))
+            _eval(jaxpr.eqns, range(len(jaxpr.eqns)), env)
+            return [v.val if isinstance(v, Literal) else env[v] for v in jaxpr.outvars]
+
+        return as_written
+    region = make_region(plan, grad, accum_dtype, layout)
     prologue, epilogue = plan.indices(PROLOGUE), plan.indices(EPILOGUE)
 
     def run(*flat_inputs: Any) -> list:

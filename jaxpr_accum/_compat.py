@@ -9,18 +9,32 @@ dead-code elimination). Tested with ``jax>=0.10,<0.11``.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-from jax._src import config as _config
 from jax._src import core as _core
+from jax._src import mesh as _mesh
 from jax._src import source_info_util as _source_info
+from jax._src import traceback_util as _traceback_util
 from jax._src.interpreters import partial_eval as _pe
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var  # noqa: F401 (re-exported)
 
 DropVar = _core.DropVar
+
+# Frames of this package are not the user's: tracebacks raised through it show at most one of
+# them, and equations it emits point at the user's line that led there.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_source_info.register_exclusion(_PACKAGE_DIR)
+_traceback_util.register_exclusion(_PACKAGE_DIR)
+
+
+def api_boundary(fun: Callable) -> Callable:
+    """Mark a public entry point: errors raised through it show the user's frames only (as
+    JAX's own entry points do; ``JAX_TRACEBACK_FILTERING=off`` shows everything)."""
+    return _traceback_util.api_boundary(fun)
 
 
 @contextlib.contextmanager
@@ -115,11 +129,12 @@ def custom_jvp_rule_jaxpr(eqn: JaxprEqn, zeros: Sequence[bool]) -> tuple[ClosedJ
     return ClosedJaxpr(jvp_jaxpr, consts), list(out_zeros)
 
 
-def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable, int]:
-    """``(fwd_jaxpr_of(nonzeros) -> (ClosedJaxpr, n_res), bwd(*res, *cts), num_consts)``.
+def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable]:
+    """``(fwd_jaxpr_of(nonzeros) -> (ClosedJaxpr, [n_res, input_fwds]), bwd(*res, *cts))``.
 
-    ``fwd`` jaxprs output the residuals then the primal outputs; residuals that the rule
-    forwards straight from an input are re-inserted so the list matches ``bwd``'s arguments.
+    ``fwd`` jaxprs take the non-const primals and output the residuals then the primal
+    outputs; residuals that the rule forwards straight from an operand are left out, and
+    ``input_fwds[i]`` is then that operand's index among the equation's operands.
     """
     params = eqn.params
 
@@ -129,12 +144,36 @@ def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable, int]:
         return ClosedJaxpr(jaxpr, consts), [res_tree.num_leaves, list(input_fwds)]
 
     def bwd(*args: Any) -> list:
-        # JAX checks the rule's outputs against the avals recorded at the full size; at chunk
-        # size they legitimately differ, so that check is switched off for this call only.
-        with _config.disable_bwd_checks(True):
-            return list(params["bwd"].call_wrapped(*args))
+        return list(params["bwd"].call_wrapped(*args))
 
-    return fwd_jaxpr_of, bwd, params["num_consts"]
+    return fwd_jaxpr_of, bwd
+
+
+def cotangent_aval(aval: Any) -> jax.ShapeDtypeStruct:
+    """The cotangent type of a primal: itself for inexact dtypes, ``float0`` otherwise."""
+    if np.issubdtype(aval.dtype, np.inexact):
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+    return jax.ShapeDtypeStruct(aval.shape, jax.dtypes.float0)
+
+
+def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJaxpr, list[bool]]:
+    """A custom VJP's backward rule as a jaxpr at the given (full-size) argument types.
+
+    Returns ``(jaxpr, returned)``: ``returned[i]`` says whether the rule gives an array for
+    primal operand ``i`` (the jaxpr outputs only those), or a zero / ``None``.
+    """
+    returned: list[bool] = []
+
+    def arrays_only(*args: Any) -> list:
+        outs = bwd(*args)
+        returned[:] = [is_array(x) for x in outs]
+        return [x for x in outs if is_array(x)]
+
+    structs = [
+        a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype)
+        for a in avals
+    ]
+    return jax.make_jaxpr(arrays_only)(*structs), returned
 
 
 def zeros_float0(shape: Sequence[int]) -> np.ndarray:
@@ -160,10 +199,25 @@ def key_impl_name(dtype: Any) -> str:
     return key_impl(dtype).name
 
 
-def placement_key(x: Any) -> str:
-    """What of a value's placement a plan depends on (its ``NamedSharding``, if any)."""
+def _device_ids(mesh: Any) -> tuple:
+    """A concrete mesh's device ids in mesh order (``()`` for an abstract mesh)."""
+    if not isinstance(mesh, jax.sharding.Mesh) or mesh.empty:
+        return ()
+    return tuple(np.asarray(mesh.device_ids).ravel().tolist())
+
+
+def placement_key(x: Any) -> tuple:
+    """What of a value's placement a plan depends on: its ``NamedSharding``'s mesh, with the
+    concrete device order (a plan's ``shard_map`` is bound to it), and its spec."""
     sharding = named_sharding(x)
-    return "" if sharding is None else f"{sharding.mesh.abstract_mesh}|{sharding.spec}"
+    if sharding is None:
+        return ()
+    return (str(sharding.mesh.abstract_mesh), _device_ids(sharding.mesh), str(sharding.spec))
+
+
+def context_mesh_key() -> tuple:
+    """The context mesh (``jax.set_mesh``), abstract and concrete, as part of a cache key."""
+    return (str(jax.sharding.get_abstract_mesh()), _device_ids(_mesh.get_concrete_mesh()))
 
 
 def named_sharding(x: Any) -> Any:

@@ -33,13 +33,10 @@ from typing import Any
 from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
+from jaxpr_accum._errors import SerializeError
 from jaxpr_accum._rules import AxisLoc
 
 PROLOGUE, BODY, EPILOGUE = "prologue", "body", "epilogue"
-
-
-class SerializeError(ValueError):
-    """The program cannot be serialized along the requested axis (reason in the message)."""
 
 
 @dataclasses.dataclass
@@ -69,7 +66,21 @@ class RegionPlan:
     stops: list[Stop]
     hoisted_draws: list[Stop]
     reductions: list[Stop]
-    estimate: int
+    estimate: int  # bytes of all intermediates, less ``saving``
+    saving: int  # bytes of the body's axis-carrying intermediates not held at full size
+    stacked_bytes: int  # bytes of the body outputs stacked back to full size
+
+    def not_worth_it(self) -> str | None:
+        """Why this plan is not expected to save memory, or None."""
+        if self.size == 0:
+            return "the axis has size 0: the function runs as written"
+        if self.stacked and self.saving <= self.stacked_bytes:
+            return (
+                "this plan is not expected to save memory: the region stacks "
+                f"{format_bytes(self.stacked_bytes)} of outputs back to full size, at least "
+                f"the {format_bytes(self.saving)} of per-chunk intermediates it avoids holding"
+            )
+        return None
 
     def indices(self, stage: str) -> list[int]:
         return [i for i, s in enumerate(self.stages) if s == stage]
@@ -77,6 +88,20 @@ class RegionPlan:
     @property
     def has_body(self) -> bool:
         return BODY in self.stages
+
+    @property
+    def usable(self) -> bool:
+        """A plan to run: it chunks something, or there is nothing to chunk (an empty axis,
+        or a function without outputs)."""
+        return self.has_body or self.size == 0 or not self.jaxpr.outvars
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
 
 
 def nbytes(v: Any) -> int:
@@ -89,6 +114,9 @@ def _vars(vs: Any) -> list[Var]:
 
 
 def make_plan(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> RegionPlan:
+    """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis: all prologue)."""
+    if analysis.size == 0:
+        analysis = Analysis(jaxpr, 0)  # nothing to chunk: no equation is treated as touching
     loc = analysis.loc
     used: set = set(_vars(jaxpr.outvars))
     for eqn in jaxpr.eqns:
@@ -176,13 +204,15 @@ def make_plan(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Region
             partials.append((v, kinds[v]))
 
     size = analysis.size
-    saved = sum(
+    stacked_vars = {v for v, _ in stacked}
+    per_chunk = sum(
         nbytes(v)
         for idx in (i for i, s in enumerate(stages) if s == BODY)
         for v in jaxpr.eqns[idx].outvars
-        if loc((), v) is not None and v not in {s for s, _ in stacked}
+        if loc((), v) is not None and v not in stacked_vars
     )
-    estimate = _total_bytes(jaxpr) - int(saved * (1 - min(chunk, size) / size))
+    saving = int(per_chunk * (1 - min(chunk, size) / size)) if size else 0
+    estimate = _total_bytes(jaxpr) - saving
     return RegionPlan(
         jaxpr=jaxpr,
         analysis=analysis,
@@ -199,6 +229,8 @@ def make_plan(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Region
         hoisted_draws=hoisted,
         reductions=reductions,
         estimate=estimate,
+        saving=saving,
+        stacked_bytes=sum(nbytes(v) for v in stacked_vars),
     )
 
 

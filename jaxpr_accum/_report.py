@@ -5,15 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, RegionPlan, nbytes
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError  # pragma: no cover
+from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, RegionPlan, format_bytes, nbytes
 
 
 def _describe_layout(layout: Any, region: RegionPlan) -> str:
@@ -46,6 +38,7 @@ class Plan:
     hoisted: list[str]
     candidates: list[tuple[int, str, int, bool]]
     layout: str
+    warning: str | None = None  # why this plan is not expected to save memory, if it is not
 
     @classmethod
     def from_region(
@@ -75,10 +68,12 @@ class Plan:
             hoisted=[str(s) for s in region.hoisted_draws],
             candidates=[(c.size, c.born, c.estimate, c is region) for c in candidates],
             layout=_describe_layout(layout, region),
+            warning=region.not_worth_it(),
         )
 
     def __str__(self) -> str:
-        lines = [
+        lines = [] if self.warning is None else [f"note: {self.warning}"]
+        lines += [
             f"jaxpr_accum plan: axis of size {self.axis_size} in chunks of {self.chunk} "
             f"({self.n_chunks} chunk{'s' if self.n_chunks != 1 else ''}"
             + (f", the last of {self.remainder}" if self.remainder else "")
@@ -96,8 +91,8 @@ class Plan:
             lines.append("  accumulated across chunks: " + ", ".join(self.accumulated))
         if self.stacked:
             total = sum(b for _, b in self.stacked)
-            lines.append(f"  stacked outputs (still carry the axis, {_fmt_bytes(total)} in all):")
-            lines.extend(f"    {a}: {_fmt_bytes(b)}" for a, b in self.stacked)
+            lines.append(f"  stacked outputs (still carry the axis, {format_bytes(total)} in all):")
+            lines.extend(f"    {a}: {format_bytes(b)}" for a, b in self.stacked)
         if self.hoisted:
             lines.append("  computed before the loop on the full axis:")
             lines.extend(f"    {h}" for h in self.hoisted)
@@ -108,6 +103,6 @@ class Plan:
         if others:
             lines.append("  other candidate axes (estimated bytes live, lower is better):")
             chosen = next(c for c in self.candidates if c[3])
-            lines.append(f"    size {chosen[0]} at {chosen[1]}: {_fmt_bytes(chosen[2])} (chosen)")
-            lines.extend(f"    size {n} at {b}: {_fmt_bytes(e)}" for n, b, e, _ in others)
+            lines.append(f"    size {chosen[0]} at {chosen[1]}: {format_bytes(chosen[2])} (chosen)")
+            lines.extend(f"    size {n} at {b}: {format_bytes(e)}" for n, b, e, _ in others)
         return "\n".join(lines)

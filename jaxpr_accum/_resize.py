@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from jax import lax
+
 from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis, Ctx
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, open_jaxpr
@@ -32,11 +34,16 @@ class Resizer:
         consts = jaxpr.consts if isinstance(jaxpr, ClosedJaxpr) else []
         env: dict = {}
         for v, x in zip(inner.constvars, consts, strict=True):
-            env[v] = x
+            loc = self.analysis.loc(ctx, v)  # a constant along the axis: this chunk's rows
+            env[v] = x if loc is None else self.take_chunk(x, loc)
         for v, x in zip(inner.invars, args, strict=True):
             env[v] = x
         self.eval_eqns(ctx, inner.eqns, range(len(inner.eqns)), env)
         return [v.val if isinstance(v, Literal) else env[v] for v in inner.outvars]
+
+    def take_chunk(self, x: Any, loc: AxisLoc) -> Any:
+        """This chunk's rows of a full-size value that carries the axis at ``loc``."""
+        return lax.dynamic_slice_in_dim(x, self.start * loc.inner, self.k * loc.inner, loc.dim)
 
     def eval_eqns(self, ctx: Ctx, eqns: Sequence[JaxprEqn], indices: Any, env: dict) -> None:
         """Evaluate ``eqns[i]`` for ``i`` in ``indices`` (in order), reading and writing ``env``."""

@@ -61,9 +61,17 @@ def split_arguments(args: tuple, kwargs: dict) -> tuple[list, Any, list[bool], l
     return leaves, treedef, dynamic, ranges
 
 
+def describe_argument(path: tuple) -> str:
+    """``argument 1['w']`` / ``keyword argument 'x'`` for a path into ``(args, kwargs)``."""
+    where, name, rest = path[0], path[1], jax.tree_util.keystr(tuple(path[2:]))
+    if getattr(where, "idx", 0) == 0:
+        return f"argument {name.idx}{rest}"
+    return f"keyword argument {name.key!r}{rest}"
+
+
 def cache_key(leaves: list, treedef: Any, dynamic: list[bool]) -> Any:
     """Hashable key of a call's avals and static leaves, or None if a static leaf is unhashable."""
-    parts: list = [treedef, str(jax.sharding.get_abstract_mesh())]
+    parts: list = [treedef, _compat.context_mesh_key()]
     for leaf, dyn in zip(leaves, dynamic, strict=True):
         if dyn:
             aval = jax.typeof(leaf) if isinstance(leaf, jax.core.Tracer) else None
@@ -87,7 +95,16 @@ def trace(fun: Callable, leaves: list, treedef: Any, dynamic: list[bool], ranges
         merged = [next(it) if d else leaf for leaf, d in zip(leaves, dynamic, strict=True)]
         args, kwargs = jax.tree_util.tree_unflatten(treedef, merged)
         out = fun(*args, **kwargs)
-        out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+        paths, out_tree = jax.tree_util.tree_flatten_with_path(out)
+        for path, leaf in paths:
+            if not (is_dynamic(leaf) or isinstance(leaf, (bool, int, float, complex))):
+                name = getattr(fun, "__name__", repr(fun))
+                raise TypeError(
+                    f"`{name}` returned a {type(leaf).__name__} at output"
+                    f"{jax.tree_util.keystr(path) or ''}; a serialized function returns "
+                    "arrays (and Python numbers), as a `jax.jit`-ed one does"
+                )
+        out_leaves = [leaf for _, leaf in paths]
         out_store.append(out_tree)
         return out_leaves
 

@@ -278,18 +278,22 @@ def test_nothing_chunkable_explain_also_raises_or_reports():
 
 
 def test_two_candidate_axes_of_requested_size():
-    """size=n names an axis, but two unrelated independent axes have that size."""
+    """size=n names an axis, and two unrelated independent axes have that size: the cost
+    model chooses (the larger region, on ``a``) and ``explain`` lists the other."""
     rs = np.random.RandomState(1)
-    a = jnp.asarray(rs.normal(size=(6, 3)), jnp.float32)
+    a = jnp.asarray(rs.normal(size=(6, 30)), jnp.float32)
     b = jnp.asarray(rs.normal(size=(6, 2)), jnp.float32)
 
     def f(a, b):
         return jnp.tanh(a).sum() + jnp.sin(b).sum()
 
     sf = ja.serialize_axis(f, chunk=2, size=6)
-    with pytest.raises(ja.SerializeError) as info:
-        sf(a, b)
-    assert "6" in str(info.value)
+    plan = sf.explain(a, b)
+    assert plan.born == "dimension 0 of argument 0", str(plan)
+    others = [c for c in plan.candidates if not c[3]]
+    assert [c[1] for c in others] == ["dimension 0 of argument 1"], str(plan)
+    assert "other candidate axes" in str(plan)
+    assert_matches_original(f, sf, a, b)
 
 
 def test_chunk_larger_than_axis_is_one_chunk():

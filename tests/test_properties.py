@@ -4,9 +4,12 @@ A program is a chain of per-example operations on a value ``h`` of shape ``[N, *
 dense layers (``h @ W + b``), convolutions (a per-sample NHWC ``lax.conv_general_dilated``
 under ``jax.vmap``, so that the batch shows up as a merged ``[N * 1, ...]`` conv batch),
 elementwise functions, broadcasting (a per-feature bias, a scalar scale), reshapes merging two
-feature axes, and reductions over feature axes, followed by a reduction of every feature axis
-and a sum over the batch axis (optionally also returning the per-example values, which the
-rewriter must stack). Two families:
+feature axes, reductions over feature axes, custom_jvp / custom_vjp functions (shape-polymorphic
+ones, directly or per example under ``jax.vmap``, and ones whose rule mixes the batch, which
+must run unchunked and exactly), per-example ``vmap``s, and nested ``jit``s closing over a
+constant along the batch (also inside a ``scan`` body), followed by a reduction of every
+feature axis and a sum over the batch axis (optionally also returning the per-example values,
+which the rewriter must stack). Two families:
 
 * microbatching: the batch is the input ``x``, serialized with ``argnums=0``;
 * Monte-Carlo: the axis is born inside from ``jax.random.normal(key, (S, *mu.shape))`` and
@@ -52,6 +55,49 @@ BINARY = {
 }
 
 
+# Custom derivative rules, as users write them. Shape-polymorphic ones are chunked; those
+# whose rule mixes positions along the batch must run unchunked, and exactly.
+@jax.custom_vjp
+def clip_grad(v: jax.Array) -> jax.Array:
+    return v
+
+
+clip_grad.defvjp(lambda v: (v, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+
+
+@jax.custom_vjp
+def center_grad(v: jax.Array) -> jax.Array:
+    return v
+
+
+center_grad.defvjp(lambda v: (v, None), lambda _, g: (g - g.mean(0),))  # a batch statistic
+
+
+@jax.custom_jvp
+def soft(v: jax.Array) -> jax.Array:
+    return jnp.logaddexp(v, 0.0)
+
+
+soft.defjvp(lambda p, t: (soft(p[0]), jax.nn.sigmoid(p[0]) * t[0]))
+
+
+@jax.custom_jvp
+def batch_scaled(v: jax.Array) -> jax.Array:
+    return v * 1.0
+
+
+batch_scaled.defjvp(lambda p, t: (p[0] * 1.0, t[0] * (1 + jnp.mean(p[0] ** 2, axis=0))))
+
+CUSTOM = {  # name -> (function, applied per example under vmap, mixes the batch)
+    "clip_grad": (clip_grad, False, False),
+    "vmap(clip_grad)": (clip_grad, True, False),
+    "soft": (soft, False, False),
+    "vmap(soft)": (soft, True, False),
+    "center_grad": (center_grad, False, True),
+    "batch_scaled": (batch_scaled, False, True),
+}
+
+
 # --------------------------------------------------------------------------------------
 # Program generation: a list of op specs (pure data, printed by Hypothesis on failure)
 # --------------------------------------------------------------------------------------
@@ -72,7 +118,7 @@ def op_chains(draw: st.DrawFn) -> tuple[tuple[int, ...], list[tuple[Any, ...]], 
     shape = feat
     ops: list[tuple[Any, ...]] = []
     for _ in range(draw(st.integers(1, 5))):
-        choices = ["dense", "unary", "binary", "bias", "scale"]
+        choices = ["dense", "unary", "binary", "bias", "scale", "custom", "vmap", "jit_const"]
         if len(shape) == 3:
             choices.append("conv")
         if len(shape) >= 2:
@@ -93,6 +139,13 @@ def op_chains(draw: st.DrawFn) -> tuple[tuple[int, ...], list[tuple[Any, ...]], 
             ops.append(("binary", draw(st.sampled_from(sorted(BINARY)))))
         elif op == "bias":
             ops.append(("bias", shape[-1]))
+        elif op == "custom":
+            names = sorted(n for n in CUSTOM if ops or not CUSTOM[n][2])  # chunk something first
+            ops.append(("custom", draw(st.sampled_from(names))))
+        elif op == "vmap":
+            ops.append(("vmap",))
+        elif op == "jit_const":
+            ops.append(("jit_const", draw(st.booleans())))
         elif op == "scale":
             ops.append(("scale",))
         elif op == "merge":
@@ -153,12 +206,29 @@ def _conv_one(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return y[0]
 
 
+def _jit_scale(const: np.ndarray) -> Any:
+    return jax.jit(lambda a: a * const)
+
+
 def apply_chain(ops: list[tuple[Any, ...]], params: list[Any], h: jax.Array) -> jax.Array:
     """Apply the ops to ``h`` of shape [N, *features] (axis 0 is the batch)."""
     for op, p in zip(ops, params, strict=True):
         kind = op[0]
         if kind == "dense":
             h = h @ p["w"] + p["b"]
+        elif kind == "custom":
+            fun, per_example, _ = CUSTOM[op[1]]
+            h = jax.vmap(fun)(h) if per_example else fun(h)
+        elif kind == "vmap":  # a per-example function that reduces within the example
+            h = jax.vmap(lambda e: e * jnp.tanh(jnp.sum(e)))(h)
+        elif kind == "jit_const":  # a nested jit closing over a constant along the batch
+            scale = _jit_scale(np.linspace(0.5, 1.5, h.size, dtype=np.float32).reshape(h.shape))
+            if op[1]:  # ... inside a scan body
+                h = lax.scan(lambda c, t, s=scale: (c + 0.5 * t * s(c), None), h, jnp.arange(2.0))[
+                    0
+                ]
+            else:
+                h = scale(h)
         elif kind == "conv":
             h = jax.vmap(_conv_one, in_axes=(0, None))(h, p)
         elif kind == "unary":
@@ -207,7 +277,7 @@ def finish(h: jax.Array, final: str, per_example: bool) -> Any:
     chain=op_chains(),
     n=st.integers(1, 12),
     per_example=st.booleans(),
-    grad=st.sampled_from(["remat", "native"]),
+    grad=st.sampled_from(["auto", "remat", "fused", "native"]),
     seed=st.integers(0, 2**16),
 )
 def test_microbatched_program(data, chain, n, per_example, grad, seed):
@@ -231,7 +301,7 @@ def test_microbatched_program(data, chain, n, per_example, grad, seed):
     chain=op_chains(),
     s=st.sampled_from([7, 11]),
     per_example=st.booleans(),
-    grad=st.sampled_from(["remat", "native"]),
+    grad=st.sampled_from(["auto", "remat", "fused", "native"]),
     seed=st.integers(0, 2**16),
 )
 def test_monte_carlo_program(data, chain, s, per_example, grad, seed):

@@ -1,0 +1,581 @@
+"""Exactness under composition: the original's values and gradients, whatever the caller does.
+
+The composition matrix differentiates one ``SerializedFunction`` with respect to every subset
+of its inputs, in two orders, under each wrapper (none, ``jit``, ``checkpoint``, ``cond``,
+``scan``, ``vmap``, ``vjp``), in every gradient mode, in float32, float64 and complex, at
+chunks that divide the axis, that don't, 1 and larger than the axis; the unchunked original
+is the oracle every time. The default tier runs one row per gradient mode; the full matrix
+is ``slow``.
+
+Then one regression class per defect found by adversarial use (``shared/repros``), each with
+a variant of its own: the perturbed-input mask shared between traces, custom rules that mix
+the batch, nested serialization, dtypes, shapes, devices, the ``size=`` choice, the analysis
+on long chains, plans that cannot save memory, errors and read-only settings.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpr_accum as ja
+
+from .oracle import assert_matches_original, assert_tree_close
+
+GRAD_MODES = ("auto", "remat", "fused", "native")
+N = 12
+
+
+def _subsets(n: int) -> list[tuple[int, ...]]:
+    return [c for r in range(1, n + 1) for c in itertools.combinations(range(n), r)]
+
+
+# -- the programs --------------------------------------------------------------------------
+
+
+def real_loss(w, b, x):
+    return jnp.mean(jnp.tanh(x @ w + b) ** 2)
+
+
+def complex_loss(w, b, x):
+    """A characteristic-function loss: a complex sum over the axis."""
+    return jnp.abs(jnp.sum(jnp.exp(1j * (x @ w) + b))) ** 2 / x.shape[0]
+
+
+def _args(kind: str, n: int = N) -> tuple:
+    rs = np.random.RandomState(0)
+    dtype = np.float64 if kind == "float64" else np.float32
+    w = rs.normal(size=(4, 3)).astype(dtype) / 2
+    b = rs.normal(size=(3,)).astype(dtype) / 4
+    x = rs.normal(size=(n, 4)).astype(dtype)
+    if kind == "complex":
+        b = (b + 1j * rs.normal(size=(3,)) / 4).astype(np.complex64)
+    return jnp.asarray(w), jnp.asarray(b), jnp.asarray(x)
+
+
+def _loss(kind: str):
+    return complex_loss if kind == "complex" else real_loss
+
+
+def _rtol(kind: str) -> float:
+    return 1e-10 if kind == "float64" else 2e-4
+
+
+WRAPPERS = {
+    "none": lambda f: f,
+    "jit": jax.jit,
+    "checkpoint": jax.checkpoint,
+    "cond": lambda f: lambda *a: lax.cond(True, f, lambda *b: 2.0 * f(*b), *a),
+    "scan": lambda f: lambda *a: lax.scan(lambda c, _: (c + f(*a), None), 0.0 * f(*a), None, 2)[0],
+    "vmap": lambda f: (
+        lambda w, b, x: jnp.sum(jax.vmap(f, in_axes=(0, None, None))(jnp.stack([w, 2 * w]), b, x))
+    ),
+    "vjp": lambda f: lambda *a: jax.vjp(f, *a)[1](jnp.ones((), f(*a).dtype))[0].sum().real + f(*a),
+}
+
+
+def _grad(f, argnums):
+    return jax.grad(lambda *a: jnp.real(f(*a)), argnums=argnums)
+
+
+def check_subsets_in_orders(mode: str, kind: str, wrapper: str, chunk: int = 5) -> int:
+    """Differentiate one serialized function w.r.t. every subset, forward then reversed."""
+    ctx = jax.enable_x64(True) if kind == "float64" else _nullcontext()
+    with ctx:
+        args = _args(kind)
+        loss = _loss(kind)
+        sf = ja.serialize_axis(loss, chunk=chunk, argnums=2, grad=mode)
+        wrap = WRAPPERS[wrapper]
+        subsets = _subsets(3)
+        count = 0
+        for argnums in subsets + subsets[::-1]:
+            got = _grad(wrap(sf), argnums)(*args)
+            ref = _grad(wrap(loss), argnums)(*args)
+            assert_tree_close(got, ref, rtol=_rtol(kind), what=f"{wrapper} grad {argnums}")
+            count += 1
+        return count
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_composition_row(mode):
+    """One row per mode in the default tier: the stale-mask sequence under jit and checkpoint."""
+    for wrapper in ("jit", "checkpoint"):
+        check_subsets_in_orders(mode, "float32", wrapper)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+@pytest.mark.parametrize("kind", ["float32", "float64", "complex"])
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_composition_matrix(mode, kind, wrapper):
+    assert check_subsets_in_orders(mode, kind, wrapper) == 14
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [1, 4, 5, N, N + 3])
+@pytest.mark.parametrize("kind", ["float32", "float64", "complex"])
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_composition_chunks(mode, kind, chunk):
+    with jax.enable_x64(True) if kind == "float64" else _nullcontext():
+        args = _args(kind)
+        loss = _loss(kind)
+        sf = ja.serialize_axis(loss, chunk=chunk, argnums=2, grad=mode)
+        assert_matches_original(loss, sf, *args, rtol=_rtol(kind))
+
+
+# -- 1. no state shared between differentiations (r1, r2) -----------------------------------
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_perturbed_mask_does_not_leak_between_traces(mode):
+    """r1/r2: after grads w.r.t. (w, x) then w alone, grad of jit/checkpoint(sf) is exact."""
+    w, _, x = _args("float32")
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+    jax.grad(sf, (0, 1))(w, x)
+    jax.grad(sf, 0)(w, x)
+    jax.grad(sf, 1)(w, x)
+    for wrap in (jax.jit, jax.checkpoint, lambda f: f):
+        got = jax.grad(wrap(sf), (0, 1))(w, x)
+        assert_tree_close(got, jax.grad(loss, (0, 1))(w, x))
+
+
+# -- 2. custom rules are analysed, never trusted (r3, r10, r11) -----------------------------
+
+
+@jax.custom_vjp
+def center_grad(v):
+    return v
+
+
+center_grad.defvjp(lambda v: (v, None), lambda _, g: (g - g.mean(0),))
+
+
+@jax.custom_vjp
+def per_batch_size(v):
+    return v
+
+
+per_batch_size.defvjp(lambda v: (v, None), lambda _, g: (g / g.shape[0],))
+
+
+@jax.custom_vjp
+def mean_residual(v):
+    return v * 1.0
+
+
+mean_residual.defvjp(lambda v: (v * 1.0, v.mean(0)), lambda m, g: (g * m,))
+
+
+@jax.custom_jvp
+def jvp_statistic(v):
+    return jnp.sin(v)
+
+
+jvp_statistic.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0] * jnp.std(p[0], 0)))
+
+
+@jax.custom_vjp
+def clip_grad(v):
+    return v
+
+
+clip_grad.defvjp(lambda v: (v, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+
+
+@jax.custom_vjp
+def dense(w, x):
+    return x @ w
+
+
+dense.defvjp(lambda w, x: (x @ w, (w, x)), lambda r, g: (r[1].T @ g, g @ r[0].T))
+
+MIXING = {
+    "cotangent statistic": center_grad,
+    "g.shape[0]": per_batch_size,
+    "residual mean": mean_residual,
+    "JVP statistic": jvp_statistic,
+}
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+@pytest.mark.parametrize("name", sorted(MIXING))
+def test_custom_rule_that_mixes_the_batch_is_exact(name, mode):
+    """A rule that mixes the batch runs unchunked (or, for ``g.shape[0]``, its full-size
+    jaxpr is resized, which computes what it did at full size); never per chunk."""
+    fun = MIXING[name]
+    w, _, x = _args("float32")
+
+    def loss(w, x):
+        return jnp.sum(jnp.sin(fun(jnp.tanh(x @ w))))
+
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+    plan = sf.explain(w, x)  # analysed at plan time: no error deferred to jax.grad
+    if name != "g.shape[0]":
+        assert any(fun.__name__ in s for s in plan.stops), plan.stops
+        assert any("test_exactness.py" in s for s in plan.stops), plan.stops
+    assert_matches_original(loss, sf, w, x)
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_polymorphic_custom_rules_are_chunked(mode):
+    """r11: per-example custom rules (directly and under vmap) and a weight-gradient sum in a
+    backward rule run at chunk size and match."""
+    w, _, x = _args("float32")
+
+    def loss(w, x):
+        h = jax.vmap(clip_grad)(jnp.tanh(dense(w, x)))
+        return jnp.sum(clip_grad(h) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+    plan = sf.explain(w, x)
+    assert plan.stops == [] and plan.counts["epilogue"] == 0, str(plan)
+    assert_matches_original(loss, sf, w, x)
+
+
+# -- 3. nested use (r8) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_serialized_inside_serialized(mode):
+    w, _, _ = _args("float32")
+    xx = jax.random.normal(jax.random.key(3), (6, N, 4))
+    inner_loss = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)  # noqa: E731
+    inner = ja.serialize_axis(inner_loss, chunk=5, argnums=1, grad=mode)
+
+    def outer_ref(w, xx):
+        return jnp.sum(jax.vmap(lambda xb: inner_loss(w, xb))(xx) ** 0.5)
+
+    def outer(w, xx):
+        return jnp.sum(jax.vmap(lambda xb: inner(w, xb))(xx) ** 0.5) + inner(w, xx[0])
+
+    def outer_ref2(w, xx):
+        return outer_ref(w, xx) + inner_loss(w, xx[0])
+
+    sf = ja.serialize_axis(outer, chunk=4, argnums=1, grad=mode)
+    assert not any("jaxpr_accum" in s for s in sf.explain(w, xx).stops)
+    assert_matches_original(outer_ref2, sf, w, xx)
+
+
+# -- 4. dtypes (r6, r7) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_float64_is_float64_accurate(mode):
+    with jax.enable_x64(True):
+        w, b, x = _args("float64", n=13)
+        sf = ja.serialize_axis(real_loss, chunk=5, argnums=2, grad=mode)
+        v, g = jax.value_and_grad(sf, (0, 1, 2))(w, b, x)
+        rv, rg = jax.value_and_grad(real_loss, (0, 1, 2))(w, b, x)
+        assert v.dtype == jnp.float64
+        for a, r in zip(g, rg, strict=True):
+            assert a.dtype == jnp.float64
+            assert float(jnp.max(jnp.abs(a - r)) / jnp.max(jnp.abs(r))) < 1e-12
+        assert abs(float(v - rv)) < 1e-14
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_complex_sums_are_exact(mode):
+    """r7: fused refuses complex sums; every mode (auto included) is exact."""
+    args = _args("complex")
+    sf = ja.serialize_axis(complex_loss, chunk=5, argnums=2, grad=mode)
+    assert sf.explain(*args).grad != "fused"
+    assert_matches_original(complex_loss, sf, *args)
+
+
+def test_accum_dtype_float64_without_x64_is_a_clear_error():
+    with pytest.raises(ValueError, match="accum_dtype.*x64|accum_dtype.*64-bit"):
+        ja.serialize_axis(real_loss, chunk=4, argnums=2, accum_dtype=jnp.float64)
+
+
+def test_sum_accumulators_are_not_narrower_than_their_output():
+    with jax.enable_x64(True):
+        w, b, x = _args("float64")
+        jaxpr = ja.serialize_axis(real_loss, chunk=5, argnums=2, grad="remat").jaxpr(w, b, x)
+        scans = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"] or [
+            e for e in _all_eqns(jaxpr.jaxpr) if e.primitive.name == "scan"
+        ]
+        for e in scans:
+            for v in e.params["jaxpr"].jaxpr.invars[e.params["num_consts"] :][
+                : e.params["num_carry"]
+            ]:
+                if jnp.issubdtype(v.aval.dtype, jnp.floating):
+                    assert v.aval.dtype == jnp.float64, e
+
+
+def _all_eqns(jaxpr):
+    for e in jaxpr.eqns:
+        yield e
+        for v in e.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else [v]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _all_eqns(inner)
+
+
+# -- 5. shapes (r4, r5, r9) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_size_zero_axis_returns_what_the_original_returns(mode):
+    w, b, _ = _args("float32")
+    x = jnp.zeros((0, 4))
+    sf = ja.serialize_axis(real_loss, chunk=4, argnums=2, grad=mode)
+    assert "size 0" in str(sf.explain(w, b, x))
+
+    def total(w, b, x):
+        return jnp.sum(jnp.tanh(x @ w + b) ** 2)
+
+    sf_total = ja.serialize_axis(total, chunk=4, argnums=2, grad=mode)
+    assert_matches_original(total, sf_total, w, b, x)
+    np.testing.assert_array_equal(np.isnan(sf(w, b, x)), np.isnan(real_loss(w, b, x)))
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+@pytest.mark.parametrize("where", ["top", "scan body", "while body"])
+def test_nested_jit_constant_along_the_axis_is_sliced(mode, where):
+    """r5: a constant of a nested jit that carries the axis, inside loop bodies."""
+    w, _, x = _args("float32")
+    const = np.arange(N * 4, dtype=np.float32).reshape(N, 4) / 50
+
+    def f(w, x):
+        scale = jax.jit(lambda a: a * const)
+        h = jnp.tanh(x)
+        if where == "top":
+            h = scale(h)
+        elif where == "scan body":
+            h = lax.scan(lambda c, t: (c + scale(c) * t, None), h, jnp.arange(3.0))[0]
+        else:
+            h = lax.while_loop(
+                lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] + scale(c[1])), (0, h)
+            )[1]
+        return jnp.sum(jnp.tanh(h @ w) ** 2)
+
+    sf = ja.serialize_axis(f, chunk=5, argnums=1, grad=mode)
+    assert_matches_original(f, sf, w, x, check_grad=where != "while body")
+
+
+def test_symbolic_dimension_is_a_clear_error():
+    from jax import export
+
+    sf = ja.serialize_axis(real_loss, chunk=5, argnums=2)
+    args = (
+        jax.ShapeDtypeStruct((4, 3), jnp.float32),
+        jax.ShapeDtypeStruct((3,), jnp.float32),
+        jax.ShapeDtypeStruct(export.symbolic_shape("b, 4"), jnp.float32),
+    )
+    export.export(jax.jit(real_loss))(*args)
+    with pytest.raises(ja.SerializeError, match="argument 2 has the symbolic shape"):
+        export.export(jax.jit(sf))(*args)
+
+
+# -- 6. devices (r12) --------------------------------------------------------------------------
+
+
+_DEVICE_ORDER_SCRIPT = textwrap.dedent(
+    """
+    import jax
+    jax.config.update("jax_num_cpu_devices", 4)
+    import numpy as np, jax.numpy as jnp
+    from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+    import jaxpr_accum as ja
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    rng = np.random.RandomState(0)
+    w = rng.normal(size=(16, 4)).astype(np.float32)
+    x = rng.normal(size=(32, 16)).astype(np.float32)
+    devs = jax.devices()
+    sf = ja.serialize_axis(loss, chunk=8, argnums=1, mesh_axis="data")
+    ref = jax.value_and_grad(loss)(w, x)
+    for order in (devs, devs[::-1], devs[1:] + devs[:1]):
+        mesh = Mesh(np.array(order), ("data",), axis_types=(AxisType.Auto,))
+        args = (jax.device_put(w, NamedSharding(mesh, P())),
+                jax.device_put(x, NamedSharding(mesh, P("data"))))
+        v, g = jax.value_and_grad(sf)(*args)
+        assert abs(float(v) - float(ref[0])) < 1e-6, (v, ref[0])
+        assert float(jnp.max(jnp.abs(g - ref[1]))) < 1e-6
+        with jax.set_mesh(mesh):
+            assert abs(float(sf(*args)) - float(ref[0])) < 1e-6
+    print("ok")
+    """
+)
+
+
+@pytest.mark.integration
+def test_one_function_on_meshes_that_differ_in_device_order():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    out = subprocess.run(
+        [sys.executable, "-c", _DEVICE_ORDER_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+
+
+# -- 7. size= with several usable axes ---------------------------------------------------------
+
+
+def test_size_chooses_among_several_axes_by_cost():
+    """An 8-sample Monte-Carlo axis beside 8-channel conv biases: the cost model picks."""
+    rs = np.random.RandomState(0)
+    kernel = jnp.asarray(rs.normal(size=(3, 3, 8, 8)) / 8, jnp.float32)
+    bias = jnp.asarray(rs.normal(size=(8,)) / 8, jnp.float32)
+    mu = jnp.asarray(rs.normal(size=(6, 6, 8)), jnp.float32)
+    key = jax.random.key(0)
+
+    def conv(h):
+        y = lax.conv_general_dilated(
+            h[None], kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )[0]
+        return jnp.tanh(y + bias)
+
+    def loss(mu, key):
+        z = mu + jax.random.normal(key, (8, *mu.shape))
+        return jnp.mean(jax.vmap(lambda h: conv(conv(h)))(z) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=2, size=8)
+    plan = sf.explain(mu, key)
+    assert len(plan.candidates) >= 2, str(plan)
+    assert "random" in plan.born or "normal" in plan.born or "add" in plan.born, str(plan)
+    assert_matches_original(loss, sf, mu, key)
+
+
+# -- 8. the analysis terminates on long chains ---------------------------------------------------
+
+
+def test_long_chain_on_an_axis_carrying_constant():
+    const = np.linspace(0, 1, N * 4, dtype=np.float32).reshape(N, 4)
+
+    def f(x):
+        c = jnp.asarray(const)
+        for _ in range(150):
+            c = jnp.sin(c)
+        return jnp.sum(c * x)
+
+    x = jnp.ones((N, 4))
+    sf = ja.serialize_axis(f, chunk=5, argnums=0)
+    assert_matches_original(f, sf, x)
+
+
+# -- 9. never worse than the original ------------------------------------------------------------
+
+
+def test_a_plan_that_cannot_save_memory_says_so_and_warns_once():
+    rs = np.random.RandomState(0)
+    x = jnp.asarray(rs.normal(size=(256, 16)), jnp.float32)
+    wq = jnp.asarray(rs.normal(size=(16,)) / 4, jnp.float32)
+    wv = jnp.asarray(rs.normal(size=(16, 16)) / 4, jnp.float32)
+
+    def pool(wq, wv, x):  # softmax pooling over the set: the region stops at x - max(x)
+        a = jax.nn.softmax(x @ wq)
+        return jnp.sum((a[:, None] * jnp.tanh(x @ wv)).sum(0) ** 2)
+
+    sf = ja.serialize_axis(pool, chunk=32, argnums=2)
+    plan = sf.explain(wq, wv, x)
+    assert plan.warning is not None
+    assert str(plan).startswith("note: this plan is not expected to save memory")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sf(wq, wv, x)
+        sf(wq, wv, x)
+    assert len([w for w in caught if "not expected to save memory" in str(w.message)]) == 1
+    assert_matches_original(pool, sf, wq, wv, x)
+
+    def mlp(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    assert ja.serialize_axis(mlp, chunk=32, argnums=1).explain(wv, x).warning is None
+
+
+# -- 10. errors are the user's -----------------------------------------------------------------
+
+
+def test_a_users_shape_error_shows_at_most_one_library_frame():
+    import traceback
+
+    def bad(w, x):
+        return jnp.sum(x @ w.T)  # (12, 4) @ (3, 4): mismatched
+
+    w, _, x = _args("float32")
+    sf = ja.serialize_axis(bad, chunk=5, argnums=1)
+    with pytest.raises(TypeError) as info:
+        sf(w, x)
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert sum("jaxpr_accum" in f.filename for f in frames) <= 1, frames
+
+
+def test_emitted_equations_point_at_user_code():
+    w, _, x = _args("float32")
+    sf = ja.serialize_axis(lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2), chunk=5, argnums=1)
+    jaxpr = sf.jaxpr(w, x)
+    text = str(jax.make_jaxpr(lambda *a: sf(*a))(w, x))
+    assert "_build.py" not in text
+    for e in _all_eqns(jaxpr.jaxpr):
+        tb = e.source_info.traceback
+        if tb is not None:
+            files = [f.file_name for f in tb.frames]
+            user = [f for f in files if "jaxpr_accum" not in f and "/jax/" not in f]
+            assert not user or "test_exactness.py" in user[0] or "site-packages" in user[0]
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_outputs_that_are_not_arrays(mode):
+    w, _, x = _args("float32")
+    none = ja.serialize_axis(lambda w, x: None, chunk=5, argnums=1, grad=mode)
+    assert none(w, x) is None
+    number = ja.serialize_axis(lambda w, x: (1.5, jnp.sum(x @ w)), chunk=5, argnums=1, grad=mode)
+    assert_tree_close(number(w, x), jax.jit(lambda w, x: (1.5, jnp.sum(x @ w)))(w, x))
+    text = ja.serialize_axis(lambda w, x: {"name": "loss", "v": jnp.sum(x @ w)}, chunk=5, argnums=1)
+    with pytest.raises(TypeError, match=r"returned a str at output\['name'\]"):
+        text(w, x)
+
+
+def test_no_internal_error_reaches_the_user():
+    """Odd but legal programs: an empty axis, a size-1 axis, an integer-only region."""
+    w, b, _ = _args("float32")
+    for n in (0, 1):
+        x = jnp.ones((n, 4))
+        sf = ja.serialize_axis(real_loss, chunk=3, argnums=2)
+        assert_tree_close(sf(w, b, x), real_loss(w, b, x))
+    ints = ja.serialize_axis(lambda x: jnp.sum(x * 2), chunk=3, argnums=0)
+    assert int(ints(jnp.arange(7))) == 42
+
+
+# -- 11. settings are read-only ----------------------------------------------------------------
+
+
+def test_settings_are_read_only():
+    w, b, x = _args("float32")
+    sf = ja.serialize_axis(real_loss, chunk=5, argnums=2)
+    sf(w, b, x)
+    for name, value in [("chunk", 3), ("grad", "native"), ("argnums", 0), ("axis", 1)]:
+        with pytest.raises(AttributeError, match="read-only"):
+            setattr(sf, name, value)
+    assert sf.chunk == 5 and sf.explain(w, b, x).chunk == 5

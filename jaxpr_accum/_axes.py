@@ -1,25 +1,60 @@
 """Axis analysis: where does the tracked axis sit in every value of a jaxpr?
 
-The lattice, per value (a jaxpr variable in one *context*, i.e. one path of enclosing
-equations, so a sub-jaxpr shared by two call sites is analysed once per site):
+**Lattice.** One fact per value, a *value* being a jaxpr variable in one *context* (the path
+of enclosing equations, so a sub-jaxpr shared by two call sites is analysed once per site):
 
-    unknown  <  AxisLoc(dim, inner)  <  conflict
+    unknown  <  AxisLoc(dim, inner)  <  CONFLICT
 
-``unknown`` means "carries no trace of the axis"; ``AxisLoc(d, m)`` means dimension ``d`` has
-size ``N*m`` with the axis as its major factor (``m == 1``: the dimension *is* the axis).
-Two different locations for one value is a conflict: the equation that found it becomes a
-barrier. Equations get three more marks: *reduces* (an output is a reduction over the axis,
-with its monoid), *hoist* (exact only on the full axis, before the loop: e.g. a random draw
-along it), *barrier* (mixes positions along the axis; the region stops there).
+``unknown`` (no entry) means "carries no trace of the axis"; ``AxisLoc(d, m)`` means
+dimension ``d`` has size ``N*m`` with the axis as its major factor (``m == 1``: the dimension
+*is* the axis). Two different locations for one value join to ``CONFLICT``. ``Analysis.set``
+is that join; ``Analysis.loc`` reads ``CONFLICT`` as ``None``, so rules never see it and
+nothing propagates out of a conflicted value. Equations get three more marks, which are
+only ever added: *reduces* (an output is a reduction over the axis, with its monoid),
+*hoist* (exact only on the full axis, before the loop: e.g. a random draw along it),
+*barrier* (mixes positions along the axis; the region stops there).
 
-Propagation seeds some values, then sweeps every equation (recursing into sub-jaxprs through
-their rules) applying the primitive's rule in both directions, until a sweep adds nothing.
-Facts only ever get added, so the sweep terminates; the result does not depend on equation
-order. An analysis never changes the program: it is read by the planner and the resizer.
+**Algorithm (a worklist fixpoint).** Each context's equations are indexed once, when it is
+first walked: variable -> equations that read or define it. Seeding a value, and every later
+change of a value's fact, enqueues only its *neighbours*: the equations of its context that
+read or define it and, when the value is an input or output of a sub-jaxpr, the enclosing
+equation (whose rule re-links the sub-jaxpr to its operands). A new reduction inside a
+sub-jaxpr also re-enqueues the enclosing equation (a ``jit`` passes reductions out). Popping
+an equation applies its primitive's rule, both directions. Rules with sub-jaxprs link their
+boundaries (``View.link``) and *register* them (``View.walk``): the first registration
+indexes the context and enqueues every equation in it that touches the axis; later ones
+add nothing (the changes themselves enqueued what they concern). The queue empties at the
+fixpoint. Then:
+
+1. every equation (any context) that reads or defines a ``CONFLICT`` value becomes a barrier
+   ("the axis would sit at two places in ..."); a conflicted sub-jaxpr input or output that
+   no equation inside reads or defines makes the enclosing equation the barrier;
+2. rules with a ``finalize(eqn, view)`` method are called once per analysed equation (by
+   context, then index); facts they add are propagated, and conflicts marked, again;
+3. every analysed equation without sub-jaxprs that reads the axis must carry it on or
+   reduce it, else it is a barrier (``_check_outputs_accounted``), by context, then index.
+
+**Termination.** Facts only go up a lattice of height 2 over finitely many values, marks are
+only added, and an equation is enqueued only when a fact or reduction it depends on changes,
+or once when its context is first registered (contexts are finite: the program's nesting).
+So the work is bounded by about ``2 x (reads + definitions)`` rule applications; there is no
+sweep cap and no convergence error.
+
+**Invariants.** At the fixpoint, applying any non-barrier equation's rule to the facts adds
+nothing (every equation is re-run after each change to one of its values, including the ones
+it made itself). Barrier equations are not re-run; facts they set before becoming barriers
+stay. The facts do not depend on equation order where rules agree: rules only add facts that
+follow from what they read, so the fixpoint is the least one whatever the visiting order,
+and a value two rules disagree about is ``CONFLICT`` whichever runs first. What can depend
+on the visiting order is *which* equation reports a disagreement that a rule detects itself
+(e.g. two operands of an elementwise op at different places): the region stops on the path
+between the two places either way, only the equation named may differ. An analysis never
+changes the program: it is read by the planner and the resizer.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,7 +66,61 @@ Ctx = tuple  # path of (equation index, sub-jaxpr path) pairs from the top-level
 Ref = tuple  # (ctx, Var)
 EqnKey = tuple  # (ctx, equation index)
 
-_MAX_SWEEPS = 100
+
+class _Conflict:
+    """The top of the lattice: a value the axis would occupy at two places."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CONFLICT"
+
+    def __reduce__(self) -> str:
+        return "CONFLICT"
+
+
+CONFLICT = _Conflict()
+
+
+class _Context:
+    """One (sub-)jaxpr in one context: its equations and who reads or defines each value."""
+
+    __slots__ = ("eqns", "users", "boundary")
+
+    def __init__(self, jaxpr: Jaxpr | ClosedJaxpr):
+        inner = open_jaxpr(jaxpr)
+        self.eqns = inner.eqns
+        users: dict[Var, list[int]] = {}
+        for idx, eqn in enumerate(self.eqns):
+            for v in (*eqn.invars, *eqn.outvars):
+                if isinstance(v, (Literal, _compat.DropVar)):
+                    continue
+                found = users.setdefault(v, [])
+                if not found or found[-1] != idx:
+                    found.append(idx)
+        self.users = users
+        self.boundary = {v for v in (*inner.invars, *inner.outvars) if not isinstance(v, Literal)}
+
+
+def _parent(ctx: Ctx) -> EqnKey:
+    """The equation whose sub-jaxpr ``ctx`` is (``ctx`` is not the top level)."""
+    return (ctx[:-1], ctx[-1][0])
+
+
+def _order(key: EqnKey) -> tuple:
+    """A total, program-derived order on equation keys: by context, then index."""
+    ctx, idx = key
+    steps = tuple(
+        (i, tuple((0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in path))
+        for i, path in ctx
+    )
+    return (steps, idx)
+
+
+def _where(loc: AxisLoc) -> str:
+    if loc.inner == 1:
+        return f"dimension {loc.dim}"
+    return f"dimension {loc.dim} (major factor, x{loc.inner})"
 
 
 class Analysis:
@@ -40,26 +129,43 @@ class Analysis:
     def __init__(self, jaxpr: Jaxpr, size: int):
         self.jaxpr = jaxpr
         self.size = size
+        # The lattice: a value is unknown (in neither), at ``locs[ref]``, or ``CONFLICT``
+        # (in ``conflicts``, with the two locations that met; never also in ``locs``).
         self.locs: dict[Ref, AxisLoc] = {}
+        self.conflicts: dict[Ref, tuple[AxisLoc, AxisLoc]] = {}
         self.barriers: dict[EqnKey, str] = {}
         self.hoists: dict[EqnKey, str] = {}
         self.reductions: dict[EqnKey, dict[int, str]] = {}
         self.eqns: dict[EqnKey, JaxprEqn] = {}
         self.memo: dict[Any, Any] = {}
-        self._changed = False
+        self._contexts: dict[Ctx, _Context] = {}
+        self._queue: deque[EqnKey] = deque()
+        self._queued: set[EqnKey] = set()
 
     # -- reading -------------------------------------------------------------------------
     def loc(self, ctx: Ctx, v: Any) -> AxisLoc | None:
+        """Where the axis sits in ``v``; None when unknown or conflicted."""
         if isinstance(v, Literal):
             return None
         return self.locs.get((ctx, v))
 
+    def fact(self, ctx: Ctx, v: Any) -> AxisLoc | _Conflict | None:
+        """The lattice value of ``v``: None (unknown), an ``AxisLoc``, or ``CONFLICT``."""
+        if isinstance(v, Literal):
+            return None
+        ref = (ctx, v)
+        return CONFLICT if ref in self.conflicts else self.locs.get(ref)
+
+    def conflicted(self, ctx: Ctx, v: Any) -> bool:
+        return not isinstance(v, Literal) and (ctx, v) in self.conflicts
+
     def touches(self, ctx: Ctx, eqn: JaxprEqn) -> bool:
-        locs = self.locs
+        """Whether any operand or result of ``eqn`` carries the axis (or is conflicted)."""
+        locs, conflicts = self.locs, self.conflicts
         for v in eqn.invars:
-            if not isinstance(v, Literal) and (ctx, v) in locs:
+            if not isinstance(v, Literal) and ((ctx, v) in locs or (ctx, v) in conflicts):
                 return True
-        return any((ctx, v) in locs for v in eqn.outvars)
+        return any((ctx, v) in locs or (ctx, v) in conflicts for v in eqn.outvars)
 
     def memoize(self, key: Any, build: Any) -> Any:
         """Build per-equation data once (e.g. a custom rule's jaxpr) and share it."""
@@ -69,51 +175,124 @@ class Analysis:
 
     # -- writing -------------------------------------------------------------------------
     def set(self, ctx: Ctx, v: Any, loc: AxisLoc | None, key: EqnKey) -> None:
+        """Join ``loc`` into ``v``'s fact; on a change, enqueue ``v``'s neighbours."""
         if loc is None or isinstance(v, _compat.DropVar):
             return
         if isinstance(v, Literal):
             self.mark_barrier(key, "a constant would need the axis")
             return
+        ref = (ctx, v)
+        if ref in self.conflicts:
+            return
         shape = v.aval.shape
         if not (0 <= loc.dim < len(shape)) or shape[loc.dim] != self.size * loc.inner:
             self.mark_barrier(key, f"the axis cannot sit at dimension {loc.dim} of {v.aval}")
             return
-        old = self.locs.get((ctx, v))
+        old = self.locs.get(ref)
         if old is None:
-            self.locs[(ctx, v)] = loc
-            self._changed = True
+            self.locs[ref] = loc
+            self._changed(ctx, v)
         elif old != loc:
-            self.mark_barrier(key, f"the axis would sit at two places ({old} and {loc})")
+            # Top of the lattice. Nothing propagates from here: every equation touching the
+            # value becomes a barrier after the fixpoint, so what it would imply is moot.
+            del self.locs[ref]
+            self.conflicts[ref] = (old, loc)
 
     def mark_barrier(self, key: EqnKey, reason: str) -> None:
-        if key not in self.barriers:
-            self.barriers[key] = reason
-            self._changed = True
+        self.barriers.setdefault(key, reason)
+
+    def mark_hoist(self, key: EqnKey, reason: str) -> None:
+        self.hoists.setdefault(key, reason)
+
+    def mark_reduction(self, key: EqnKey, j: int, kind: str) -> None:
+        marks = self.reductions.setdefault(key, {})
+        if marks.get(j) != kind:
+            marks[j] = kind
+            ctx = key[0]
+            if ctx:  # a call passes reductions of its body out: let its rule see this one
+                self._enqueue(_parent(ctx))
+
+    # -- the worklist --------------------------------------------------------------------
+    def _enqueue(self, key: EqnKey) -> None:
+        if key not in self._queued and key not in self.barriers:
+            self._queued.add(key)
+            self._queue.append(key)
+
+    def _changed(self, ctx: Ctx, v: Var) -> None:
+        """``v``'s fact went up: re-run the equations whose rules read it."""
+        context = self._contexts.get(ctx)
+        if context is None:
+            return  # not registered yet: its first ``walk`` enqueues what touches the axis
+        for idx in context.users.get(v, ()):
+            self._enqueue((ctx, idx))
+        if ctx and v in context.boundary:
+            self._enqueue(_parent(ctx))
+
+    def walk(self, jaxpr: Jaxpr | ClosedJaxpr, ctx: Ctx) -> None:
+        """Register ``jaxpr`` as context ``ctx``; the first time, enqueue what touches the axis.
+
+        Nothing is evaluated here: the fixpoint loop in ``run`` does the work.
+        """
+        if ctx in self._contexts:
+            return
+        context = self._contexts[ctx] = _Context(jaxpr)
+        for idx, eqn in enumerate(context.eqns):
+            if self.touches(ctx, eqn):
+                self._enqueue((ctx, idx))
+
+    def _fixpoint(self) -> None:
+        queue, queued, barriers, contexts = self._queue, self._queued, self.barriers, self._contexts
+        while queue:
+            key = queue.popleft()
+            queued.discard(key)
+            if key in barriers:
+                continue
+            ctx, idx = key
+            eqn = contexts[ctx].eqns[idx]
+            self.eqns[key] = eqn
+            rule_for(eqn.primitive).propagate(eqn, View(self, ctx, idx, eqn))
 
     # -- running -------------------------------------------------------------------------
     def run(self, seeds: Iterable[tuple[Var, AxisLoc]]) -> Analysis:
+        self.walk(self.jaxpr, ())
         for v, loc in seeds:
             self.set((), v, loc, ((), -1))
-        for _ in range(_MAX_SWEEPS):
-            self._changed = False
-            self.walk(self.jaxpr, ())
-            if not self._changed:
-                break
-        else:  # pragma: no cover
-            raise RuntimeError("axis analysis did not converge")
-        for (ctx, idx), eqn in list(self.eqns.items()):
+        self._fixpoint()
+        self._mark_conflicts()
+        for key in sorted(self.eqns, key=_order):
+            eqn = self.eqns[key]
+            finalize = getattr(rule_for(eqn.primitive), "finalize", None)
+            if finalize is not None:
+                finalize(eqn, View(self, key[0], key[1], eqn))
+        if self._queue:  # a finalize added facts: propagate them too
+            self._fixpoint()
+            self._mark_conflicts()
+        for key in sorted(self.eqns, key=_order):
+            ctx, idx = key
+            eqn = self.eqns[key]
             if not rule_for(eqn.primitive).children(eqn, View(self, ctx, idx, eqn)):
                 self._check_outputs_accounted(ctx, idx, eqn)
         return self
 
-    def walk(self, jaxpr: Jaxpr | ClosedJaxpr, ctx: Ctx) -> None:
-        for idx, eqn in enumerate(open_jaxpr(jaxpr).eqns):
-            key = (ctx, idx)
-            if key in self.barriers or not self.touches(ctx, eqn):
-                continue
-            self.eqns[key] = eqn
-            view = View(self, ctx, idx, eqn)
-            rule_for(eqn.primitive).propagate(eqn, view)
+    def _mark_conflicts(self) -> None:
+        """After the fixpoint: every equation touching a conflicted value is a barrier."""
+        marks: dict[EqnKey, str] = {}
+        for (ctx, v), (old, new) in self.conflicts.items():
+            reason = (
+                f"the axis would sit at two places in {v.aval.str_short()} "
+                f"({_where(old)} and {_where(new)})"
+            )
+            context = self._contexts.get(ctx)
+            users = context.users.get(v, ()) if context is not None else ()
+            for idx in users:
+                marks.setdefault((ctx, idx), reason)
+            if ctx and not users:  # passed straight through a sub-jaxpr: its caller links it
+                marks.setdefault(_parent(ctx), reason)
+        for key in sorted(marks, key=_order):
+            ctx, idx = key
+            if key not in self.eqns:
+                self.eqns[key] = self._contexts[ctx].eqns[idx]
+            self.mark_barrier(key, marks[key])
 
     def _check_outputs_accounted(self, ctx: Ctx, idx: int, eqn: JaxprEqn) -> None:
         """After convergence: an equation that reads the axis must carry it on, or reduce it."""
@@ -191,10 +370,10 @@ class View:
         self.analysis.mark_barrier(self.key, reason)
 
     def hoist(self, reason: str) -> None:
-        self.analysis.hoists.setdefault(self.key, reason)
+        self.analysis.mark_hoist(self.key, reason)
 
     def reduce(self, j: int, kind: str) -> None:
-        self.analysis.reductions.setdefault(self.key, {})[j] = kind
+        self.analysis.mark_reduction(self.key, j, kind)
 
     # -- sub-jaxprs ----------------------------------------------------------------------
     def sub_ctx(self, path: tuple) -> Ctx:
@@ -203,7 +382,9 @@ class View:
     def link(self, a: tuple[Ctx, Any], b: tuple[Ctx, Any], shift: int = 0) -> None:
         """Values ``a`` and ``b`` are the same up to ``shift``: dim ``d`` of a is ``d+shift`` of b.
 
-        A location that would fall off the front (``dim + shift < 0``) is a barrier.
+        A location that would fall off the front (``dim + shift < 0``) is a barrier. A link
+        is re-applied whenever the enclosing equation is re-run, i.e. whenever a fact of a
+        sub-jaxpr input or output changes, so either side may be learnt first.
         """
         an = self.analysis
         la, lb = an.loc(*a), an.loc(*b)
@@ -219,4 +400,5 @@ class View:
             an.set(*a, AxisLoc(lb.dim - shift, lb.inner), self.key)
 
     def walk(self, path: tuple, jaxpr: Jaxpr | ClosedJaxpr) -> None:
+        """Register sub-jaxpr ``path`` for analysis (it is analysed by the worklist, not now)."""
         self.analysis.walk(jaxpr, self.sub_ctx(path))

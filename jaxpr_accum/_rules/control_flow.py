@@ -1,11 +1,15 @@
 """Higher-order primitives: calls, remat, ``scan``, ``while`` and ``cond``, recursively.
 
 Each rule *links* the equation's operands and results to its sub-jaxprs' inputs and outputs
-(same value, possibly shifted by the loop's own dimension), then walks the sub-jaxprs in
-their own context. The equation is chunkable when everything inside is (``Analysis.blocker``).
-On resize the sub-jaxprs are re-emitted at chunk size through the public API
-(``lax.scan``, ``lax.while_loop``, ``lax.switch``, ``jax.checkpoint``), which keeps their
-semantics and lets JAX handle closures; nested ``jit`` calls are inlined.
+(same value, possibly shifted by the loop's own dimension), and registers the sub-jaxprs for
+analysis in their own context (``view.walk``: the analysis' worklist visits them later, not
+during the call). The analysis re-runs the rule whenever a fact of a sub-jaxpr input or
+output changes, or a reduction appears inside it, so a rule links both ways every time and
+never assumes the sub-jaxpr has been analysed yet. The equation is chunkable when everything
+inside is (``Analysis.blocker``). On resize the sub-jaxprs are re-emitted at chunk size
+through the public API (``lax.scan``, ``lax.while_loop``, ``lax.switch``,
+``jax.checkpoint``), which keeps their semantics and lets JAX handle closures; nested ``jit``
+calls are inlined.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from jaxpr_accum._rules.base import Rule, passed_through, register
 
 
 def link_call(view: Any, eqn: Any, path: tuple, sub: Any, operands: list, results: list) -> None:
-    """Link ``operands`` to ``sub``'s inputs and ``sub``'s outputs to ``results``; walk it."""
+    """Link ``operands`` to ``sub``'s inputs and ``sub``'s outputs to ``results``; register it."""
     inner = open_jaxpr(sub)
     ctx = view.sub_ctx(path)
     for outer, v in zip(operands, inner.invars, strict=True):
@@ -28,6 +32,19 @@ def link_call(view: Any, eqn: Any, path: tuple, sub: Any, operands: list, result
     view.walk(path, sub)
     for v, outer in zip(inner.outvars, results, strict=True):
         view.link((ctx, v), (view.ctx, outer))
+
+
+def _passed(sub: Any) -> list[tuple[int, int, list[int]]]:
+    """``(equation, its output, outputs of sub)`` for each output of ``sub`` that an equation
+    produces and no equation reads (see ``passed_through``)."""
+    inner = open_jaxpr(sub)
+    passed = passed_through(inner)
+    found = []
+    for j, inner_eqn in enumerate(inner.eqns):
+        for o, v in enumerate(inner_eqn.outvars):
+            if v in passed:
+                found.append((j, o, [i for i, w in enumerate(inner.outvars) if w is v]))
+    return found
 
 
 class Call(Rule):
@@ -45,16 +62,13 @@ class Call(Rule):
     def propagate(self, eqn: Any, view: Any) -> None:
         sub = eqn.params[self.param]
         link_call(view, eqn, (self.param,), sub, eqn.invars, eqn.outvars)
-        inner = open_jaxpr(sub)
         ctx = view.sub_ctx((self.param,))
-        passed = passed_through(inner)
-        for j, inner_eqn in enumerate(inner.eqns):
-            for o, kind in view.analysis.reductions.get((ctx, j), {}).items():
-                v = inner_eqn.outvars[o]
-                if v in passed:
-                    for out_index, w in enumerate(inner.outvars):
-                        if w is v:
-                            view.reduce(out_index, kind)
+        reductions = view.analysis.reductions
+        for j, o, out_indices in view.analysis.memoize(("passed", ctx), lambda: _passed(sub)):
+            kind = reductions.get((ctx, j), {}).get(o)
+            if kind is not None:
+                for out_index in out_indices:
+                    view.reduce(out_index, kind)
 
     def resize(self, eqn: Any, r: Any, invals: list) -> list:
         return r.eval((self.param,), eqn.params[self.param], invals)

@@ -1,19 +1,20 @@
-"""``serialize_axis`` and ``SerializedFunction``: argument checks, the trace cache, dispatch.
+"""``serialize_axis`` and ``SerializedFunction``: argument checks, the plan cache, dispatch.
 
-Arguments are checked at decoration (``chunk``, ``axis``, ``argnums``, ``size``, ``grad``,
-``accum_dtype``) and at the first call with given shapes (``argnums`` / ``axis`` against the
-actual arguments, equal sizes across leaves), so a mistake is reported in the user's terms
-and never as a traceback from inside the rewriter. Each distinct call signature (avals and
-static leaves) is traced, analysed and planned once, like ``jax.jit``; a function that closes
-over tracers of an enclosing transformation is re-traced on each call (its constants are
-those tracers).
+Settings are validated once, at decoration (``_settings``); what depends on the call
+(``argnums`` / ``axis`` against the actual arguments, equal sizes across leaves, concrete
+shapes) is checked at the first call with those shapes, before anything is traced. Each
+distinct call signature (avals, placements and static leaves) is traced, planned
+(``_candidates``, ``_gradients``, ``_layout``; with ``memory=``, the chunk search of
+``_budget``, whose choice is cached per signature even where the trace is not) and built
+(``_assemble``) once, like ``jax.jit``; a function that closes over tracers of an enclosing
+transformation is re-traced on each call. Flax NNX graph nodes among the arguments are handled
+by one dispatch helper (``_nnx``). The public methods are JAX API boundaries: an error raised
+through them shows the user's frames only (``JAX_TRACEBACK_FILTERING=off`` shows all).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import operator
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -21,109 +22,23 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpr_accum import _compat, _nnx, _plan, _trace
-from jaxpr_accum._axes import Analysis
-from jaxpr_accum._build import FUSED_MAX_WIDTH, Layout, ShardedLayout, build, fused_refusal
+from jaxpr_accum import _budget, _candidates, _compat, _gradients, _layout, _nnx, _trace
+from jaxpr_accum._assemble import build
 from jaxpr_accum._compat import ClosedJaxpr
 from jaxpr_accum._errors import SerializeError
-from jaxpr_accum._plan import RegionPlan
+from jaxpr_accum._plan import Split
 from jaxpr_accum._report import Plan
-from jaxpr_accum._rules import AxisLoc
-
-GRAD_MODES = ("auto", "remat", "fused", "native")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__})")
-    value = operator.index(value)
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {value}")
-    return value
+from jaxpr_accum._settings import SETTING_NAMES, Settings
 
 
 class _Prepared:
     """One call signature's trace, plan and runnable program."""
 
-    def __init__(self, traced: _trace.Traced, region: RegionPlan, plan: Plan, run: Callable):
-        self.traced, self.region, self.plan = traced, region, plan
+    def __init__(self, traced: _trace.Traced, split: Split, plan: Plan, run: Callable):
+        self.traced, self.split, self.plan = traced, split, plan
         self.run = run
         self.jitted = jax.jit(run)
         self.warned = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The validated arguments of ``serialize_axis`` (immutable: a new setting is a new
-    ``SerializedFunction``, never a stale plan)."""
-
-    chunk: int
-    axis: int | None = 0
-    argnums: tuple[int, ...] | None = None
-    size: int | None = None
-    grad: str = "auto"
-    accum_dtype: Any = None
-    mesh_axis: tuple[str, ...] | None = None
-
-    @classmethod
-    def validated(
-        cls,
-        *,
-        chunk: Any,
-        axis: Any = 0,
-        argnums: Any = None,
-        size: Any = None,
-        grad: Any = "auto",
-        accum_dtype: Any = None,
-        mesh_axis: Any = None,
-    ) -> Settings:
-        chunk = _check_int("chunk", chunk, 1)
-        if axis is not None:
-            axis = _check_int("axis", axis, -(2**31))
-        if argnums is not None:
-            nums = (argnums,) if not isinstance(argnums, (tuple, list)) else tuple(argnums)
-            if not nums:
-                raise ValueError("`argnums` must name at least one argument")
-            argnums = tuple(_check_int("argnums", a, -(2**31)) for a in nums)
-            if axis is None:
-                raise ValueError(
-                    "`axis=None` needs automatic selection; with `argnums` pass an int"
-                )
-        size = None if size is None else _check_int("size", size, 1)
-        if argnums is not None and size is not None:
-            raise ValueError("pass either `argnums` or `size`, not both")
-        if grad not in GRAD_MODES:
-            raise ValueError(
-                f"`grad` must be one of {', '.join(map(repr, GRAD_MODES))}; got {grad!r}"
-            )
-        if accum_dtype is not None:
-            accum_dtype = _check_accum_dtype(accum_dtype)
-        if mesh_axis is not None:
-            axes = (mesh_axis,) if isinstance(mesh_axis, str) else mesh_axis
-            if not (
-                isinstance(axes, (tuple, list)) and axes and all(isinstance(a, str) for a in axes)
-            ):
-                raise TypeError(
-                    f"`mesh_axis` must be a mesh axis name or a tuple of names, got {mesh_axis!r}"
-                )
-            mesh_axis = tuple(axes)
-        return cls(chunk, axis, argnums, size, grad, accum_dtype, mesh_axis)
-
-
-def _check_accum_dtype(accum_dtype: Any) -> Any:
-    try:
-        dtype = jnp.dtype(accum_dtype)
-    except TypeError as e:
-        raise TypeError(f"`accum_dtype` must be a dtype, got {accum_dtype!r}") from e
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(f"`accum_dtype` must be a floating dtype, got {dtype}")
-    if jax.dtypes.canonicalize_dtype(dtype) != dtype:  # 64-bit types without x64
-        raise ValueError(
-            f"`accum_dtype` {dtype} needs 64-bit floats, which are disabled: enable them "
-            "with `jax.config.update('jax_enable_x64', True)` before creating the function, "
-            "or pass `accum_dtype=jnp.float32`"
-        )
-    return dtype
 
 
 def _setting(name: str) -> property:
@@ -140,15 +55,18 @@ class SerializedFunction:
     settings: Settings
     original: Callable
     _cache: dict
+    _chunks: dict
     _pure: SerializedFunction | None
 
     chunk = _setting("chunk")
+    memory = _setting("memory")
     axis = _setting("axis")
     argnums = _setting("argnums")
     size = _setting("size")
     grad = _setting("grad")
     accum_dtype = _setting("accum_dtype")
     mesh_axis = _setting("mesh_axis")
+    in_axes = _setting("in_axes")
 
     def __init__(self, fun: Callable, settings: Settings):
         if not callable(fun):
@@ -156,11 +74,12 @@ class SerializedFunction:
         object.__setattr__(self, "settings", settings)
         object.__setattr__(self, "original", fun)
         object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_chunks", {})  # memory=: signature -> the search's choice
         object.__setattr__(self, "_pure", None)
         functools.update_wrapper(self, fun)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SETTING_NAMES or name in ("settings", "original"):
+        if name in SETTING_NAMES or name in ("settings", "original"):
             raise AttributeError(
                 f"`{name}` of a SerializedFunction is read-only (its plans are cached); make "
                 f"a new one instead: `serialize_axis(sf.original, {name}=...)`"
@@ -170,13 +89,13 @@ class SerializedFunction:
     # -- public --------------------------------------------------------------------------
     @_compat.api_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._pure is not self and _nnx.has_graph_nodes(args, kwargs):
-            states, kw_states = _nnx.pure_arguments(args, kwargs)
-            out, new_states, new_kw = self._pure_version()(*states, **kw_states)
+        nnx = self._on_nnx_state(args, kwargs)
+        if nnx is not None:
+            out, new_states, new_kw = nnx[0](*nnx[1], **nnx[2])
             _nnx.write_back(args, kwargs, new_states, new_kw)
             return out
         prepared, inputs = self._prepare(args, kwargs)
-        if prepared.plan.warning and not prepared.warned and prepared.region.size:
+        if prepared.plan.warning and not prepared.warned and prepared.split.size:
             prepared.warned = True
             warnings.warn(f"{self!r}: {prepared.plan.warning}", UserWarning, stacklevel=2)
         outs = prepared.jitted(*inputs)
@@ -184,32 +103,45 @@ class SerializedFunction:
 
     @_compat.api_boundary
     def explain(self, *args: Any, **kwargs: Any) -> Plan:
-        if self._pure is not self and _nnx.has_graph_nodes(args, kwargs):
-            states, kw_states = _nnx.pure_arguments(args, kwargs)
-            return self._pure_version().explain(*states, **kw_states)
-        return self._prepare(args, kwargs)[0].plan
+        nnx = self._on_nnx_state(args, kwargs)
+        if nnx is not None:
+            return nnx[0].explain(*nnx[1], **nnx[2])
+        prepared, inputs = self._prepare(args, kwargs)
+        budget = prepared.plan.budget
+        if budget is not None and budget.original is None:  # compiled once, when asked
+            traced = prepared.traced
+            budget.original = _budget.original_memory(
+                traced.jaxpr, inputs, _float_arguments(traced, inputs)
+            )
+        return prepared.plan
 
     @_compat.api_boundary
     def jaxpr(self, *args: Any, **kwargs: Any) -> ClosedJaxpr:
-        if self._pure is not self and _nnx.has_graph_nodes(args, kwargs):
-            states, kw_states = _nnx.pure_arguments(args, kwargs)
-            return self._pure_version().jaxpr(*states, **kw_states)
+        nnx = self._on_nnx_state(args, kwargs)
+        if nnx is not None:
+            return nnx[0].jaxpr(*nnx[1], **nnx[2])
         prepared, inputs = self._prepare(args, kwargs)
         return jax.make_jaxpr(prepared.run)(*inputs)
 
     def __repr__(self) -> str:
         name = getattr(self.original, "__name__", self.original)
+        if self.chunk is None:
+            return f"serialize_axis({name!r}, memory={self.memory!r})"
         return f"serialize_axis({name!r}, chunk={self.chunk})"
 
     # -- internals -----------------------------------------------------------------------
-    def _pure_version(self) -> SerializedFunction:
-        """The same serialization of ``fun`` as a pure function of NNX state (see ``_nnx``)."""
+    def _on_nnx_state(self, args: tuple, kwargs: dict) -> tuple | None:
+        """For a call with Flax NNX graph nodes: ``(the same serialization of fun as a pure
+        function of NNX state, state args, state kwargs)`` (see ``_nnx``); else None."""
+        if self._pure is self or not _nnx.has_graph_nodes(args, kwargs):
+            return None
         pure = self._pure
         if pure is None:
             pure = SerializedFunction(_nnx.purify(self.original), self.settings)
             object.__setattr__(pure, "_pure", pure)  # its arguments are already pure state
             object.__setattr__(self, "_pure", pure)
-        return pure
+        states, kw_states = _nnx.pure_arguments(args, kwargs)
+        return pure, states, kw_states
 
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[_Prepared, list]:
         leaves, treedef, dynamic, ranges = _trace.split_arguments(args, kwargs)
@@ -218,16 +150,45 @@ class SerializedFunction:
         prepared = self._cache.get(key) if key is not None else None
         if prepared is None:
             _check_concrete_shapes(args, kwargs)
-            if self.argnums is not None:
-                self._check_argnums(args, dyn, ranges)
+            seed_axes = self._seed_axes(args, dyn, dynamic, ranges)
             traced = _trace.trace(self.original, leaves, treedef, dynamic, ranges)
-            prepared = self._plan(traced, [*traced.consts, *dyn])
+            traced.seed_axes = seed_axes
+            prepared = self._plan(traced, [*traced.consts, *dyn], key)
             if key is not None and not traced.has_tracer_consts:
                 self._cache[key] = prepared
             inputs = [*traced.consts, *dyn]
         else:
             inputs = [*prepared.traced.consts, *dyn]
         return prepared, inputs
+
+    def _seed_axes(self, args: tuple, dyn: list, dynamic: list, ranges: list) -> list | None:
+        """The serialized axis of each dynamic leaf (None: not serialized) when ``argnums`` or
+        ``in_axes`` names it, checked against the call; None for ``size=`` / automatic."""
+        if self.argnums is not None:
+            self._check_argnums(args, dyn, ranges)
+            named = {i for a in self.argnums for i in ranges[a % len(args)]}
+            return [self.axis if i in named else None for i in range(len(dyn))]
+        if self.in_axes is None:
+            return None
+        per_leaf = _compat.flatten_in_axes(self.in_axes, args)  # one per leaf of args
+        axes = [ax for ax, d in zip(per_leaf, dynamic, strict=False) if d]
+        axes += [None] * (len(dyn) - len(axes))  # keyword arguments are not serialized
+        paths = [p for p, leaf in jax.tree_util.tree_flatten_with_path(args)[0]]
+        paths = [p for p, d in zip(paths, dynamic, strict=False) if d]
+        sizes: dict[int, list[str]] = {}
+        for x, ax, path in zip(dyn, axes, paths, strict=False):
+            if ax is None:
+                continue
+            shape, where = jnp.shape(x), f"args{jax.tree_util.keystr(path)}"
+            if not -len(shape) <= ax < len(shape):
+                raise ValueError(f"`in_axes` {ax} is out of range for {where} with shape {shape}")
+            sizes.setdefault(shape[ax], []).append(where)
+        if not sizes:
+            raise ValueError(f"`in_axes` {self.in_axes!r} names no array leaf of the arguments")
+        if len(sizes) > 1:
+            detail = "; ".join(f"size {n}: {', '.join(w)}" for n, w in sizes.items())
+            raise ValueError(f"the leaves named by `in_axes` differ in size: {detail}")
+        return axes
 
     def _check_argnums(self, args: tuple, dyn: list, ranges: list) -> None:
         assert self.argnums is not None and self.axis is not None  # checked at decoration
@@ -257,119 +218,58 @@ class SerializedFunction:
                 f"the leaves named by `argnums` differ in size at `axis` {self.axis}: {detail}"
             )
 
-    def _plan(self, traced: _trace.Traced, inputs: list) -> _Prepared:
-        jaxpr = traced.jaxpr
-        nc = traced.n_consts
-        names = {v: f"closed-over value {i}" for i, v in enumerate(jaxpr.invars[:nc])}
-        for a, r in enumerate(traced.arg_leaf_ranges):
-            for j, i in enumerate(r):
-                names[jaxpr.invars[nc + i]] = f"argument {a}" + (f" leaf {j}" if len(r) > 1 else "")
-        for i, v in enumerate(jaxpr.invars[nc:]):
-            names.setdefault(v, f"keyword argument leaf {i}")
-
-        if self.argnums is not None:
-            assert self.axis is not None  # checked at decoration
-            n_args = len(traced.arg_leaf_ranges)
-            seeds = []
-            for a in self.argnums:
-                for i in traced.arg_leaf_ranges[a % n_args]:
-                    v = jaxpr.invars[nc + i]
-                    seeds.append((v, AxisLoc(self.axis % len(_compat.shape_of(v)))))
-            size = _compat.shape_of(seeds[0][0])[seeds[0][1].dim]
-            analysis = Analysis(jaxpr, size).run(seeds)
-            born = ", ".join(sorted({names[v] for v, _ in seeds})) + f" at axis {self.axis}"
-            candidates = [_plan.make_plan(jaxpr, analysis, self.chunk, born)]
-            what = f"`argnums` {self.argnums}"
+    def _plan(self, traced: _trace.Traced, inputs: list, key: Any = None) -> _Prepared:
+        split, usable = _candidates.choose_split(traced, self.settings)
+        budget = None
+        if self.chunk is not None:
+            grad, reason = _gradients.choose(split, self.grad)
+            layout = _layout.detect(traced, split, inputs, self.mesh_axis, self.chunk)
         else:
-            candidates = _plan.find_candidates(jaxpr, self.chunk, self.axis, self.size, names)
-            if self.size is not None:
-                what = f"an axis of size {self.size}"
-            else:
-                what = f"an axis longer than `chunk` {self.chunk}"
-            if not candidates:
-                where = "at any position" if self.axis is None else f"born at position {self.axis}"
-                hint = (
-                    "check `size` and `axis`, or pass `argnums=`"
-                    if self.size is not None
-                    else "pass `argnums=` or `size=` to name it"
-                )
-                raise SerializeError(f"found no {what[3:]} {where}; {hint}")
-        usable = [c for c in candidates if c.usable]
-        if not usable:
-            raise _plan.nothing_chunkable(candidates, what)
-        region = _plan.choose(usable)  # several axes of the asked size: the cost model picks
-        grad, reason = self._grad_mode(region)
-        layout = self._layout(traced, region, inputs)
-        plan = Plan.from_region(region, usable, grad, reason, layout)
-        return _Prepared(traced, region, plan, build(region, grad, self.accum_dtype, layout))
+            chosen, grad, reason, layout, budget = self._fit_budget(traced, split, inputs, key)
+            usable = [chosen if c is split else c for c in usable]
+            split = chosen
+        plan = Plan.from_split(split, usable, grad, reason, layout)
+        plan.budget = budget
+        return _Prepared(traced, split, plan, build(split, grad, self.accum_dtype, layout))
 
-    def _layout(self, traced: _trace.Traced, region: RegionPlan, inputs: list) -> Layout:
-        """Where the axis lives: one device, or sharded over mesh axes (see ``_build``)."""
-        carrying = [
-            (x, loc)
-            for v, x in zip(traced.jaxpr.invars, inputs, strict=True)
-            if (loc := region.analysis.loc((), v)) is not None
-        ]
-        axes, mesh = self.mesh_axis, None
-        for x, loc in carrying:
-            sharding = _compat.named_sharding(x)
-            if sharding is None:
-                continue
-            entry = sharding.spec[loc.dim] if loc.dim < len(sharding.spec) else None
-            names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-            if axes is None and names and _compat.explicit_axes(sharding.mesh, names):
-                axes = names  # only explicit axes are seen alike eagerly and under jit
-            mesh = mesh or sharding.mesh
-        if axes is None:
-            return Layout()
-        context = jax.sharding.get_abstract_mesh()
-        if context.axis_names:
-            mesh = context
-        if mesh is None:
-            raise ValueError(
-                f"`mesh_axis` {axes} needs a mesh: call under `jax.set_mesh(mesh)` or pass "
-                "inputs sharded with a `NamedSharding`"
-            )
-        missing = [a for a in axes if a not in mesh.axis_names]
-        if missing:
-            raise ValueError(
-                f"`mesh_axis` names {missing}, which the mesh does not have "
-                f"(its axes: {tuple(mesh.axis_names)})"
-            )
-        layout = ShardedLayout(mesh, axes)
-        d = layout.devices
-        if d == 1:
-            return Layout()
-        if region.size % d:
-            raise ValueError(
-                f"the serialized axis has size {region.size}, which {d} shards over {axes} "
-                "do not divide"
-            )
-        if self.chunk % d:
-            lower, upper = self.chunk // d * d, (self.chunk // d + 1) * d
-            nearest = f"{lower} and {upper}" if lower else f"{upper} (the smallest)"
-            raise ValueError(
-                f"`chunk` {self.chunk} must be a multiple of the {d} shards of mesh axis "
-                f"{axes}; the nearest valid chunk sizes are {nearest}"
-            )
-        return layout
+    def _fit_budget(self, traced: _trace.Traced, split: Split, inputs: list, key: Any) -> tuple:
+        """``(split at the chosen chunk, grad, why, layout, Budget)`` for ``memory=``: the
+        search of ``_budget``, once per call signature (later calls, and calls under ``jit``
+        or ``grad`` with the same avals, reuse its choice)."""
 
-    def _grad_mode(self, region: RegionPlan) -> tuple[str, str]:
-        if self.grad in ("remat", "native"):
-            return self.grad, "requested"
-        refusal = fused_refusal(region, 1 if self.grad == "auto" else FUSED_MAX_WIDTH)
-        if refusal is None:
-            why = "every output of the region is a small sum: value and gradient in one pass"
-            return "fused", ("auto: " if self.grad == "auto" else "requested: ") + why
-        return "remat", f"fused does not apply: {refusal}"
+        def layout_for(k: int) -> _layout.Layout:
+            return _layout.detect(traced, split, inputs, self.mesh_axis, k)
+
+        cached = self._chunks.get(key) if key is not None else None
+        if cached is not None:
+            grad, reason, budget = cached
+            return split.at_chunk(budget.chunk), grad, reason, layout_for(budget.chunk), budget
+        grad, reason = _gradients.choose(split, self.grad)
+        modes = [(grad, reason)]
+        if self.grad == "auto" and grad == "fused":
+            modes.append(
+                ("remat", "auto: fused applies, but its parameter-sized Jacobian accumulator "
+                 "does not fit the memory budget at any chunk")
+            )  # fmt: skip
+        assert self.memory is not None
+        limit = _budget.resolve(self.memory)
+        diff = _float_arguments(traced, inputs)
+        chosen, grad, reason, layout, budget = _budget.choose_chunk(
+            split, modes, self.accum_dtype, layout_for, inputs, diff, limit, self.memory
+        )
+        if key is not None:
+            self._chunks[key] = (grad, reason, budget)
+        return chosen, grad, reason, layout, budget
 
 
 def serialize_axis(
     fun: Callable | None = None,
     *,
-    chunk: int,
+    chunk: int | None = None,
+    memory: int | str | float | None = None,
     axis: int | None = 0,
     argnums: int | tuple[int, ...] | None = None,
+    in_axes: Any = None,
     size: int | None = None,
     grad: str = "auto",
     accum_dtype: Any = None,
@@ -378,24 +278,33 @@ def serialize_axis(
     """Run one axis of ``fun`` in chunks of ``chunk``, with the same values and gradients.
 
     Use as ``@serialize_axis(chunk=4)`` or ``serialize_axis(f, chunk=4)``. The axis is the
-    one named by ``argnums`` (position ``axis`` of those arguments' array leaves), the one of
-    size ``size``, or else found automatically. See DESIGN.md for the full contract.
+    one named by ``argnums`` (position ``axis`` of those arguments' array leaves), by
+    ``in_axes`` (as ``jax.vmap``'s: an int or None per leaf of the positional arguments), the
+    one of size ``size``, or else found automatically. Instead of ``chunk``, ``memory`` (bytes, a
+    string such as ``"2 GiB"``, or a fraction of the device's memory limit) chooses the
+    largest chunk whose compiled ``value_and_grad`` fits it, per call signature. See
+    DESIGN.md for the full contract.
     """
     settings = Settings.validated(
         chunk=chunk,
+        memory=memory,
         axis=axis,
         argnums=argnums,
         size=size,
         grad=grad,
         accum_dtype=accum_dtype,
         mesh_axis=mesh_axis,
+        in_axes=in_axes,
     )
     if fun is None:
         return lambda f: SerializedFunction(f, settings)
     return SerializedFunction(fun, settings)
 
 
-_SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
+def _float_arguments(traced: _trace.Traced, inputs: list) -> list[int]:
+    """Indices in ``inputs`` of the floating arguments (closed-over constants excluded)."""
+    nc = traced.n_consts
+    return [i for i, x in enumerate(inputs) if i >= nc and _budget.is_float(x)]
 
 
 def _check_concrete_shapes(args: tuple, kwargs: dict) -> None:

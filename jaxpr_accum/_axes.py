@@ -60,26 +60,12 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
-from jaxpr_accum._rules import AxisLoc, passed_through, rule_for
+from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict
+from jaxpr_accum._table import passed_through, rule_for
 
 Ctx = tuple  # path of (equation index, sub-jaxpr path) pairs from the top-level jaxpr
 Ref = tuple  # (ctx, Var)
 EqnKey = tuple  # (ctx, equation index)
-
-
-class _Conflict:
-    """The top of the lattice: a value the axis would occupy at two places."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "CONFLICT"
-
-    def __reduce__(self) -> str:
-        return "CONFLICT"
-
-
-CONFLICT = _Conflict()
 
 
 class _Context:
@@ -117,12 +103,6 @@ def _order(key: EqnKey) -> tuple:
     return (steps, idx)
 
 
-def _where(loc: AxisLoc) -> str:
-    if loc.inner == 1:
-        return f"dimension {loc.dim}"
-    return f"dimension {loc.dim} (major factor, x{loc.inner})"
-
-
 class Analysis:
     """Locations of one axis of size ``size`` throughout a jaxpr and its sub-jaxprs."""
 
@@ -149,7 +129,7 @@ class Analysis:
             return None
         return self.locs.get((ctx, v))
 
-    def fact(self, ctx: Ctx, v: Any) -> AxisLoc | _Conflict | None:
+    def fact(self, ctx: Ctx, v: Any) -> AxisLoc | Conflict | None:
         """The lattice value of ``v``: None (unknown), an ``AxisLoc``, or ``CONFLICT``."""
         if isinstance(v, Literal):
             return None
@@ -166,6 +146,16 @@ class Analysis:
             if not isinstance(v, Literal) and ((ctx, v) in locs or (ctx, v) in conflicts):
                 return True
         return any((ctx, v) in locs or (ctx, v) in conflicts for v in eqn.outvars)
+
+    def definition(self, ctx: Ctx, v: Any) -> JaxprEqn | None:
+        """The equation of context ``ctx`` that defines ``v`` (None for inputs, literals)."""
+        context = self._contexts.get(ctx)
+        if context is None or isinstance(v, Literal):
+            return None
+        for idx in context.users.get(v, ()):
+            if any(out is v for out in context.eqns[idx].outvars):
+                return context.eqns[idx]
+        return None
 
     def memoize(self, key: Any, build: Any) -> Any:
         """Build per-equation data once (e.g. a custom rule's jaxpr) and share it."""
@@ -280,7 +270,7 @@ class Analysis:
         for (ctx, v), (old, new) in self.conflicts.items():
             reason = (
                 f"the axis would sit at two places in {v.aval.str_short()} "
-                f"({_where(old)} and {_where(new)})"
+                f"({old.describe()} and {new.describe()})"
             )
             context = self._contexts.get(ctx)
             users = context.users.get(v, ()) if context is not None else ()

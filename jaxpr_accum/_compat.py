@@ -9,7 +9,9 @@ dead-code elimination). Tested with ``jax>=0.10,<0.11``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -98,7 +100,28 @@ def source_line(eqn: JaxprEqn) -> str:
 
 
 def open_jaxpr(j: Jaxpr | ClosedJaxpr) -> Jaxpr:
+    """The ``Jaxpr`` of a jaxpr, closed or not (the one place that knows the two classes)."""
     return j.jaxpr if isinstance(j, ClosedJaxpr) else j
+
+
+def open_closed(j: Jaxpr | ClosedJaxpr) -> tuple[Jaxpr, list]:
+    """``(jaxpr, consts)`` of a jaxpr, closed (its constants) or not (none)."""
+    return (j.jaxpr, list(j.consts)) if isinstance(j, ClosedJaxpr) else (j, [])
+
+
+def is_inlined_call(eqn: JaxprEqn) -> bool:
+    """A nested ``jit`` or ``closed_call``: evaluated inline by the rewriter."""
+    return eqn.primitive in _inlined_calls()
+
+
+@functools.cache
+def _inlined_calls() -> frozenset:
+    return frozenset(p for p in (primitive("jit"), primitive("closed_call")) if p is not None)
+
+
+def called_jaxpr(eqn: JaxprEqn) -> Jaxpr | ClosedJaxpr:
+    """The body of a call equation (``jit``'s ``jaxpr``, ``closed_call``'s ``call_jaxpr``)."""
+    return eqn.params["jaxpr"] if "jaxpr" in eqn.params else eqn.params["call_jaxpr"]
 
 
 def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[tuple, ClosedJaxpr | Jaxpr]]:
@@ -116,6 +139,18 @@ def dce(closed: ClosedJaxpr) -> ClosedJaxpr:
     """Drop equations whose results are unused (keeps effects, inputs and outputs)."""
     jaxpr, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
     return ClosedJaxpr(jaxpr, closed.consts)
+
+
+def custom_call_body(eqn: JaxprEqn) -> tuple[ClosedJaxpr, int]:
+    """``(primal jaxpr, number of leading constant operands)`` of a custom JVP/VJP call."""
+    return eqn.params["call_jaxpr"], eqn.params["num_consts"]
+
+
+def custom_call_identity(eqn: JaxprEqn) -> tuple[str, str]:
+    """``(function name, where it is defined)`` of a custom JVP/VJP call's user function."""
+    info = eqn.params["call_jaxpr"].jaxpr.debug_info
+    name = getattr(info, "func_name", None) or "<unknown>"
+    return name, getattr(info, "func_src_info", None) or name
 
 
 def custom_jvp_rule_jaxpr(eqn: JaxprEqn, zeros: Sequence[bool]) -> tuple[ClosedJaxpr, list]:
@@ -190,6 +225,36 @@ def constvars_to_invars(closed: ClosedJaxpr) -> tuple[Jaxpr, list]:
     return _pe.convert_constvars_jaxpr(closed.jaxpr), list(closed.consts)
 
 
+def counter_draw_refusal(key_dtype: Any) -> str | None:
+    """Why draws with this key type do not follow the partitionable-threefry counter layout
+    (``threefry_counter_bits``), or None if they do."""
+    name = key_impl_name(key_dtype)
+    if name != "threefry2x32":
+        return f"`{name}` keys have no per-chunk counter formula"
+    if not jax.config.jax_threefry_partitionable:
+        return "the legacy (non-partitionable) threefry has no per-chunk counter formula"
+    return None
+
+
+def threefry_counter_bits(key: Any, counters: tuple[Any, Any]) -> tuple[Any, Any]:
+    """The two 32-bit threefry words JAX's partitionable ``random_bits`` computes for the
+    elements whose 64-bit row-major counters are ``(hi, lo)``."""
+    k1, k2 = (x for x in jax.random.key_data(key))
+    return tuple(jax.extend.random.threefry2x32_p.bind(k1, k2, *counters))
+
+
+def threefry_finish_bits(bits1: Any, bits2: Any, bit_width: int) -> Any:
+    """The draw from the two words, as ``_threefry_random_bits_partitionable`` finishes it."""
+    dtype = np.dtype(f"uint{bit_width}")
+    if bit_width == 64:
+        hi = jax.lax.convert_element_type(bits1, dtype)
+        lo = jax.lax.convert_element_type(bits2, dtype)
+        return jax.lax.shift_left(hi, np.asarray(32, dtype=dtype)) | lo
+    if bit_width == 32:
+        return bits1 ^ bits2
+    return jax.lax.convert_element_type(bits1 ^ bits2, dtype)
+
+
 def key_impl(dtype: Any) -> Any:
     """The PRNG implementation behind a key dtype."""
     return dtype._impl
@@ -241,6 +306,59 @@ def instantiate(ct: Any) -> Any:
     if isinstance(ct, jax.custom_derivatives.SymbolicZero):
         return jax.numpy.zeros(ct.aval.shape, ct.aval.dtype)
     return ct
+
+
+def flatten_in_axes(in_axes: Any, args: tuple) -> list:
+    """``in_axes`` (``jax.vmap``'s prefix semantics) broadcast to one entry per leaf of
+    ``args``; a ``ValueError`` that shows both trees when it is not a prefix."""
+    from jax._src.api_util import flatten_axes
+
+    if isinstance(in_axes, list):  # as jax.vmap: a list is a tuple prefix
+        in_axes = tuple(in_axes)
+    return flatten_axes("serialize_axis in_axes", jax.tree_util.tree_structure(args), in_axes)
+
+
+def jax_version() -> str:
+    return jax.__version__
+
+
+@functools.cache
+def _primitives_by_name() -> dict[str, Any]:
+    """Every primitive of the installed JAX by name: the public ``jax.extend.core.primitives``
+    first, then (the one name fallback) the ``*_p`` objects of JAX's private modules for the
+    few it does not export (``tile``, ``optimization_barrier``, ``random_wrap``, ...)."""
+    from jax.extend.core import primitives
+
+    index: dict[str, Any] = {}
+    for value in vars(primitives).values():
+        if isinstance(value, _core.Primitive):
+            index.setdefault(value.name, value)
+    for name, module in sorted(sys.modules.items()):
+        if module is None or not name.startswith("jax._src"):
+            continue
+        for attr, value in list(vars(module).items()):
+            if attr.endswith("_p") and isinstance(value, _core.Primitive):
+                index.setdefault(value.name, value)
+    return index
+
+
+def primitive(name: str) -> Any:
+    """JAX's primitive object named ``name``, or None if the installed JAX has none."""
+    return _primitives_by_name().get(name)
+
+
+def primitives(names: str) -> frozenset:
+    """The primitive objects for whitespace-separated ``names`` (each must exist)."""
+    found = {name: primitive(name) for name in names.split()}
+    missing = [name for name, p in found.items() if p is None]
+    if missing:
+        raise ValueError(f"no primitives named {missing} in JAX {jax.__version__}")
+    return frozenset(found.values())
+
+
+def all_primitives() -> list[Any]:
+    """Every primitive object of the installed JAX (for coverage checks)."""
+    return list(_primitives_by_name().values())
 
 
 def shape_of(v: Var) -> tuple[int, ...]:

@@ -30,8 +30,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jaxpr_accum import _compat
-from jaxpr_accum._trace import INLINED, eval_inlined
+from jaxpr_accum import _compat, _interpret
 
 _conv_p = lax.conv_general_dilated_p
 
@@ -91,7 +90,7 @@ def _is_float_conv(invals: Sequence[Any]) -> bool:
     return all(jax.numpy.issubdtype(x.dtype, jax.numpy.floating) for x in invals)
 
 
-def _emit(eqn: Any, invals: list) -> list:
+def _emit(idx: int, eqn: Any, invals: list) -> list:
     if eqn.primitive is _conv_p and _is_float_conv(invals):
         with _compat.user_context(eqn):
             return [canonical_conv(*invals, **eqn.params)]
@@ -108,9 +107,11 @@ def canonicalize(fun: Callable) -> Callable:
         closed, out_shape = jax.make_jaxpr(
             lambda *f: fun(*jax.tree_util.tree_unflatten(tree, f)), return_shape=True
         )(*flat)
-        if not any(e.primitive is _conv_p or e.primitive.name in INLINED for e in closed.eqns):
+        if not any(e.primitive is _conv_p for e in closed.eqns) and not _interpret.has_calls(
+            closed
+        ):
             return fun(*args)
-        outs = eval_inlined(closed.jaxpr, closed.consts, flat, _emit)
+        outs = _interpret.eval_jaxpr(closed, flat, _interpret.inlining(_emit))
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
 
     return wrapped

@@ -13,8 +13,9 @@ Measurements follow ``DESIGN.md`` ("Performance targets"):
 - memory: XLA's own accounting, ``jax.jit(jax.value_and_grad(f)).lower(*args).compile()
   .memory_analysis().temp_size_in_bytes``, serialized vs original, in one process;
 - time: medians of interleaved repeats of the compiled ``value_and_grad``, as a ratio;
-- exactness: the largest difference of value and gradients against the original, relative to
-  the magnitude of the original's (per gradient leaf).
+- exactness: the largest difference of value and gradients against the original, each leaf
+  relative to its own magnitude floored at 1e-3 of the largest leaf's
+  (``jaxpr_accum.testing.tree_difference``).
 
 The helpers here (``seed1_problem``, ``temp_bytes``, ``compare_exact``, ``time_interleaved``)
 are also used by ``benchmarks/memory.py``. Flax is needed (``pip install -e '.[flax]'``).
@@ -184,21 +185,6 @@ def temp_bytes(f: Callable[..., Any], args: tuple, argnums: int | Sequence[int] 
     return temp_bytes_of(compile_value_and_grad(f, args, argnums))
 
 
-def _rel_max_diff(a, b) -> float:
-    """max |a - b| / max |b| for one array (0 if both are zero)."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    if a.size == 0:
-        return 0.0
-    num = float(np.max(np.abs(a - b)))
-    den = float(np.max(np.abs(b)))
-    if num == 0.0:
-        return 0.0
-    return num / den if den > 0.0 else float("inf")
-
-
 def compare_exact(
     original: Callable[..., Any],
     serialized: Callable[..., Any],
@@ -209,12 +195,16 @@ def compare_exact(
 ) -> tuple[float, float]:
     """Return (relative value difference, largest per-leaf relative gradient difference).
 
-    Differences are ``max|serialized - original| / max|original|``, per gradient leaf. On
-    accelerators both are recompiled with matmuls and convolutions at "highest" precision, so
-    that TF32 rounding does not drown the reassociation differences being checked; on CPU,
+    Differences are those of ``jaxpr_accum.testing.tree_difference``: per leaf,
+    ``max|serialized - original|`` relative to the leaf's own magnitude, floored at 1e-3 of
+    the largest leaf's (``inf`` if the trees differ in structure). On accelerators both are
+    recompiled with matmuls and convolutions at "highest" precision, so that TF32 rounding
+    does not drown the reassociation differences being checked; on CPU,
     ``compiled=(original_compiled, serialized_compiled)`` from ``compile_value_and_grad`` are
     reused instead of compiling again.
     """
+    from jaxpr_accum.testing import tree_difference
+
     if compiled is not None and jax.default_backend() == "cpu":
         c0, c1 = compiled
     else:
@@ -223,15 +213,14 @@ def compare_exact(
         c1 = compile_value_and_grad(serialized, args, argnums, precision)
     v0, g0 = c0(*args)
     v1, g1 = c1(*args)
-    value_diff = _rel_max_diff(v1, v0)
-    leaves0 = jax.tree.leaves(g0)
-    leaves1 = jax.tree.leaves(g1)
-    if len(leaves0) != len(leaves1):
-        return value_diff, float("inf")
-    grad_diff = max(
-        (_rel_max_diff(b, a) for a, b in zip(leaves0, leaves1, strict=True)), default=0.0
-    )
-    return value_diff, grad_diff
+
+    def rel(got, ref) -> float:
+        try:
+            return tree_difference(got, ref).max_rel
+        except AssertionError:  # structure, shapes or dtypes differ
+            return float("inf")
+
+    return rel(v1, v0), rel(g1, g0)
 
 
 def time_interleaved(
@@ -316,18 +305,21 @@ def run_demo(
     base = compile_value_and_grad(loss, args)
     base_temp = temp_bytes_of(base)
     thunks: dict[str, Callable[[], Any]] = {"original": partial(base, *args)}
-    serialized: dict[int, Any] = {}
-    compiled: dict[int, Any] = {}
-    errors: dict[int, str] = {}
-    for k in chunks:
-        sf = ja.serialize_axis(loss, chunk=k)
+    serialized: dict[str, Any] = {}
+    compiled: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    variants: dict[str, dict[str, Any]] = {f"chunk={k}": {"chunk": k} for k in chunks}
+    if base_temp:  # the budget row: the chunk chosen for 40% of the original's memory
+        variants[f"memory={fmt_bytes(int(0.4 * base_temp))}"] = {"memory": int(0.4 * base_temp)}
+    for k, settings in variants.items():
+        sf = ja.serialize_axis(loss, **settings)
         try:
             compiled[k] = compile_value_and_grad(sf, args)
         except Exception as e:  # report and carry on with the other chunk sizes
             errors[k] = f"{type(e).__name__}: {e}"
             continue
         serialized[k] = sf
-        thunks[f"chunk={k}"] = partial(compiled[k], *args)
+        thunks[k] = partial(compiled[k], *args)
     print(f"compiled in {time.perf_counter() - t0:.1f} s")
 
     # Exactness first: these calls also warm up every compiled function before timing.
@@ -338,7 +330,7 @@ def run_demo(
             diffs[k] = compare_exact(loss, sf, args, compiled=(base, compiled[k]))
         except Exception as e:
             errors[k] = f"{type(e).__name__}: {e}"
-            del serialized[k], thunks[f"chunk={k}"]
+            del serialized[k], thunks[k]
     # One round of calls costs about what the exactness pass cost; stay within the time budget.
     round_s = time.perf_counter() - t0
     if round_s > 0 and repeats > 1:
@@ -349,20 +341,21 @@ def run_demo(
 
     rows = [["original", fmt_bytes(base_temp), "1.00", "1.00", "-", "-"]]
     ok = True
-    for k in chunks:
+    for k in variants:
         if k in errors:
             ok = False
-            rows.append([f"chunk={k}", "error", "-", "-", "-", "-"])
+            rows.append([k, "error", "-", "-", "-", "-"])
             continue
         vdiff, gdiff = diffs[k]
         exact = vdiff <= EXACT_RTOL and gdiff <= EXACT_RTOL
         ok &= exact
         temp = temp_bytes_of(compiled[k])
         mem_ratio = f"{temp / base_temp:.3f}" if temp is not None and base_temp else "n/a"
-        time_ratio = f"{medians[f'chunk={k}'] / medians['original']:.2f}"
+        time_ratio = f"{medians[k] / medians['original']:.2f}"
+        budget = serialized[k].explain(*args).budget if k.startswith("memory=") else None
         rows.append(
             [
-                f"chunk={k}",
+                k if budget is None else f"{k} (chunk {budget.chunk})",
                 fmt_bytes(temp),
                 mem_ratio,
                 time_ratio,
@@ -379,11 +372,11 @@ def run_demo(
         f"diffs are relative to the original's magnitude, tolerance {EXACT_RTOL:g})"
     )
     for k, msg in errors.items():
-        print(f"\nchunk={k} failed: {msg}")
+        print(f"\n{k} failed: {msg}")
 
     if serialized:
-        k_explain = 4 if 4 in serialized else next(iter(serialized))
-        print(f"\nsf.explain(...) for chunk={k_explain}:\n")
+        k_explain = "chunk=4" if "chunk=4" in serialized else next(iter(serialized))
+        print(f"\nsf.explain(...) for {k_explain}:\n")
         try:
             print(str(serialized[k_explain].explain(*args)))
         except Exception as e:

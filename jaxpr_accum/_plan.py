@@ -1,4 +1,8 @@
-"""Planning: which axis, and which equations run before, inside and after the chunked loop.
+"""The split of a program for one axis: which equations run before, inside and after the loop.
+
+Words used across the package: a *split* (``Split``) is this module's result for one
+candidate axis; the *region* is the chunked part of the program (the body, run by the chunk
+loop, ``_loop``); the *plan* (``Plan``, ``_report``) is what ``explain`` reports.
 
 Stages, assigned in one pass in program order (inputs are in the prologue):
 
@@ -16,25 +20,18 @@ Body outputs that later stages read are *sums* (carried accumulators), other mon
 the axis. Body inputs are *invariant* (no axis: parameters, the encoder's output) or
 *chunked* (sliced per chunk). This split is exact by construction: every equation computes
 what it computed before, on the same values.
-
-Candidates (when no ``argnums`` is given): each dimension of an input or intermediate value
-at position ``axis`` whose size qualifies starts an analysis; values already reached by an
-earlier candidate are skipped. The candidate whose plan has the lowest estimated memory is
-chosen (ties: larger axis, then earlier born).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
-from jaxpr_accum._errors import SerializeError
-from jaxpr_accum._rules import AxisLoc
+from jaxpr_accum._lattice import AxisLoc
 
 PROLOGUE, BODY, EPILOGUE = "prologue", "body", "epilogue"
 
@@ -51,7 +48,9 @@ class Stop:
 
 
 @dataclasses.dataclass
-class RegionPlan:
+class Split:
+    """The stages of every top-level equation, and the region's inputs and outputs."""
+
     jaxpr: Jaxpr
     analysis: Analysis
     size: int
@@ -66,9 +65,26 @@ class RegionPlan:
     stops: list[Stop]
     hoisted_draws: list[Stop]
     reductions: list[Stop]
-    estimate: int  # bytes of all intermediates, less ``saving``
     saving: int  # bytes of the body's axis-carrying intermediates not held at full size
     stacked_bytes: int  # bytes of the body outputs stacked back to full size
+    body_bytes: int = 0  # bytes of the body's axis-carrying intermediates at full size
+
+    def at_chunk(self, chunk: int) -> Split:
+        """This split at another chunk size. The stages and the analysis do not depend on
+        the chunk; only the estimates do (so a chunk search never re-runs the analysis)."""
+        saving = _saving(self.body_bytes, chunk, self.size)
+        return dataclasses.replace(self, chunk=chunk, saving=saving)
+
+    @property
+    def saved(self) -> int:
+        """The cost model: estimated bytes that chunking saves. The body's axis-carrying
+        intermediates no longer held at full size, less what the loop adds: the outputs
+        stacked back to full size and the accumulators (sums carried, other monoid partials
+        stacked per chunk). Candidates are compared by it; ``explain`` shows it."""
+        n_chunks = -(-self.size // max(self.chunk, 1)) if self.size else 0
+        accumulators = sum(nbytes(v) for v in self.sums)
+        accumulators += n_chunks * sum(nbytes(v) for v, _ in self.partials)
+        return self.saving - self.stacked_bytes - accumulators
 
     def not_worth_it(self) -> str | None:
         """Why this plan is not expected to save memory, or None."""
@@ -113,7 +129,7 @@ def _vars(vs: Any) -> list[Var]:
     return [v for v in vs if isinstance(v, Var) and not isinstance(v, Literal)]
 
 
-def make_plan(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> RegionPlan:
+def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split:
     """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis: all prologue)."""
     if analysis.size == 0:
         analysis = Analysis(jaxpr, 0)  # nothing to chunk: no equation is treated as touching
@@ -205,15 +221,10 @@ def make_plan(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Region
 
     size = analysis.size
     stacked_vars = {v for v, _ in stacked}
-    per_chunk = sum(
-        nbytes(v)
-        for idx in (i for i, s in enumerate(stages) if s == BODY)
-        for v in jaxpr.eqns[idx].outvars
-        if loc((), v) is not None and v not in stacked_vars
-    )
-    saving = int(per_chunk * (1 - min(chunk, size) / size)) if size else 0
-    estimate = _total_bytes(jaxpr) - saving
-    return RegionPlan(
+    body = [i for i, s in enumerate(stages) if s == BODY]
+    per_chunk = _carrying_bytes(analysis, (), jaxpr.eqns, body, exclude=stacked_vars)
+    saving = _saving(per_chunk, chunk, size)
+    return Split(
         jaxpr=jaxpr,
         analysis=analysis,
         size=size,
@@ -228,15 +239,34 @@ def make_plan(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Region
         stops=stops,
         hoisted_draws=hoisted,
         reductions=reductions,
-        estimate=estimate,
         saving=saving,
         stacked_bytes=sum(nbytes(v) for v in stacked_vars),
+        body_bytes=per_chunk,
     )
 
 
-@functools.lru_cache(maxsize=8)
-def _total_bytes(jaxpr: Jaxpr) -> int:
-    return sum(nbytes(v) for e in jaxpr.eqns for v in e.outvars)
+def _carrying_bytes(analysis: Analysis, ctx: tuple, eqns: Any, indices: Any, exclude=()) -> int:
+    """Bytes of the axis-carrying results of ``eqns[indices]`` at full size, counting those
+    inside their sub-jaxprs too (a scan body's, once per iteration: what its backward keeps)."""
+    total = 0
+    for idx in indices:
+        eqn = eqns[idx]
+        total += sum(
+            nbytes(v) for v in eqn.outvars if v not in exclude and analysis.loc(ctx, v) is not None
+        )
+        times = eqn.params.get("length", 1) if eqn.primitive is _SCAN else 1
+        for path, sub in _compat.sub_jaxprs(eqn.params):
+            inner = _compat.open_jaxpr(sub).eqns
+            sub_ctx = (*ctx, (idx, path))
+            total += times * _carrying_bytes(analysis, sub_ctx, inner, range(len(inner)))
+    return total
+
+
+_SCAN = _compat.primitive("scan")
+
+
+def _saving(per_chunk: int, chunk: int, size: int) -> int:
+    return int(per_chunk * (1 - min(chunk, size) / size)) if size else 0
 
 
 def _reduction_kinds(jaxpr: Jaxpr, analysis: Analysis, stages: list[str]) -> dict:
@@ -247,64 +277,3 @@ def _reduction_kinds(jaxpr: Jaxpr, analysis: Analysis, stages: list[str]) -> dic
         for j, kind in analysis.reductions.get(((), idx), {}).items():
             kinds[jaxpr.eqns[idx].outvars[j]] = kind
     return kinds
-
-
-def describe_origin(jaxpr: Jaxpr, v: Var, dim: int, arg_names: dict) -> str:
-    if v in arg_names:
-        return f"dimension {dim} of {arg_names[v]}"
-    for eqn in jaxpr.eqns:
-        if v in eqn.outvars:
-            return f"dimension {dim} of `{eqn.primitive.name}` at {_compat.source_line(eqn)}"
-    return f"dimension {dim} of {v}"  # pragma: no cover
-
-
-def origins(jaxpr: Jaxpr) -> list[Var]:
-    """Every top-level value in program order: inputs, then equation results."""
-    out = list(jaxpr.invars)
-    for eqn in jaxpr.eqns:
-        out.extend(v for v in eqn.outvars if not isinstance(v, _compat.DropVar))
-    return out
-
-
-def find_candidates(
-    jaxpr: Jaxpr, chunk: int, axis: int | None, size: int | None, arg_names: dict
-) -> list[RegionPlan]:
-    """Plans for every distinct candidate axis, in order of birth."""
-    values = origins(jaxpr)
-    order = {v: i for i, v in enumerate(values)}
-    covered: set = set()
-    plans = []
-    for v in values:
-        shape = v.aval.shape
-        for d, n in enumerate(shape):
-            if size is not None and n != size:
-                continue
-            if size is None and n <= chunk:
-                continue
-            if axis is not None and d != axis % max(len(shape), 1):
-                continue
-            if (v, d) in covered:
-                continue
-            analysis = Analysis(jaxpr, n).run([(v, AxisLoc(d))])
-            reached = [(u, loc) for (ctx, u), loc in analysis.locs.items() if ctx == ()]
-            covered.update((u, loc.dim) for u, loc in reached if loc.inner == 1)
-            first, first_loc = min(reached, key=lambda p: order.get(p[0], len(order)))
-            if axis is not None and (first_loc.dim != d or first_loc.inner != 1):
-                continue
-            born = describe_origin(jaxpr, first, first_loc.dim, arg_names)
-            plans.append(make_plan(jaxpr, analysis, chunk, born))
-    return plans
-
-
-def choose(plans: list[RegionPlan]) -> RegionPlan:
-    return min(enumerate(plans), key=lambda ip: (ip[1].estimate, -ip[1].size, ip[0]))[1]
-
-
-def nothing_chunkable(plans: list[RegionPlan], what: str) -> SerializeError:
-    lines = [f"nothing can be chunked along {what}."]
-    for plan in plans:
-        lines.append(f"axis of size {plan.size} born at {plan.born}:")
-        lines.extend(f"  stopped by {stop}" for stop in plan.stops[:3])
-        if not plan.stops:
-            lines.append("  no equation carries it per chunk")
-    return SerializeError("\n".join(lines))

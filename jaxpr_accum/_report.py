@@ -5,18 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, RegionPlan, format_bytes, nbytes
+from jaxpr_accum import _layout
+from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, Split, format_bytes, nbytes
+
+_MOST = 5  # candidates listed in the report besides the chosen one
 
 
-def _describe_layout(layout: Any, region: RegionPlan) -> str:
-    if layout.devices == 1:
-        return "one device, contiguous chunks"
-    per = region.chunk // layout.devices
-    return (
-        f"sharded over mesh axis {layout.axes} ({layout.devices} devices): each device scans its "
-        f"own shard of {region.size // layout.devices} in chunks of {per} (chunk i takes {per} "
-        "rows from every shard); accumulators are summed across devices once, after the loop"
-    )
+def _saved(n: int) -> str:
+    return format_bytes(n) if n >= 0 else f"-{format_bytes(-n)} (costs memory)"
 
 
 @dataclasses.dataclass
@@ -39,36 +35,37 @@ class Plan:
     candidates: list[tuple[int, str, int, bool]]
     layout: str
     warning: str | None = None  # why this plan is not expected to save memory, if it is not
+    budget: Any = None  # with ``memory=``: the chunk search (``_budget.Budget``)
 
     @classmethod
-    def from_region(
+    def from_split(
         cls,
-        region: RegionPlan,
-        candidates: list[RegionPlan],
+        split: Split,
+        candidates: list[Split],
         grad: str,
         grad_reason: str,
         layout: Any,
     ) -> Plan:
-        n_full, rem = divmod(region.size, region.chunk)
-        counts = {s: region.stages.count(s) for s in (PROLOGUE, BODY, EPILOGUE)}
+        n_full, rem = divmod(split.size, split.chunk)
+        counts = {s: split.stages.count(s) for s in (PROLOGUE, BODY, EPILOGUE)}
         return cls(
-            axis_size=region.size,
-            chunk=region.chunk,
-            born=region.born,
+            axis_size=split.size,
+            chunk=split.chunk,
+            born=split.born,
             grad=grad,
             grad_reason=grad_reason,
             n_chunks=n_full + (1 if rem else 0),
             remainder=rem,
-            reduced_at=[str(s) for s in region.reductions],
+            reduced_at=[str(s) for s in split.reductions],
             counts=counts,
-            stacked=[(str(v.aval), nbytes(v)) for v, _ in region.stacked],
-            accumulated=[f"{v.aval} (sum)" for v in region.sums]
-            + [f"{v.aval} ({kind})" for v, kind in region.partials],
-            stops=[str(s) for s in region.stops],
-            hoisted=[str(s) for s in region.hoisted_draws],
-            candidates=[(c.size, c.born, c.estimate, c is region) for c in candidates],
-            layout=_describe_layout(layout, region),
-            warning=region.not_worth_it(),
+            stacked=[(str(v.aval), nbytes(v)) for v, _ in split.stacked],
+            accumulated=[f"{v.aval} (sum)" for v in split.sums]
+            + [f"{v.aval} ({kind})" for v, kind in split.partials],
+            stops=[str(s) for s in split.stops],
+            hoisted=[str(s) for s in split.hoisted_draws],
+            candidates=[(c.size, c.born, c.saved, c is split) for c in candidates],
+            layout=_layout.describe(layout, split),
+            warning=split.not_worth_it(),
         )
 
     def __str__(self) -> str:
@@ -80,6 +77,7 @@ class Plan:
             + ")",
             f"  born at: {self.born}",
             f"  gradient mode: {self.grad} ({self.grad_reason})",
+            *([] if self.budget is None else self.budget.lines()),
             f"  layout: {self.layout}",
             f"  equations: {self.counts[PROLOGUE]} hoisted before the loop, "
             f"{self.counts[BODY]} chunked, {self.counts[EPILOGUE]} left after the loop",
@@ -101,8 +99,11 @@ class Plan:
             lines.extend(f"    {s}" for s in self.stops)
         others = [c for c in self.candidates if not c[3]]
         if others:
-            lines.append("  other candidate axes (estimated bytes live, lower is better):")
+            lines.append("  candidate axes (estimated bytes saved by chunking, higher is better):")
             chosen = next(c for c in self.candidates if c[3])
-            lines.append(f"    size {chosen[0]} at {chosen[1]}: {format_bytes(chosen[2])} (chosen)")
-            lines.extend(f"    size {n} at {b}: {format_bytes(e)}" for n, b, e, _ in others)
+            lines.append(f"    size {chosen[0]} at {chosen[1]}: {_saved(chosen[2])} (chosen)")
+            ranked = sorted(others, key=lambda c: -c[2])
+            lines.extend(f"    size {n} at {b}: {_saved(e)}" for n, b, e, _ in ranked[:_MOST])
+            if len(ranked) > _MOST:
+                lines.append(f"    ... and {len(ranked) - _MOST} more")
         return "\n".join(lines)

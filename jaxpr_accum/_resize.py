@@ -19,44 +19,56 @@ from typing import Any
 
 from jax import lax
 
-from jaxpr_accum import _compat
+from jaxpr_accum import _compat, _interpret
 from jaxpr_accum._axes import Analysis, Ctx
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, open_jaxpr
-from jaxpr_accum._rules import AxisLoc, rule_for
+from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn
+from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._table import rule_for
+
+
+def scaled(index: Any, factor: int) -> Any:
+    """``index * factor``, folded in Python when the factor is 1 (no ``mul ... 1`` emitted)."""
+    return index if factor == 1 else index * factor
+
+
+def shifted(index: Any, offset: Any) -> Any:
+    """``index + offset``, folded in Python when the offset is a static 0."""
+    return index if isinstance(offset, int) and offset == 0 else index + offset
+
+
+def take_chunk(x: Any, loc: AxisLoc, start: Any, k: int) -> Any:
+    """Rows ``start .. start+k-1`` of the axis of ``x`` (which carries it at ``loc``)."""
+    if isinstance(start, int) and start == 0 and k * loc.inner == x.shape[loc.dim]:
+        return x
+    return lax.dynamic_slice_in_dim(x, scaled(start, loc.inner), k * loc.inner, loc.dim)
 
 
 class Resizer:
+    """Evaluates jaxprs of one analysis at chunk length ``k`` from global position ``start``."""
+
     def __init__(self, analysis: Analysis, k: int, start: Any):
         self.analysis, self.k, self.start = analysis, k, start
 
     def eval_jaxpr(self, ctx: Ctx, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Any]) -> list:
-        inner = open_jaxpr(jaxpr)
-        consts = jaxpr.consts if isinstance(jaxpr, ClosedJaxpr) else []
+        inner, consts = _compat.open_closed(jaxpr)
         env: dict = {}
         for v, x in zip(inner.constvars, consts, strict=True):
             loc = self.analysis.loc(ctx, v)  # a constant along the axis: this chunk's rows
-            env[v] = x if loc is None else self.take_chunk(x, loc)
-        for v, x in zip(inner.invars, args, strict=True):
-            env[v] = x
-        self.eval_eqns(ctx, inner.eqns, range(len(inner.eqns)), env)
-        return [v.val if isinstance(v, Literal) else env[v] for v in inner.outvars]
+            env[v] = x if loc is None else take_chunk(x, loc, self.start, self.k)
+        env.update(zip(inner.invars, args, strict=True))
+        self.eval_eqns(ctx, inner.eqns, env)
+        return [_interpret.read(env, v) for v in inner.outvars]
 
-    def take_chunk(self, x: Any, loc: AxisLoc) -> Any:
-        """This chunk's rows of a full-size value that carries the axis at ``loc``."""
-        return lax.dynamic_slice_in_dim(x, self.start * loc.inner, self.k * loc.inner, loc.dim)
+    def eval_eqns(self, ctx: Ctx, eqns: Sequence[JaxprEqn], env: dict, indices: Any = None) -> None:
+        """Evaluate ``eqns`` (those at ``indices``, in order), reading and writing ``env``."""
+        analysis = self.analysis
 
-    def eval_eqns(self, ctx: Ctx, eqns: Sequence[JaxprEqn], indices: Any, env: dict) -> None:
-        """Evaluate ``eqns[i]`` for ``i`` in ``indices`` (in order), reading and writing ``env``."""
-        for idx in indices:
-            eqn = eqns[idx]
-            invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
-            if self.analysis.touches(ctx, eqn):
-                outs = rule_for(eqn.primitive).resize(eqn, EqnResize(self, ctx, idx, eqn), invals)
-            else:
-                outs = _compat.bind(eqn, invals)
-            for v, x in zip(eqn.outvars, outs, strict=True):
-                if not isinstance(v, _compat.DropVar):
-                    env[v] = x
+        def emit(idx: int, eqn: JaxprEqn, invals: list) -> list:
+            if analysis.touches(ctx, eqn):
+                return rule_for(eqn.primitive).resize(eqn, EqnResize(self, ctx, idx, eqn), invals)
+            return _compat.bind(eqn, invals)
+
+        _interpret.eval_eqns(eqns, env, emit, indices)
 
 
 class EqnResize:

@@ -13,17 +13,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxpr_accum import _compat
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, Literal
-
-INLINED = {"jit", "pjit", "closed_call", "core_call"}
+from jaxpr_accum import _compat, _interpret
+from jaxpr_accum._compat import ClosedJaxpr, Jaxpr
 
 
 def is_dynamic(leaf: Any) -> bool:
@@ -38,6 +37,8 @@ class Traced:
     consts: list  # values of the leading inputs (concrete arrays or outer tracers)
     out_tree: Any
     arg_leaf_ranges: list[range]  # positional argument i owns dynamic leaves in this range
+    leaf_names: list[str]  # a readable name per dynamic leaf: ``params['Dense_0']['kernel']``
+    seed_axes: list | None = None  # the serialized axis per dynamic leaf (argnums / in_axes)
 
     @property
     def n_consts(self) -> int:
@@ -59,6 +60,28 @@ def split_arguments(args: tuple, kwargs: dict) -> tuple[list, Any, list[bool], l
         ranges.append(range(start, start + n_dyn))
         start += n_dyn
     return leaves, treedef, dynamic, ranges
+
+
+def leaf_names(fun: Callable, args: tuple, kwargs: dict) -> list[str]:
+    """A name per dynamic leaf of ``(args, kwargs)``: the parameter's name (from ``fun``'s
+    signature, else ``argument i``) and ``jax.tree_util.keystr`` of the path inside it."""
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
+        if not is_dynamic(leaf):
+            continue
+        where, first, rest = path[0], path[1], jax.tree_util.keystr(tuple(path[2:]))
+        if getattr(where, "idx", 0) == 0:
+            i = first.idx
+            base = positional[i] if i < len(positional) else f"argument {i}"
+        else:
+            base = str(first.key)
+        names.append(base + rest)
+    return names
 
 
 def describe_argument(path: tuple) -> str:
@@ -116,46 +139,15 @@ def trace(fun: Callable, leaves: list, treedef: Any, dynamic: list[bool], ranges
     closed = jax.make_jaxpr(flat_fun)(*dyn_avals)
     closed = _compat.dce(inline_calls(closed))
     jaxpr, consts = _compat.constvars_to_invars(closed)
-    return Traced(jaxpr, consts, out_store[0], ranges)
+    args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+    return Traced(jaxpr, consts, out_store[0], ranges, leaf_names(fun, args, kwargs))
 
 
 def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
     """The same program with every nested ``jit`` / ``closed_call`` inlined."""
-    if not _has_calls(closed.jaxpr):
+    if not _interpret.has_calls(closed):
         return closed
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
-    return jax.make_jaxpr(lambda *a: eval_inlined(closed.jaxpr, closed.consts, a))(*avals)
-
-
-def _has_calls(jaxpr: Jaxpr) -> bool:
-    return any(e.primitive.name in INLINED for e in jaxpr.eqns)
-
-
-def eval_inlined(
-    jaxpr: Jaxpr,
-    consts: Sequence,
-    args: Sequence,
-    emit: Callable[[Any, list], list] = _compat.bind,
-    outer: Any = None,
-) -> list:
-    """Evaluate ``jaxpr`` with nested ``jit`` / ``closed_call`` inlined; every other equation
-    goes through ``emit(eqn, invals) -> outputs`` (by default: bound unchanged)."""
-    env: dict = dict(zip(jaxpr.constvars, consts, strict=True))
-    env.update(zip(jaxpr.invars, args, strict=True))
-
-    def read(v: Any) -> Any:
-        return v.val if isinstance(v, Literal) else env[v]
-
-    for eqn in jaxpr.eqns:
-        eqn = _compat.inherit_source(eqn, outer)
-        invals = [read(v) for v in eqn.invars]
-        if eqn.primitive.name in INLINED:
-            sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-            inner = sub.jaxpr if isinstance(sub, ClosedJaxpr) else sub
-            sub_consts = sub.consts if isinstance(sub, ClosedJaxpr) else []
-            outs = eval_inlined(inner, sub_consts, invals, emit, eqn)
-        else:
-            outs = emit(eqn, invals)
-        for v, x in zip(eqn.outvars, outs, strict=True):
-            env[v] = x
-    return [read(v) for v in jaxpr.outvars]
+    return jax.make_jaxpr(lambda *a: _interpret.eval_jaxpr(closed, a, _interpret.inlining()))(
+        *avals
+    )

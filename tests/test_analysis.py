@@ -16,9 +16,10 @@ import numpy as np
 from jax import lax
 
 import jaxpr_accum as ja
-from jaxpr_accum._axes import CONFLICT, Analysis
-from jaxpr_accum._rules import RULES, AxisLoc
+from jaxpr_accum._axes import Analysis
+from jaxpr_accum._lattice import CONFLICT, AxisLoc
 from jaxpr_accum._rules.elementwise import Elementwise
+from jaxpr_accum._table import RULES
 
 from .oracle import assert_matches_original
 
@@ -254,12 +255,12 @@ def test_finalize_runs_once_per_equation_in_order_and_may_mark_barriers():
     def f(x):
         return jnp.sum(jnp.sin(jnp.sin(jnp.sin(x)) * 2.0))
 
-    saved = RULES["sin"]
-    RULES["sin"] = rule = _Finalizing()
+    saved = RULES[lax.sin_p]
+    RULES[lax.sin_p] = rule = _Finalizing()
     try:
         analysis, jaxpr = _analyse(f, _x())
     finally:
-        RULES["sin"] = saved
+        RULES[lax.sin_p] = saved
     sins = [((), i) for i, e in enumerate(jaxpr.eqns) if e.primitive.name == "sin"]
     assert rule.calls == sins
     assert analysis.barriers == {sins[1]: "finalized"}

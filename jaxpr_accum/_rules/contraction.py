@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxpr_accum._rules.base import AxisLoc, Rule, register
+from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._table import Rule, register
 
 
 class DotGeneral(Rule):

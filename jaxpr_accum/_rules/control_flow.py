@@ -20,7 +20,7 @@ import jax
 from jax import lax
 
 from jaxpr_accum._compat import open_jaxpr
-from jaxpr_accum._rules.base import Rule, passed_through, register
+from jaxpr_accum._table import Rule, passed_through, register
 
 
 def link_call(view: Any, eqn: Any, path: tuple, sub: Any, operands: list, results: list) -> None:
@@ -180,9 +180,9 @@ class Cond(Rule):
         return list(lax.switch(index, branches, *operands))
 
 
-register(["jit", "pjit"], Call("jaxpr"))
-register(["closed_call", "core_call"], Call("call_jaxpr"))
-register(["checkpoint", "remat", "remat2"], Remat())
+register("jit", Call("jaxpr"))
+register(["closed_call", "call"], Call("call_jaxpr"))
+register("remat2", Remat())  # `jax.checkpoint`
 register("scan", Scan())
 register("while", While())
 register("cond", Cond())

@@ -39,29 +39,25 @@ import jax
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
+from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import ClosedJaxpr, Literal
 from jaxpr_accum._errors import SerializeError
-from jaxpr_accum._rules.base import Rule, register
+from jaxpr_accum._resize import Resizer
 from jaxpr_accum._rules.control_flow import link_call
+from jaxpr_accum._table import Rule, register, rule_for
 
 # Equations that map a per-chunk partial sum linearly onto another (so the partials of the
 # result still add up to the full result). Binary ones need every operand to be a partial,
 # except ``mul``/``div`` by a value that neither carries the axis nor depends on a reduction.
-_LINEAR_UNARY = {
-    "broadcast_in_dim",
-    "convert_element_type",
-    "copy",
-    "copy_p",
-    "expand_dims",
-    "neg",
-    "reduce_precision",
-    "reduce_sum",
-    "reshape",
-    "squeeze",
-    "transpose",
+_LINEAR_UNARY = _compat.primitives(
+    "broadcast_in_dim convert_element_type copy neg reduce_precision reduce_sum "
+    "reshape squeeze transpose"
+)
+_LINEAR_SUM = _compat.primitives("add add_any sub")
+_LINEAR_SCALE = {  # operands that may be the partial
+    _compat.primitive("mul"): (0, 1),
+    _compat.primitive("div"): (0,),
 }
-_LINEAR_SUM = {"add", "add_any", "sub"}
-_LINEAR_SCALE = {"mul": (0, 1), "div": (0,)}  # operands that may be the partial
 
 RESIDUAL = object()  # an output position of a rule whose axis position is free (a residual)
 
@@ -78,16 +74,17 @@ def _zero_tangent(x: Any) -> Any:
     return _compat.zeros_float0(x.shape)
 
 
+def is_custom_vjp(eqn: Any) -> bool:
+    return rule_for(eqn.primitive) is CUSTOM_VJP
+
+
 def function_name(eqn: Any) -> str:
     """The user's name of the custom function (``<unknown>`` when JAX kept none)."""
-    info = eqn.params["call_jaxpr"].jaxpr.debug_info
-    return getattr(info, "func_name", None) or "<unknown>"
+    return _compat.custom_call_identity(eqn)[0]
 
 
 def _identity(eqn: Any) -> tuple:
-    info = eqn.params["call_jaxpr"].jaxpr.debug_info
-    where = getattr(info, "func_src_info", None) or function_name(eqn)
-    return (where, tuple(str(v.aval) for v in eqn.invars))
+    return (_compat.custom_call_identity(eqn)[1], tuple(str(v.aval) for v in eqn.invars))
 
 
 @contextlib.contextmanager
@@ -115,8 +112,6 @@ class CheckedRule:
     problem: tuple | None
 
     def resized(self, r: Any, args: Sequence) -> list:
-        from jaxpr_accum._resize import Resizer  # the resizer imports the rule table
-
         return Resizer(self.analysis, r.k, r.start).eval_jaxpr((), self.jaxpr, list(args))
 
 
@@ -134,8 +129,6 @@ def check_rule(
     ``partial_outputs[j]``: output ``j`` may be a sum over the axis (the cotangent of an
     input without it).
     """
-    from jaxpr_accum._axes import Analysis  # the analysis imports the rule table
-
     inner = jaxpr.jaxpr
     analysis = Analysis(inner, size)
     seeds = [(v, loc) for v, loc in zip(inner.invars, in_locs, strict=True) if loc is not None]
@@ -192,7 +185,7 @@ def _first_problem(analysis: Any, inner: Any, out_locs: Sequence, partial_output
 
 
 def _is_linear_in_partials(eqn: Any, analysis: Any, partials: set, tainted: set) -> bool:
-    name = eqn.primitive.name
+    prim = eqn.primitive
     operands = list(eqn.invars)
 
     def is_partial(v: Any) -> bool:
@@ -201,29 +194,29 @@ def _is_linear_in_partials(eqn: Any, analysis: Any, partials: set, tainted: set)
     def is_constant(v: Any) -> bool:  # along the axis, and free of any reduction over it
         return isinstance(v, Literal) or (v not in tainted and analysis.loc((), v) is None)
 
-    if name in _LINEAR_UNARY:
+    if prim in _LINEAR_UNARY:
         return is_partial(operands[0]) and all(is_constant(v) for v in operands[1:])
-    if name in _LINEAR_SUM:
+    if prim in _LINEAR_SUM:
         return all(is_partial(v) for v in operands)
-    if name in _LINEAR_SCALE:
+    if prim in _LINEAR_SCALE:
         return any(
             is_partial(operands[i])
             and all(is_constant(v) for k, v in enumerate(operands) if k != i)
-            for i in _LINEAR_SCALE[name]
+            for i in _LINEAR_SCALE[prim]
         )
     return False
 
 
 class CustomJVP(Rule):
     def children(self, eqn: Any, view: Any) -> list:
-        return [(("call_jaxpr",), eqn.params["call_jaxpr"])]
+        return [(("call_jaxpr",), _compat.custom_call_body(eqn)[0])]
 
     def propagate(self, eqn: Any, view: Any) -> None:
-        nc = eqn.params["num_consts"]
+        call, nc = _compat.custom_call_body(eqn)
         if any(view.in_loc(i) is not None for i in range(nc)):
             view.barrier("a custom-derivative function closes over a value with the axis")
             return
-        link_call(view, eqn, ("call_jaxpr",), eqn.params["call_jaxpr"], eqn.invars, eqn.outvars)
+        link_call(view, eqn, ("call_jaxpr",), call, eqn.invars, eqn.outvars)
 
     def finalize(self, eqn: Any, view: Any) -> None:
         """After convergence: analyse the rules at full size; mixing makes this a barrier."""
@@ -244,14 +237,14 @@ class CustomJVP(Rule):
 
     def _locs(self, eqn: Any, analysis: Any, key: tuple) -> tuple[list, list]:
         ctx = key[0]
-        nc = eqn.params["num_consts"]
+        nc = _compat.custom_call_body(eqn)[1]
         return (
             [analysis.loc(ctx, v) for v in eqn.invars[nc:]],
             [analysis.loc(ctx, v) for v in eqn.outvars],
         )
 
     def _check(self, eqn: Any, analysis: Any, key: tuple) -> list:
-        nc = eqn.params["num_consts"]
+        nc = _compat.custom_call_body(eqn)[1]
         zeros = [_nondiff(v) for v in eqn.invars[nc:]]
         jvp, out_zeros = _compat.custom_jvp_rule_jaxpr(eqn, zeros)
         in_locs, out_locs = self._locs(eqn, analysis, key)
@@ -271,9 +264,8 @@ class CustomJVP(Rule):
         return rules
 
     def resize(self, eqn: Any, r: Any, invals: list) -> list:
-        nc = eqn.params["num_consts"]
+        call, nc = _compat.custom_call_body(eqn)
         consts, args = invals[:nc], invals[nc:]
-        call = eqn.params["call_jaxpr"]
         zeros = [_nondiff(v) for v in eqn.invars[nc:]]
         n_out = len(eqn.outvars)
 
@@ -299,7 +291,7 @@ class CustomJVP(Rule):
 
 class CustomVJP(CustomJVP):
     def _check(self, eqn: Any, analysis: Any, key: tuple) -> list:
-        nc = eqn.params["num_consts"]
+        nc = _compat.custom_call_body(eqn)[1]
         fwd_of, bwd_fn = _compat.custom_vjp_parts(eqn)
         in_locs, out_locs = self._locs(eqn, analysis, key)
         nonzeros = [not _nondiff(v) for v in eqn.invars[nc:]]
@@ -337,9 +329,8 @@ class CustomVJP(CustomJVP):
         ]
 
     def resize(self, eqn: Any, r: Any, invals: list) -> list:
-        nc = eqn.params["num_consts"]
+        call, nc = _compat.custom_call_body(eqn)
         consts, args = invals[:nc], invals[nc:]
-        call = eqn.params["call_jaxpr"]
 
         @jax.custom_vjp
         def fun(*a: Any) -> tuple:
@@ -372,5 +363,5 @@ def _describe(eqn: Any, what: str, problem: tuple) -> str:
     )
 
 
-register("custom_jvp_call", CustomJVP())
-register("custom_vjp_call", CustomVJP())
+CUSTOM_JVP = register("custom_jvp_call", CustomJVP())
+CUSTOM_VJP = register("custom_vjp_call", CustomVJP())

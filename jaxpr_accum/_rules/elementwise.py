@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxpr_accum._rules.base import Rule, register, shared_loc
+from jaxpr_accum._table import Rule, register, shared_loc
 
 
 class Elementwise(Rule):
@@ -43,6 +43,22 @@ class PerOperandIdentity(Rule):
             view.set_in(i, view.out_loc(i))
 
 
+class Placement(PerOperandIdentity):
+    """``device_put``: each value unchanged; inside the chunk body the placement is the
+    loop's (as for sharding annotations), so the chunk is passed through."""
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        return list(invals)
+
+
+class NoAxisOut(Rule):
+    """No result ever carries the axis (``dce_sink`` has none; ``empty2`` is a scalar): the
+    equation is fine per chunk."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        pass
+
+
 class BitcastConvert(Rule):
     """``bitcast_convert_type`` may add or drop a trailing dimension; others map 1:1."""
 
@@ -63,11 +79,13 @@ acos atan sinh cosh asinh acosh atanh sqrt rsqrt cbrt abs not population_count c
 conj complex add sub mul div rem pow max min nextafter atan2 and or xor shift_left
 shift_right_logical shift_right_arithmetic eq ne lt le gt ge select_n clamp
 convert_element_type integer_pow erf erfc erf_inv lgamma digamma polygamma zeta igamma
-igammac igamma_grad_a random_gamma_grad bessel_i0e bessel_i1e regularized_incomplete_beta
-square reduce_precision copy copy_p stop_gradient add_any mul_add pvary pcast
+igammac igamma_grad_a bessel_i0e bessel_i1e regularized_incomplete_beta
+square reduce_precision copy stop_gradient add_any pvary mulhi eq_to le_to lt_to name stage
 """.split()
 
 register(ELEMENTWISE_PRIMITIVES, Elementwise())
 register("optimization_barrier", PerOperandIdentity())
-register(["sharding_constraint", "mesh_cast", "reshard"], LayoutOnly())
+register(["sharding_constraint", "reshard"], LayoutOnly())
+register("device_put", Placement())
+register(["dce_sink", "empty2"], NoAxisOut())
 register("bitcast_convert_type", BitcastConvert())

@@ -4,16 +4,99 @@ Gather output dims are the index batch dims (every indices dim but the last, in 
 the operand's window dims inserted at ``offset_dims``. The axis may be an index batch dim
 (embedding lookup with per-row ids; ``operand_batching_dims`` pair it with an operand dim,
 as ``vmap`` of ``take_along_axis`` produces), or a window dim the gather takes whole and does
-not index along. Indexing *along* the axis (a permutation of rows, a lookup into a table
-that has the axis) is a barrier. Scatter mirrors this with updates in place of the output.
+not index along.
+
+*Per-row lookups*: ``logp[jnp.arange(N), y]`` indexes the operand along the axis, but with
+the row's own position (an ``iota`` along the axis, through JAX's negative-index
+normalisation, broadcasts and the concatenation of index vectors). That is proven from the
+program (``position_dim``), not assumed: the lookup is then positionwise, and at chunk size
+the position component of each index vector is shifted by the chunk's start, so it addresses
+the chunk's own rows. Any other indexing *along* the axis (a permutation of rows, a lookup
+into a table that has the axis) is a barrier. Scatter mirrors this with updates in place of
+the output.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jaxpr_accum._rules.base import AxisLoc, Rule, register
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxpr_accum import _compat
+from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._rules.shape import _with
+from jaxpr_accum._table import Rule, register
+
+_IOTA, _CONVERT, _BROADCAST, _SELECT, _LT, _CONCAT = (
+    _compat.primitive(n)
+    for n in ("iota", "convert_element_type", "broadcast_in_dim", "select_n", "lt", "concatenate")
+)
+
+
+def position_dim(analysis: Any, ctx: Any, v: Any, depth: int = 0) -> int | None:
+    """The dimension ``d`` along which integer value ``v`` counts its own position
+    (``v[..., i, ...] == i`` at dim ``d`` for every element), proven from its definition."""
+    eqn = None if depth > 32 else analysis.definition(ctx, v)
+    if eqn is None:
+        return None
+    prim, ins = eqn.primitive, eqn.invars
+    if prim is _IOTA:
+        return eqn.params["dimension"]
+    if prim is _CONVERT and jnp.issubdtype(eqn.outvars[0].aval.dtype, jnp.integer):
+        return position_dim(analysis, ctx, ins[0], depth + 1)
+    if prim is _BROADCAST:
+        d = position_dim(analysis, ctx, ins[0], depth + 1)
+        if d is None:
+            return None
+        out = eqn.params["broadcast_dimensions"][d]
+        same = ins[0].aval.shape[d] == eqn.outvars[0].aval.shape[out]
+        return out if same else None
+    if prim is _SELECT and len(ins) == 3:  # select_n(p < 0, p, p + n): p itself, as p >= 0
+        pred = analysis.definition(ctx, ins[0])
+        if (
+            pred is not None
+            and pred.primitive is _LT
+            and pred.invars[0] is ins[1]
+            and isinstance(pred.invars[1], _compat.Literal)
+            and pred.invars[1].val == 0
+        ):
+            return position_dim(analysis, ctx, ins[1], depth + 1)
+    return None
+
+
+def component_position(analysis: Any, ctx: Any, indices: Any, component: int) -> int | None:
+    """``position_dim`` of component ``component`` of the index vectors ``indices``
+    (the last dimension), looking through the concatenation that assembled them."""
+    v = indices
+    for _ in range(32):
+        eqn = analysis.definition(ctx, v)
+        rank = len(v.aval.shape)
+        if eqn is None or eqn.primitive is not _CONCAT or eqn.params["dimension"] != rank - 1:
+            break
+        for part in eqn.invars:
+            width = part.aval.shape[-1]
+            if component < width:
+                v = part
+                break
+            component -= width
+    if isinstance(v, _compat.Literal) or v.aval.shape[-1] != 1:
+        return None
+    return position_dim(analysis, ctx, v)
+
+
+def _per_row(eqn: Any, analysis: Any, ctx: Any, operand_dim: int) -> int | None:
+    """For a gather indexing operand dim ``operand_dim`` with each row's own position: the
+    index dimension that holds the rows (else None)."""
+    dn = eqn.params["dimension_numbers"]
+    if operand_dim not in dn.start_index_map or operand_dim not in dn.collapsed_slice_dims:
+        return None
+    indices = eqn.invars[1]
+    d = component_position(analysis, ctx, indices, dn.start_index_map.index(operand_dim))
+    if d is None or d == len(indices.aval.shape) - 1:
+        return None
+    return d
 
 
 def _window_dims(rank: int, skipped: tuple) -> list:
@@ -44,6 +127,8 @@ class Gather(Rule):
                 and sizes[loc.dim] == operand_shape[loc.dim]
             ):
                 view.set_out(0, AxisLoc(dn.offset_dims[windows.index(loc.dim)], loc.inner))
+            elif (row := _per_row(eqn, view.analysis, view.ctx, loc.dim)) is not None:
+                view.set_in(1, AxisLoc(row, loc.inner))  # each row looks itself up
             else:
                 view.barrier("`gather` indexes along the axis")
                 return
@@ -63,13 +148,20 @@ class Gather(Rule):
             else:
                 view.set_in(1, AxisLoc(out_batch.index(loc.dim), loc.inner))
 
-    def resize_params(self, eqn: Any, r: Any) -> dict:
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
         loc = r.in_locs[0]
         dn = eqn.params["dimension_numbers"]
         if loc is None or loc.dim in dn.operand_batching_dims:
-            return eqn.params
+            return _compat.bind(eqn, invals)
+        if _per_row(eqn, r.analysis, r.ctx, loc.dim) is not None:
+            operand, indices = invals
+            shift = np.zeros(indices.shape[-1], np.int64)
+            shift[dn.start_index_map.index(loc.dim)] = loc.inner
+            offset = lax.convert_element_type(r.start, indices.dtype)
+            local = indices - offset * jnp.asarray(shift, indices.dtype)  # the chunk's own rows
+            return _compat.bind(eqn, [operand, local])
         sizes = _with(eqn.params["slice_sizes"], loc.dim, r.rows(loc))
-        return {**eqn.params, "slice_sizes": sizes}
+        return _compat.bind(eqn, invals, {**eqn.params, "slice_sizes": sizes})
 
 
 class Scatter(Rule):

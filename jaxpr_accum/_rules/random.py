@@ -7,7 +7,8 @@ and ``random_split`` map key dimensions to the leading dimensions of their outpu
 A draw that *creates* the axis (its ``shape`` holds it) is generated inside the loop for the
 chunk only. Under the partitionable threefry (JAX's default), element ``i`` of a draw of
 shape ``S`` is ``threefry2x32(key, counter)`` with ``counter`` the 64-bit row-major index of
-``i`` in ``S``, split into two 32-bit words. The chunk's counters are computed from the
+``i`` in ``S``, split into two 32-bit words (that layout is JAX's, so it lives in ``_compat``
+and a test pins it against ``jax.random.bits``). The chunk's counters are computed from the
 *full* shape's strides with the chunk's offset along the axis, in exact 2x32-bit integer
 arithmetic, so the chunked bits equal the original's whatever the widths, merged dimensions
 or sizes. The bits are then recomputed in the backward pass like any chunk activation.
@@ -28,8 +29,9 @@ import numpy as np
 from jax import lax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._rules.base import AxisLoc, Rule, register
+from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._rules.elementwise import Elementwise
+from jaxpr_accum._table import Rule, register
 
 _MASK16 = np.uint32(0xFFFF)
 
@@ -66,33 +68,12 @@ def chunk_counters(full_shape: tuple, loc: AxisLoc, k: int, start: Any) -> tuple
     return total
 
 
-def _bits_from_counters(key: Any, counters: tuple[Any, Any]) -> tuple[Any, Any]:
-    k1, k2 = (x for x in jax.random.key_data(key))
-    return tuple(jax.extend.random.threefry2x32_p.bind(k1, k2, *counters))
-
-
-def _finish_bits(bits1: Any, bits2: Any, bit_width: int) -> Any:
-    """Same as ``_threefry_random_bits_partitionable`` after its threefry call."""
-    dtype = np.dtype(f"uint{bit_width}")
-    if bit_width == 64:
-        hi = lax.convert_element_type(bits1, dtype)
-        lo = lax.convert_element_type(bits2, dtype)
-        return lax.shift_left(hi, jnp.asarray(32, dtype=dtype)) | lo
-    if bit_width == 32:
-        return bits1 ^ bits2
-    return lax.convert_element_type(bits1 ^ bits2, dtype)
-
-
 def in_loop_draw_refusal(eqn: Any) -> str | None:
     """Why a draw born along the axis cannot be generated per chunk, or None if it can."""
     key = eqn.invars[0].aval
     if key.shape:
         return "a batch of keys draws along the axis"
-    if _compat.key_impl_name(key.dtype) != "threefry2x32":
-        return f"`{_compat.key_impl_name(key.dtype)}` keys have no per-chunk counter formula"
-    if not jax.config.jax_threefry_partitionable:
-        return "the legacy (non-partitionable) threefry has no per-chunk counter formula"
-    return None
+    return _compat.counter_draw_refusal(key.dtype)
 
 
 class KeyPrefix(Rule):
@@ -122,8 +103,8 @@ class KeyPrefix(Rule):
             return super().resize(eqn, r, invals)
         full_shape = tuple(eqn.params["shape"])
         with _compat.user_context(eqn):
-            bits = _bits_from_counters(invals[0], chunk_counters(full_shape, loc, r.k, r.start))
-            return [self.finish(eqn, invals[0], bits)]
+            counters = chunk_counters(full_shape, loc, r.k, r.start)
+            return [self.finish(eqn, invals[0], _compat.threefry_counter_bits(invals[0], counters))]
 
     def finish(self, eqn: Any, key: Any, bits: tuple[Any, Any]) -> Any:
         raise NotImplementedError
@@ -131,7 +112,7 @@ class KeyPrefix(Rule):
 
 class RandomBits(KeyPrefix):
     def finish(self, eqn: Any, key: Any, bits: tuple[Any, Any]) -> Any:
-        return _finish_bits(*bits, eqn.params["bit_width"])
+        return _compat.threefry_finish_bits(*bits, eqn.params["bit_width"])
 
 
 class RandomSplit(KeyPrefix):
@@ -151,4 +132,20 @@ class SameLeadingDims(Rule):
 register("random_bits", RandomBits())
 register("random_split", RandomSplit())
 register(["random_wrap", "random_unwrap"], SameLeadingDims())
+
+
+class RandomGamma(Elementwise):
+    """``random_gamma(keys, a)``: with one key per position, positionwise; with one key for
+    all of them, the primitive splits it over every position, so a draw along the axis is
+    hoisted (computed before the loop on the full axis, exact)."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        keys, a = (v.aval.shape for v in eqn.invars)
+        if keys == a:
+            super().propagate(eqn, view)
+        elif view.in_loc(1) is not None or view.out_loc(0) is not None:
+            view.hoist("`random_gamma` splits one key over every position along the axis")
+
+
 register(["random_fold_in", "random_seed", "random_clone", "threefry2x32"], Elementwise())
+register("random_gamma", RandomGamma())

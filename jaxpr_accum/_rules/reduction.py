@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxpr_accum._rules.base import AxisLoc, Rule, register
+from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._rules.shape import SameShape, _all, _first
+from jaxpr_accum._table import Rule, register
 
 MONOIDS = {
     "reduce_sum": "sum",
@@ -46,8 +47,36 @@ class Reduce(Rule):
             view.set_in(0, AxisLoc(kept[loc.dim], loc.inner))
 
 
+class VariadicReduce(Rule):
+    """``lax.reduce`` with a computation of its own: over other dimensions it keeps the axis
+    (shifted past the reduced ones); over the axis its monoid is unknown, so a barrier."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        n = len(eqn.outvars)
+        dims = tuple(eqn.params["dimensions"])
+        kept = [d for d in range(len(eqn.invars[0].aval.shape)) if d not in dims]
+        found = [view.in_loc(i) for i in range(n)]
+        found += [
+            None if (loc := view.out_loc(j)) is None else AxisLoc(kept[loc.dim], loc.inner)
+            for j in range(n)
+        ]
+        locs = {loc for loc in found if loc is not None}
+        if len(locs) > 1:
+            view.barrier("operands of `reduce` carry the axis at different places")
+            return
+        if not locs:
+            return
+        loc = locs.pop()
+        if loc.dim in dims:
+            view.barrier("`reduce` with a custom computation reduces over the axis")
+            return
+        for i in range(n):
+            view.set_in(i, loc)
+            view.set_out(i, AxisLoc(kept.index(loc.dim), loc.inner))
+
+
 def _not_axis(param: str) -> Any:
-    return lambda eqn, d: eqn.params[param] != d
+    return lambda eqn, d: eqn.params[param] % len(eqn.invars[0].aval.shape) != d
 
 
 def _not_topk_axis(eqn: Any, d: int) -> bool:
@@ -89,3 +118,11 @@ register(
 register(
     "reduce_window", SameShape(_window_operands, _window_allowed, "slides a window along the axis")
 )
+register(
+    ["select_and_scatter_add", "select_and_gather_add", "select_and_scatter"],
+    SameShape(lambda e: [0, 1], _window_allowed, "slides a window along the axis"),
+)
+register(
+    "approx_top_k", SameShape(_first, _not_axis("reduction_dimension"), "selects along the axis")
+)
+register("reduce", VariadicReduce())

@@ -16,7 +16,9 @@ from typing import Any
 from jax import lax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._rules.base import AxisLoc, Rule, register, shared_loc
+from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._resize import scaled
+from jaxpr_accum._table import Rule, register, shared_loc
 
 
 def _with(seq: Any, dim: int, value: Any) -> tuple:
@@ -188,7 +190,7 @@ class Iota(Rule):
         params = {**eqn.params, "shape": _with(eqn.params["shape"], loc.dim, r.rows(loc))}
         (out,) = _compat.bind(eqn, invals, params)
         if eqn.params["dimension"] == loc.dim:
-            offset = lax.convert_element_type(r.start * loc.inner, out.dtype)
+            offset = lax.convert_element_type(scaled(r.start, loc.inner), out.dtype)
             out = out + offset
         return [out]
 
@@ -213,6 +215,59 @@ def _dus_allowed(eqn: Any, d: int) -> bool:
     return eqn.invars[1].aval.shape[d] == eqn.invars[0].aval.shape[d]
 
 
+class Split(SameShape):
+    """``split``: pieces along ``axis``; the axis elsewhere is shared by every piece."""
+
+    def __init__(self) -> None:
+        super().__init__(_first, _not_param("axis"), "splits the axis into pieces")
+
+
+class Stack(Rule):
+    """``stack``: operands gain a new dimension ``axis`` (the axis shifts past it)."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        new = eqn.params["axis"]
+        found = [view.in_loc(i) for i in range(len(eqn.invars))]
+        out = view.out_loc(0)
+        if out is not None:
+            if out.dim == new:
+                view.barrier("`stack` stacks along the axis")
+                return
+            found.append(AxisLoc(out.dim - (out.dim > new), out.inner))
+        locs = {loc for loc in found if loc is not None}
+        if len(locs) > 1:
+            view.barrier("operands of `stack` carry the axis at different places")
+            return
+        if not locs:
+            return
+        loc = locs.pop()
+        for i in range(len(eqn.invars)):
+            view.set_in(i, loc)
+        view.set_out(0, AxisLoc(loc.dim + (loc.dim >= new), loc.inner))
+
+
+class Unstack(Rule):
+    """``unstack``: dimension ``axis`` is removed; each output is one slice of it."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        gone = eqn.params["axis"]
+        loc = view.in_loc(0)
+        if loc is not None:
+            if loc.dim == gone:
+                view.barrier("`unstack` unstacks the axis")
+                return
+            for j in range(len(eqn.outvars)):
+                view.set_out(j, AxisLoc(loc.dim - (loc.dim > gone), loc.inner))
+        for j in range(len(eqn.outvars)):
+            out = view.out_loc(j)
+            if out is not None:
+                view.set_in(0, AxisLoc(out.dim + (out.dim >= gone), out.inner))
+
+
+def _not_param(name: str) -> Any:
+    return lambda eqn, d: eqn.params[name] % len(eqn.invars[0].aval.shape) != d
+
+
 register("reshape", Reshape())
 register("broadcast_in_dim", BroadcastInDim())
 register("transpose", Permutation())
@@ -224,6 +279,9 @@ register("pad", SameShape(_first, _pad_allowed, "pads along the axis"))
 register("concatenate", SameShape(_all, _concat_allowed, "concatenates along the axis"))
 register("rev", SameShape(_first, _rev_allowed, "reverses the axis"))
 register("tile", SameShape(_first, _tile_allowed, "repeats the axis"))
+register("split", Split())
+register("stack", Stack())
+register("unstack", Unstack())
 register(
     "dynamic_update_slice",
     SameShape(lambda e: [0, 1], _dus_allowed, "updates part of the axis"),

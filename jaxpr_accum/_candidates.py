@@ -1,0 +1,142 @@
+"""Which axis: seeding from ``argnums``, or the candidates of ``size=`` / automatic mode.
+
+With ``argnums``, position ``axis`` of every array leaf of those arguments is seeded and one
+split is made. Otherwise each dimension of an input or intermediate value (at position
+``axis``, or any with ``axis=None``) whose size qualifies (equal to ``size``; else longer than
+``chunk``) starts an analysis; values already reached by an earlier candidate are skipped.
+The usable candidate whose split saves the most (``Split.saved``: the bytes its chunking
+keeps per chunk instead of at full size, less the stacked outputs and the accumulators the
+loop adds) is chosen (ties: the larger axis, then the one born first); ``explain`` lists the
+others. No usable candidate is a ``SerializeError`` that names, per candidate, where its
+region stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxpr_accum import _compat
+from jaxpr_accum._axes import Analysis
+from jaxpr_accum._compat import Jaxpr, Var
+from jaxpr_accum._errors import SerializeError
+from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._plan import Split, make_split
+
+
+def choose_split(traced: Any, settings: Any) -> tuple[Split, list[Split]]:
+    """``(chosen split, usable candidates)`` for a traced call under ``settings``."""
+    jaxpr, nc = traced.jaxpr, traced.n_consts
+    names = input_names(traced)
+    # With ``memory=`` the chunk is chosen later: candidates are planned at chunk 1.
+    chunk, axis, size = settings.chunk or 1, settings.axis, settings.size
+    if traced.seed_axes is not None:  # argnums / in_axes name the axis of input leaves
+        seeds = [
+            (v, AxisLoc(ax % len(_compat.shape_of(v))))
+            for v, ax in zip(jaxpr.invars[nc:], traced.seed_axes, strict=True)
+            if ax is not None
+        ]
+        n = _compat.shape_of(seeds[0][0])[seeds[0][1].dim]
+        analysis = Analysis(jaxpr, n).run(seeds)
+        where = sorted({f"{names[v]} at axis {loc.dim}" for v, loc in seeds})
+        born = _listed(where)
+        candidates = [make_split(jaxpr, analysis, chunk, born)]
+        what = (
+            f"`argnums` {settings.argnums}"
+            if settings.argnums is not None
+            else f"`in_axes` {settings.in_axes!r}"
+        )
+    else:
+        candidates = find_candidates(jaxpr, chunk, axis, size, names)
+        what = (
+            f"an axis of size {size}"
+            if size is not None
+            else f"an axis longer than `chunk` {chunk}"
+        )
+        if not candidates:
+            where = "at any position" if axis is None else f"born at position {axis}"
+            hint = (
+                "check `size` and `axis`, or pass `argnums=`"
+                if size is not None
+                else "pass `argnums=` or `size=` to name it"
+            )
+            raise SerializeError(f"found no {what[3:]} {where}; {hint}")
+    usable = [c for c in candidates if c.usable]
+    if not usable:
+        raise nothing_chunkable(candidates, what)
+    return choose(usable), usable
+
+
+def input_names(traced: Any) -> dict:
+    """A readable name for each top-level input: ``params['Dense_0']['kernel']``, ``x``,
+    ``closed-over value 2``."""
+    jaxpr, nc = traced.jaxpr, traced.n_consts
+    names = {v: f"closed-over value {i}" for i, v in enumerate(jaxpr.invars[:nc])}
+    names.update(zip(jaxpr.invars[nc:], traced.leaf_names, strict=True))
+    return names
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    """``a, b, c`` or ``a, b, c and 7 more``."""
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
+
+
+def describe_origin(jaxpr: Jaxpr, v: Var, dim: int, arg_names: dict) -> str:
+    if v in arg_names:
+        return f"dimension {dim} of {arg_names[v]}"
+    for eqn in jaxpr.eqns:
+        if v in eqn.outvars:
+            return f"dimension {dim} of `{eqn.primitive.name}` at {_compat.source_line(eqn)}"
+    return f"dimension {dim} of {v}"  # pragma: no cover
+
+
+def origins(jaxpr: Jaxpr) -> list[Var]:
+    """Every top-level value in program order: inputs, then equation results."""
+    out = list(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+        out.extend(v for v in eqn.outvars if not isinstance(v, _compat.DropVar))
+    return out
+
+
+def find_candidates(
+    jaxpr: Jaxpr, chunk: int, axis: int | None, size: int | None, arg_names: dict
+) -> list[Split]:
+    """Plans for every distinct candidate axis, in order of birth."""
+    values = origins(jaxpr)
+    order = {v: i for i, v in enumerate(values)}
+    covered: set = set()
+    splits = []
+    for v in values:
+        shape = v.aval.shape
+        for d, n in enumerate(shape):
+            if size is not None and n != size:
+                continue
+            if size is None and n <= chunk:
+                continue
+            if axis is not None and d != axis % max(len(shape), 1):
+                continue
+            if (v, d) in covered:
+                continue
+            analysis = Analysis(jaxpr, n).run([(v, AxisLoc(d))])
+            reached = [(u, loc) for (ctx, u), loc in analysis.locs.items() if ctx == ()]
+            covered.update((u, loc.dim) for u, loc in reached if loc.inner == 1)
+            first, first_loc = min(reached, key=lambda p: order.get(p[0], len(order)))
+            if axis is not None and (first_loc.dim != d or first_loc.inner != 1):
+                continue
+            born = describe_origin(jaxpr, first, first_loc.dim, arg_names)
+            splits.append(make_split(jaxpr, analysis, chunk, born))
+    return splits
+
+
+def choose(splits: list[Split]) -> Split:
+    return min(enumerate(splits), key=lambda ip: (-ip[1].saved, -ip[1].size, ip[0]))[1]
+
+
+def nothing_chunkable(splits: list[Split], what: str) -> SerializeError:
+    lines = [f"nothing can be chunked along {what}."]
+    for split in splits:
+        lines.append(f"axis of size {split.size} born at {split.born}:")
+        lines.extend(f"  stopped by {stop}" for stop in split.stops[:3])
+        if not split.stops:
+            lines.append("  no equation carries it per chunk")
+    return SerializeError("\n".join(lines))

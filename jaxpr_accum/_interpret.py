@@ -1,0 +1,68 @@
+"""The one equation interpreter: evaluate a jaxpr's equations under the current JAX trace.
+
+``eval_eqns(eqns, env, emit, indices)`` runs ``eqns[i]`` for ``i`` in ``indices`` (all, by
+default) in order, reading operands from ``env`` (literals by value) and writing results back;
+``emit(idx, eqn, invals) -> outs`` decides what each equation becomes: bound unchanged
+(``bind``), resized to the chunk (the resizer), or re-expressed (canonical convolutions).
+``eval_jaxpr`` does the same for a whole (closed) jaxpr. ``inlining(emit)`` wraps an emitter
+so that nested ``jit`` / ``closed_call`` equations are evaluated inline, recursively, each
+inner equation pointing at the user's line of the call when it has none of its own.
+
+Invariant: every equation is re-emitted through ``emit`` under its own source information,
+so the program built keeps pointing at the user's lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from jaxpr_accum import _compat
+from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
+
+Emit = Callable[[int, JaxprEqn, list], list]
+
+
+def bind(idx: int, eqn: JaxprEqn, invals: list) -> list:
+    """The default emitter: the equation unchanged."""
+    return _compat.bind(eqn, invals)
+
+
+def read(env: dict, v: Any) -> Any:
+    return v.val if isinstance(v, Literal) else env[v]
+
+
+def eval_eqns(
+    eqns: Sequence[JaxprEqn], env: dict, emit: Emit = bind, indices: Iterable[int] | None = None
+) -> None:
+    for idx in range(len(eqns)) if indices is None else indices:
+        eqn = eqns[idx]
+        outs = emit(idx, eqn, [read(env, v) for v in eqn.invars])
+        for v, x in zip(eqn.outvars, outs, strict=True):
+            if not isinstance(v, _compat.DropVar):
+                env[v] = x
+
+
+def eval_jaxpr(jaxpr: Jaxpr | ClosedJaxpr, args: Sequence, emit: Emit = bind) -> list:
+    """Evaluate a (closed) jaxpr on ``args``; constants of a closed jaxpr come with it."""
+    inner, consts = _compat.open_closed(jaxpr)
+    env: dict = dict(zip(inner.constvars, consts, strict=True))
+    env.update(zip(inner.invars, args, strict=True))
+    eval_eqns(inner.eqns, env, emit)
+    return [read(env, v) for v in inner.outvars]
+
+
+def inlining(emit: Emit = bind, outer: JaxprEqn | None = None) -> Emit:
+    """``emit`` with nested calls (``jit``, ``closed_call``) evaluated inline, recursively."""
+
+    def emit_inlined(idx: int, eqn: JaxprEqn, invals: list) -> list:
+        eqn = _compat.inherit_source(eqn, outer)
+        if _compat.is_inlined_call(eqn):
+            return eval_jaxpr(_compat.called_jaxpr(eqn), invals, inlining(emit, eqn))
+        return emit(idx, eqn, invals)
+
+    return emit_inlined
+
+
+def has_calls(jaxpr: Jaxpr | ClosedJaxpr) -> bool:
+    return any(_compat.is_inlined_call(e) for e in _compat.open_jaxpr(jaxpr).eqns)

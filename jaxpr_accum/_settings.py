@@ -1,0 +1,183 @@
+"""The settings of ``serialize_axis``, validated once into an immutable dataclass.
+
+Every argument is checked here, at decoration, with an error that names the argument and the
+allowed values (``chunk``, ``memory``, ``axis``, ``argnums``, ``size``, ``grad``,
+``accum_dtype``, ``mesh_axis``); what depends on the call's arguments (``argnums`` in range,
+equal sizes, a ``memory`` fraction of the device's limit) is checked at the first call by
+``_api`` and ``_budget``.
+
+Exactly one of ``chunk`` and ``memory`` is given. ``memory`` is parsed here into bytes (an
+``int``: ``"1.5 GiB"`` -> 1610612736) or kept as a fraction of the device's memory limit (a
+``float`` in (0, 1]), resolved against the device at the first call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+GRAD_MODES = ("auto", "remat", "fused", "native")
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+    "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+_MEMORY_HELP = (
+    "bytes as a positive int, a string with a unit such as '512 MiB', '2GB' or '1.5 GiB' "
+    "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), or a float in (0, 1] for a fraction of the "
+    "device's memory limit"
+)
+_MEMORY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def check_memory(memory: Any) -> int | float:
+    """``memory`` as bytes (``int``) or a fraction of the device's limit (``float``)."""
+    if isinstance(memory, bool):
+        raise TypeError(f"`memory` must be {_MEMORY_HELP}; got {memory!r}")
+    if isinstance(memory, str):
+        m = _MEMORY_RE.match(memory)
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise ValueError(f"`memory` must be {_MEMORY_HELP}; cannot parse {memory!r}")
+        n = float(m.group(1)) * _UNITS[unit]
+        if not n >= 1:
+            raise ValueError(f"`memory` must be at least 1 byte; got {memory!r}")
+        return int(n)
+    if hasattr(memory, "__index__"):
+        n = operator.index(memory)
+        if n <= 0:
+            raise ValueError(f"`memory` must be {_MEMORY_HELP}; got {n}")
+        return n
+    if isinstance(memory, float):
+        if not 0.0 < memory <= 1.0:
+            raise ValueError(
+                f"`memory` as a float is a fraction of the device's memory limit and must be "
+                f"in (0, 1]; got {memory!r} (for bytes pass an int or a string such as "
+                "'2 GiB')"
+            )
+        return memory
+    raise TypeError(f"`memory` must be {_MEMORY_HELP}; got {memory!r} ({type(memory).__name__})")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__})")
+    value = operator.index(value)
+    if value < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The validated arguments of ``serialize_axis`` (immutable: a new setting is a new
+    ``SerializedFunction``, never a stale plan)."""
+
+    chunk: int | None  # None: chosen from ``memory`` per call signature (``_budget``)
+    axis: int | None = 0
+    argnums: tuple[int, ...] | None = None
+    size: int | None = None
+    grad: str = "auto"
+    accum_dtype: Any = None
+    mesh_axis: tuple[str, ...] | None = None
+    memory: int | float | None = None  # bytes, or a fraction of the device's memory limit
+    in_axes: Any = None  # as ``jax.vmap``'s: a prefix of the positional arguments
+
+    @classmethod
+    def validated(
+        cls,
+        *,
+        chunk: Any = None,
+        memory: Any = None,
+        axis: Any = 0,
+        argnums: Any = None,
+        size: Any = None,
+        grad: Any = "auto",
+        accum_dtype: Any = None,
+        mesh_axis: Any = None,
+        in_axes: Any = None,
+    ) -> Settings:
+        if (chunk is None) == (memory is None):
+            raise ValueError(
+                "pass exactly one of `chunk` (positions per step, an int >= 1) and `memory` "
+                f"(a budget: {_MEMORY_HELP}); got "
+                + ("neither" if chunk is None else f"both (chunk={chunk!r}, memory={memory!r})")
+            )
+        if chunk is not None:
+            chunk = _check_int("chunk", chunk, 1)
+        else:
+            memory = check_memory(memory)
+        if axis is not None:
+            axis = _check_int("axis", axis, -(2**31))
+        if argnums is not None:
+            nums = (argnums,) if not isinstance(argnums, (tuple, list)) else tuple(argnums)
+            if not nums:
+                raise ValueError("`argnums` must name at least one argument")
+            argnums = tuple(_check_int("argnums", a, -(2**31)) for a in nums)
+            if axis is None:
+                raise ValueError(
+                    "`axis=None` needs automatic selection; with `argnums` pass an int"
+                )
+        size = None if size is None else _check_int("size", size, 1)
+        if argnums is not None and size is not None:
+            raise ValueError("pass either `argnums` or `size`, not both")
+        if grad not in GRAD_MODES:
+            raise ValueError(
+                f"`grad` must be one of {', '.join(map(repr, GRAD_MODES))}; got {grad!r}"
+            )
+        if accum_dtype is not None:
+            accum_dtype = _check_accum_dtype(accum_dtype)
+        if mesh_axis is not None:
+            axes = (mesh_axis,) if isinstance(mesh_axis, str) else mesh_axis
+            if not (
+                isinstance(axes, (tuple, list)) and axes and all(isinstance(a, str) for a in axes)
+            ):
+                raise TypeError(
+                    f"`mesh_axis` must be a mesh axis name or a tuple of names, got {mesh_axis!r}"
+                )
+            mesh_axis = tuple(axes)
+        if in_axes is not None:
+            in_axes = _check_in_axes(in_axes, argnums, size)
+        return cls(chunk, axis, argnums, size, grad, accum_dtype, mesh_axis, memory, in_axes)
+
+
+def _check_accum_dtype(accum_dtype: Any) -> Any:
+    try:
+        dtype = jnp.dtype(accum_dtype)
+    except TypeError as e:
+        raise TypeError(f"`accum_dtype` must be a dtype, got {accum_dtype!r}") from e
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"`accum_dtype` must be a floating dtype, got {dtype}")
+    if jax.dtypes.canonicalize_dtype(dtype) != dtype:  # 64-bit types without x64
+        raise ValueError(
+            f"`accum_dtype` {dtype} needs 64-bit floats, which are disabled: enable them "
+            "with `jax.config.update('jax_enable_x64', True)` before creating the function, "
+            "or pass `accum_dtype=jnp.float32`"
+        )
+    return dtype
+
+
+def _check_in_axes(in_axes: Any, argnums: Any, size: Any) -> Any:
+    """``in_axes`` as ``jax.vmap`` takes it: an int, ``None``, or a pytree prefix of the
+    positional arguments with an int or ``None`` per leaf; at least one int."""
+    if argnums is not None or size is not None:
+        raise ValueError("`in_axes` names the axis itself: pass it without `argnums` or `size`")
+    leaves = jax.tree_util.tree_leaves(in_axes, is_leaf=lambda x: x is None)
+    bad = [x for x in leaves if x is not None and (isinstance(x, bool) or not isinstance(x, int))]
+    if bad:
+        raise TypeError(
+            f"`in_axes` leaves must be ints or None (as for jax.vmap), got {bad[0]!r} in "
+            f"{in_axes!r}"
+        )
+    if not any(x is not None for x in leaves):
+        raise ValueError(f"`in_axes` must name at least one axis (an int), got {in_axes!r}")
+    return in_axes
+
+
+SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))

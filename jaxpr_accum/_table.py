@@ -1,0 +1,116 @@
+"""The rule table: one ``Rule`` per primitive, keyed by the primitive *object*.
+
+A rule knows two things about one primitive, so that everything a primitive needs lives
+together (JAX's ``batching.py`` keys its rules the same way):
+
+- ``propagate(eqn, view)``: given what is known of where the tracked axis sits in the
+  equation's operands and results (``view.in_loc(i)`` / ``view.out_loc(j)``, each an
+  ``AxisLoc`` or ``None``), record what follows (``view.set_in`` / ``view.set_out``), or say
+  that the equation reduces over the axis (``view.reduce(j, kind)``), that it must run before
+  the loop on the full axis (``view.hoist(reason)``), or that it mixes positions along the
+  axis (``view.barrier(reason)``). Propagation runs in both directions until nothing
+  changes, so a rule must only ever *add* facts that hold whatever else is learnt later.
+- ``resize(eqn, r, invals)``: re-emit the equation on chunk-sized operands, returning its
+  results. ``r.k`` is the chunk length, ``r.start`` the traced index of the chunk's first
+  position, ``r.in_locs`` / ``r.out_locs`` the axis positions.
+
+Optional: ``children(eqn, view)`` (sub-jaxprs that must be chunkable too; by default every
+sub-jaxpr in the parameters) and ``finalize(eqn, view)`` (called once after the analysis has
+converged; custom derivative rules are analysed there).
+
+Rules are plugins (``jaxpr_accum._rules``) that import this module; this module imports no
+rule. A primitive without a rule gets ``UNKNOWN``, a barrier that says how to register one.
+Registering by name resolves the name once to JAX's primitive object (``_compat``); a name
+that no primitive of the installed JAX has is an error, never a silent no-op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from jaxpr_accum import _compat
+from jaxpr_accum._lattice import AxisLoc
+
+
+class Rule:
+    """Base rule: shape-free re-emission. Subclasses override ``propagate``."""
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        raise NotImplementedError
+
+    def resize_params(self, eqn: Any, r: Any) -> dict:
+        return eqn.params
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        return _compat.bind(eqn, invals, self.resize_params(eqn, r))
+
+    def children(self, eqn: Any, view: Any) -> list:
+        """Sub-jaxprs that must be mappable for this equation to be chunked."""
+        return list(_compat.sub_jaxprs(eqn.params))
+
+
+class Barrier(Rule):
+    """Mixes positions along the axis, always (``{name}`` in the reason: the primitive)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def propagate(self, eqn: Any, view: Any) -> None:
+        view.barrier(self.reason.format(name=eqn.primitive.name))
+
+
+UNKNOWN = Barrier(
+    "primitive `{name}` is not known to be chunkable; register a rule with `ja.register_rule`"
+)
+
+RULES: dict[Any, Rule] = {}
+
+
+def rule_for(primitive: Any) -> Rule:
+    return RULES.get(primitive, UNKNOWN)
+
+
+def register(primitives: Any, rule: Any) -> Any:
+    """Register ``rule`` for each of ``primitives`` (primitive objects or names)."""
+    if isinstance(primitives, str) or not isinstance(primitives, Iterable):
+        primitives = [primitives]
+    for p in primitives:
+        RULES[resolve(p)] = rule
+    return rule
+
+
+def resolve(primitive: Any) -> Any:
+    """The primitive object for a primitive or its name (an unknown name is an error)."""
+    if isinstance(primitive, str):
+        found = _compat.primitive(primitive)
+        if found is None:
+            raise ValueError(
+                f"no primitive named {primitive!r} in the installed JAX "
+                f"({_compat.jax_version()}); pass the primitive object itself"
+            )
+        return found
+    if not (hasattr(primitive, "bind") and isinstance(getattr(primitive, "name", None), str)):
+        raise TypeError(f"`primitive` must be a JAX primitive or its name, got {primitive!r}")
+    return primitive
+
+
+def shared_loc(eqn: Any, view: Any, operands: Any) -> AxisLoc | None:
+    """The one position that ``operands`` and every result agree on, or None.
+
+    Two different positions make the equation a barrier (and return None).
+    """
+    found = [view.in_loc(i) for i in operands]
+    found += [view.out_loc(j) for j in range(len(eqn.outvars))]
+    locs = {loc for loc in found if loc is not None}
+    if len(locs) > 1:
+        view.barrier(f"operands of `{eqn.primitive.name}` carry the axis at different places")
+        return None
+    return next(iter(locs), None)
+
+
+def passed_through(jaxpr: Any) -> set:
+    """Outputs of ``jaxpr`` that no equation inside it reads: a reduction producing one of
+    them hands its per-chunk partial straight out, so the enclosing call reduces too."""
+    read = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, _compat.Literal)}
+    return {v for v in jaxpr.outvars if not isinstance(v, _compat.Literal) and v not in read}

@@ -1,0 +1,200 @@
+"""The codebase's shape: the import graph has no cycle, rules are keyed by primitive objects,
+version knowledge is pinned, and a rewritten program is exactly the expected one."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpr_accum as ja
+from jaxpr_accum import _compat
+from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._rules.random import chunk_counters
+from jaxpr_accum._table import RULES
+
+PACKAGE = Path(ja.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> package modules it imports (at any depth in the file, lazily too)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                base = node.module
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in node.names
+                ]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    graph.pop("jaxpr_accum")  # the package's public names import everything, by design
+    for deps in graph.values():
+        deps.discard("jaxpr_accum")
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d) :] + [d]))
+            if d not in state:
+                visit(d)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_the_engine_imports_no_rule():
+    graph = import_graph()
+    for engine in ("_lattice", "_table", "_axes", "_resize", "_interpret", "_compat", "_errors"):
+        deps = graph[f"jaxpr_accum.{engine}"]
+        assert not any(d.startswith("jaxpr_accum._rules") for d in deps), (engine, deps)
+
+
+def test_no_module_is_much_over_300_lines():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    too_big = {n: s for n, s in sizes.items() if s > 400 and n != "_demo.py"}
+    assert not too_big, too_big
+
+
+def test_rules_are_keyed_by_the_primitive_objects_of_this_jax():
+    """Every key is JAX's own object for its name, or a user's primitive JAX does not have."""
+    ours = 0
+    for primitive in RULES:
+        found = _compat.primitive(primitive.name)
+        assert found is None or found is primitive, primitive
+        ours += found is primitive
+    assert ours >= 140, ours
+
+
+def test_registering_an_unknown_name_is_an_error():
+    with pytest.raises(ValueError, match="no primitive named 'not_a_primitive'"):
+        ja.register_rule("not_a_primitive", "elementwise")
+    with pytest.raises(TypeError, match="JAX primitive or its name"):
+        ja.register_rule(42, "elementwise")
+
+
+def test_a_user_primitive_named_like_a_lax_one_does_not_replace_it():
+    from jax.extend.core import Primitive
+
+    mine = Primitive("add")
+    before = RULES[jax.lax.add_p]
+    ja.register_rule(mine, "elementwise")
+    try:
+        assert RULES[jax.lax.add_p] is before and mine in RULES
+    finally:
+        del RULES[mine]
+
+
+@pytest.mark.parametrize(
+    "shape, dim, inner, k",
+    [
+        ((7,), 0, 1, 3),
+        ((5, 6), 0, 1, 2),
+        ((4, 3, 2), 1, 1, 2),
+        ((6, 8), 1, 2, 2),
+        ((3, 70001), 0, 1, 2),
+    ],
+)
+@pytest.mark.parametrize("bit_width", [8, 16, 32, 64])
+def test_threefry_counter_layout_matches_jax_random_bits(shape, dim, inner, k, bit_width):
+    """The per-chunk counter formula (``_compat.threefry_*``) against ``jax.random.bits``."""
+    with jax.enable_x64(bit_width == 64):
+        key = jax.random.key(3)
+        dtype = jnp.dtype(f"uint{bit_width}")
+        full = np.asarray(jax.random.bits(key, shape, dtype))
+        n = shape[dim] // inner
+        loc = AxisLoc(dim, inner)
+        for start in range(0, n - k + 1, k):
+            counters = chunk_counters(shape, loc, k, start)
+            bits = _compat.threefry_finish_bits(
+                *_compat.threefry_counter_bits(key, counters), bit_width
+            )
+            index = [slice(None)] * len(shape)
+            index[dim] = slice(start * inner, (start + k) * inner)
+            np.testing.assert_array_equal(np.asarray(bits), full[tuple(index)])
+    assert math.prod(shape) > 0
+
+
+GOLDEN = """
+{ lambda ; a:f32[3,2] b:f32[10,3]. let
+    c:f32[] = custom_vjp_call[
+      name=region
+      bwd=bwd
+      call_jaxpr={ lambda ; d:f32[3,2] e:f32[10,3]. let
+          f:i32[2] = iota[dimension=0 dtype=int32 shape=(2,) sharding=None] 
+          g:f32[] = scan[
+            jaxpr={ lambda ; h:f32[10,3] i:f32[3,2] j:f32[] k:i32[]. let
+                l:i32[] = mul k 4:i32[]
+                m:bool[] = lt l 0:i32[]
+                n:i32[] = add l 10:i32[]
+                o:i32[] = select_n m l n
+                p:f32[4,3] = dynamic_slice[slice_sizes=(4, 3)] h o 0:i32[]
+                q:f32[4,2] = dot_general[
+                  dimension_numbers=(([1], [0]), ([], []))
+                  preferred_element_type=float32
+                ] p i
+                r:f32[4,2] = tanh q
+                s:f32[4,2] = integer_pow[y=2] r
+                t:f32[] = reduce_sum[axes=(0, 1) out_sharding=None] s
+                u:f32[] = add j t
+              in (u,) }
+            length=2
+            num_carry=1
+            num_consts=2
+            reverse=False
+            unroll=1
+          ] e d 0.0:f32[] f
+          v:f32[2,3] = dynamic_slice[slice_sizes=(2, 3)] e 8:i32[] 0:i32[]
+          w:f32[2,2] = dot_general[
+            dimension_numbers=(([1], [0]), ([], []))
+            preferred_element_type=float32
+          ] v d
+          x:f32[2,2] = tanh w
+          y:f32[2,2] = integer_pow[y=2] x
+          z:f32[] = reduce_sum[axes=(0, 1) out_sharding=None] y
+          ba:f32[] = add g z
+        in (ba,) }
+      fwd=fwd
+      symbolic_zeros=True
+    ] a b
+    bb:f32[] = div c 20.0:f32[]
+  in (bb,) }
+"""
+
+
+def test_golden_rewritten_program():
+    """A rewritten program compared with the expected one, equation by equation: one scan of
+    the full chunks, the remainder at its own length, no ``mul ... 1`` or ``add ... 0``."""
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=4, argnums=1, grad="remat")
+    got = str(sf.jaxpr(jnp.ones((3, 2)), jnp.ones((10, 3))))
+    assert got.strip() == GOLDEN.strip()

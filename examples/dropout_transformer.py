@@ -33,12 +33,12 @@ os.environ["XLA_FLAGS"] = (
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
+from jaxpr_accum.testing import tree_difference  # noqa: E402
 
 QUICK = "--quick" in sys.argv[1:]
 BATCH, SEQ, EMBED, HEADS, VOCAB = (32, 16, 32, 2, 64) if QUICK else (64, 64, 64, 4, 256)
@@ -108,26 +108,6 @@ def compile_value_and_grad(f, *args):
     return compiled, compiled.memory_analysis().temp_size_in_bytes
 
 
-def max_diff(got, ref):
-    """(largest |got - ref|, the same relative to magnitude) over all leaves.
-
-    Each leaf is compared relative to its own magnitude, floored at 1e-3 of the largest
-    leaf's, so that a leaf that is zero in exact arithmetic (the gradient of attention's key
-    bias: softmax ignores a constant shift) compares at the scale of the whole gradient.
-    """
-    pairs = [
-        (np.asarray(g, np.float64), np.asarray(r, np.float64))
-        for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True)
-    ]
-    top = max(np.abs(r).max() for _, r in pairs)
-    worst_abs = worst_rel = 0.0
-    for g, r in pairs:
-        d = np.abs(g - r).max()
-        scale = max(np.abs(r).max(), 1e-3 * top, 1e-30)
-        worst_abs, worst_rel = max(worst_abs, d), max(worst_rel, d / scale)
-    return worst_abs, worst_rel
-
-
 def main():
     mesh = Mesh(jax.devices(), ("data",))
     batch_sharding = NamedSharding(mesh, P("data"))
@@ -149,7 +129,9 @@ def main():
     c0, m0 = compile_value_and_grad(loss, *args)
     c1, m1 = compile_value_and_grad(serialized_loss, *args)
     (v0, g0), (v1, g1) = c0(*args), c1(*args)
-    (_, dv), (ga, dg) = max_diff(v1, v0), max_diff(g1, g0)
+    # each leaf relative to its own magnitude, floored at 1e-3 of the largest leaf's
+    dv, diff = tree_difference(v1, v0).max_rel, tree_difference(g1, g0)
+    ga, dg = diff.max_abs, diff.max_rel
     print(
         f"XLA temp memory of value_and_grad: original {m0:,} B, serialized {m1:,} B "
         f"({m0 / m1:.2f}x less)"

@@ -29,6 +29,7 @@ import optax
 from flax import nnx
 
 import jaxpr_accum as ja
+from jaxpr_accum.testing import tree_difference
 
 QUICK = "--quick" in sys.argv[1:]
 BATCH, FEATURES, HIDDEN, CLASSES = (128, 32, 128, 10) if QUICK else (512, 64, 512, 10)
@@ -76,25 +77,6 @@ def temp_bytes(loss_fn, model, x, y):
     return value_and_grad.lower(model, x, y).compile().memory_analysis().temp_size_in_bytes
 
 
-def max_diff(got, ref):
-    """(largest |got - ref|, the same relative to magnitude) over all leaves.
-
-    Each leaf is compared relative to its own magnitude, floored at 1e-3 of the largest
-    leaf's, so that a leaf that is (nearly) zero compares at the scale of the whole gradient.
-    """
-    pairs = [
-        (np.asarray(g, np.float64), np.asarray(r, np.float64))
-        for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True)
-    ]
-    top = max(np.abs(r).max() for _, r in pairs)
-    worst_abs = worst_rel = 0.0
-    for g, r in pairs:
-        d = np.abs(g - r).max()
-        scale = max(np.abs(r).max(), 1e-3 * top, 1e-30)
-        worst_abs, worst_rel = max(worst_abs, d), max(worst_rel, d / scale)
-    return worst_abs, worst_rel
-
-
 def main():
     kx, ky = jax.random.split(jax.random.key(0))
     xs = jax.random.normal(kx, (STEPS, BATCH, FEATURES))
@@ -120,13 +102,15 @@ def main():
             step(model, opt, xs[i], ys[i])
             for step, model, opt in zip(steps, models, optimizers, strict=True)
         )
-        (_, dl), (_, da), (ga, dg) = max_diff(l1, l0), max_diff(a1, a0), max_diff(g1, g0)
+        # each leaf relative to its own magnitude, floored at 1e-3 of the largest leaf's
+        dl, da, d = tree_difference(l1, l0), tree_difference(a1, a0), tree_difference(g1, g0)
+        ga, dg = d.max_abs, d.max_rel
         print(
             f"step {i}: loss {float(l0):.6f} vs {float(l1):.6f}, accuracy "
             f"{float(a0['accuracy']):.4f} vs {float(a1['accuracy']):.4f}; "
             f"largest gradient difference {ga:.2e} (relative {dg:.1e})"
         )
-        worst = max(worst, dl, da, dg)
+        worst = max(worst, dl.max_rel, da.max_rel, dg)
     # Adam divides each update by the root of its second moment, which magnifies the
     # reassociation differences of near-zero gradient entries (each moves by up to about LR
     # a step whatever its size); so the parameters are compared at the scale of the steps.

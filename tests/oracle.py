@@ -4,9 +4,10 @@ Every test in this suite checks a serialized function against the function it wr
 own tests check ``vmap`` against a stack of per-slice calls. Two helpers live here:
 
 * :func:`assert_matches_original` compares outputs (pytree structure, shapes, dtypes, values)
-  and reverse-mode derivatives (``jax.vjp`` with a random cotangent, and ``jax.grad`` for
-  scalar outputs) with respect to every floating-point array leaf of the differentiated
-  arguments.
+  by the per-leaf rule of ``jaxpr_accum.testing`` (each leaf relative to its own magnitude,
+  floored at 1e-3 of the largest leaf's) and reverse-mode derivatives (``jax.vjp`` with a
+  random cotangent, and ``jax.grad`` for scalar outputs) with respect to every
+  floating-point array leaf of the differentiated arguments.
 * :func:`iter_eqns` walks a (Closed)Jaxpr recursively into every sub-jaxpr, found generically
   by scanning each equation's parameters (tuples, lists and dicts included), so that the
   structural tests do not depend on parameter names that change between JAX versions.
@@ -24,7 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
-# Tolerances keyed by dtype: |a - b| <= tol * max(1, max|ref|), per leaf.
+from jaxpr_accum import testing as ja_testing
+
+# Tolerances keyed by dtype, per leaf, relative to the leaf's own magnitude floored at 1e-3 of
+# the largest leaf's (the rule of ``jaxpr_accum.testing``, which does the comparing).
 _TOL_16BIT = 2e-2
 _TOL_F64 = 1e-10
 
@@ -32,11 +36,23 @@ _TOL_F64 = 1e-10
 def tolerance(dtype: Any, rtol: float = 2e-4) -> float:
     """The tolerance for a leaf of ``dtype``; ``rtol`` is the float32 tolerance."""
     dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        dtype = jnp.dtype(jnp.finfo(dtype).dtype)
     if dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return max(rtol, _TOL_16BIT)
     if dtype == jnp.dtype(jnp.float64):
         return min(rtol, _TOL_F64)
     return rtol
+
+
+_FLOAT_DTYPES = (
+    jnp.bfloat16,
+    jnp.float16,
+    jnp.float32,
+    jnp.float64,
+    jnp.complex64,
+    jnp.complex128,
+)
 
 
 def _is_array(x: Any) -> bool:
@@ -47,52 +63,15 @@ def _is_float_array(x: Any) -> bool:
     return _is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def _is_key_array(x: Any) -> bool:
-    return _is_array(x) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
 def assert_tree_close(got: Any, ref: Any, *, rtol: float = 2e-4, what: str = "output") -> None:
-    """Same pytree, shapes and dtypes; floats within the dtype-keyed tolerance; the rest exact."""
-    got_leaves, got_tree = jax.tree.flatten(got)
-    ref_paths, ref_tree = jax.tree_util.tree_flatten_with_path(ref)
-    assert got_tree == ref_tree, f"{what}: pytree differs:\n got {got_tree}\n ref {ref_tree}"
-    for g, (path, r) in zip(got_leaves, ref_paths, strict=True):
-        where = f"{what} at {jax.tree_util.keystr(path) or '<root>'}"
-        if not _is_array(r):
-            assert g == r, f"{where}: {g!r} != {r!r}"
-            continue
-        assert _is_array(g), f"{where}: got {type(g).__name__}, expected an array"
-        assert g.shape == r.shape, f"{where}: shape {g.shape} != {r.shape}"
-        assert g.dtype == r.dtype, f"{where}: dtype {g.dtype} != {r.dtype}"
-        if r.dtype == jax.dtypes.float0:
-            continue
-        if _is_key_array(r):
-            np.testing.assert_array_equal(
-                np.asarray(jax.random.key_data(g)),
-                np.asarray(jax.random.key_data(r)),
-                err_msg=where,
-            )
-            continue
-        g_np = np.asarray(g)
-        r_np = np.asarray(r)
-        if not jnp.issubdtype(r.dtype, jnp.inexact):
-            np.testing.assert_array_equal(g_np, r_np, err_msg=f"{where}: not equal")
-            continue
-        g64 = g_np.astype(np.float64)
-        r64 = r_np.astype(np.float64)
-        assert np.all(np.isfinite(r64) == np.isfinite(g64)), f"{where}: finiteness differs"
-        finite = np.isfinite(r64)
-        scale = max(1.0, float(np.max(np.abs(r64[finite]), initial=0.0)))
-        tol = tolerance(r.dtype, rtol) * scale
-        err = float(np.max(np.abs(g64[finite] - r64[finite]), initial=0.0))
-        assert err <= tol, (
-            f"{where}: max |got - ref| = {err:.3e} > {tol:.3e} "
-            f"(dtype {r.dtype}, shape {r.shape}, max|ref| = {scale:.3e})"
-        )
-        # Non-finite entries must agree exactly (inf with the same sign, nan with nan).
-        np.testing.assert_array_equal(
-            g64[~finite], r64[~finite], err_msg=f"{where}: non-finite entries differ"
-        )
+    """Same pytree, shapes and dtypes; floats within the dtype-keyed tolerance, each leaf
+    relative to its own magnitude (floored at 1e-3 of the largest leaf's); the rest exact.
+
+    Delegates to ``jaxpr_accum.testing.assert_tree_close``; ``rtol`` is the float32
+    tolerance (16-bit floats get at least 2e-2, float64 at most 1e-10).
+    """
+    rtols = {dtype: tolerance(dtype, rtol) for dtype in _FLOAT_DTYPES}
+    ja_testing.assert_tree_close(got, ref, rtol=rtols, what=what)
 
 
 def _normalize_argnums(argnums: int | Sequence[int] | None, nargs: int) -> tuple[int, ...]:

@@ -1,0 +1,266 @@
+"""The comparison: per-leaf tolerances keyed by dtype, relative to each leaf's own magnitude
+(floored at a share of the largest leaf); integer, boolean and key leaves bit-identical."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_F64_RTOL, _F32_RTOL, _F16_RTOL = 1e-10, 2e-4, 2e-2
+_FLOOR = 1e-3  # a leaf's scale is at least this share of the largest leaf's
+_ABS_FLOOR = 1e-30  # and at least this (a tree of zeros)
+_NOISE_FACTOR = 4.0  # a leaf may also differ by this many times the original's own noise
+
+Tolerance = float | Mapping[Any, float] | None
+
+
+# --------------------------------------------------------------------------------------------
+# Leaves
+# --------------------------------------------------------------------------------------------
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _is_key(x: Any) -> bool:
+    return jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _is_float(x: Any) -> bool:
+    return _is_array(x) and not _is_key(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _real_dtype(dtype: Any) -> np.dtype:
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return jnp.dtype(jnp.finfo(dtype).dtype)
+    return dtype
+
+
+def _default_rtol(dtype: Any) -> float:
+    real = _real_dtype(dtype)
+    if real == jnp.dtype(jnp.float64):
+        return _F64_RTOL
+    if real == jnp.dtype(jnp.float32):
+        return _F32_RTOL
+    return _F16_RTOL  # bfloat16, float16 and narrower
+
+
+def _rtol_for(dtype: Any, rtol: Tolerance) -> float:
+    """``rtol`` for a leaf of ``dtype``: a float applies to every dtype; a mapping from
+    dtypes to floats overrides the defaults for the dtypes it names."""
+    if rtol is None:
+        return _default_rtol(dtype)
+    if isinstance(rtol, Mapping):
+        dtype = jnp.dtype(dtype)
+        for key, value in rtol.items():
+            if jnp.dtype(key) == dtype:
+                return float(value)
+        return _default_rtol(dtype)
+    return float(rtol)
+
+
+def _label(prefix: str, path: Sequence[Any]) -> str:
+    return prefix + jax.tree_util.keystr(tuple(path))
+
+
+def _argument_label(path: Sequence[Any]) -> str:
+    """``args[0]['w']`` or ``kwargs['x']`` for a path into ``(args, kwargs)``."""
+    head, rest = path[0], path[1:]
+    return _label("args" if getattr(head, "idx", 0) == 0 else "kwargs", rest)
+
+
+def _fmt_index(index: tuple) -> str:
+    return "()" if not index else "(" + ", ".join(str(int(i)) for i in index) + ")"
+
+
+# --------------------------------------------------------------------------------------------
+# The comparison
+# --------------------------------------------------------------------------------------------
+
+
+class Difference(NamedTuple):
+    """The result of :func:`tree_difference`.
+
+    ``max_abs``: the largest ``|got - ref|`` over all floating leaves. ``max_rel``: the
+    largest of those differences divided by the leaf's scale (see the module docstring);
+    ``path`` and ``index`` locate it (``""`` and ``()`` when every leaf is equal).
+    """
+
+    max_abs: float
+    max_rel: float
+    path: str
+    index: tuple
+
+
+@dataclasses.dataclass
+class _Mismatch:
+    where: str
+    lines: list[str]
+
+    def message(self, what: str, extra: Sequence[str] = ()) -> str:
+        where = self.where if self.where.startswith(what) else f"{what} at {self.where}"
+        head = f"jaxpr_accum.testing: {where} differs from the original's"
+        return "\n  ".join([head, *self.lines, *extra])
+
+
+def _as_f64(x: Any) -> np.ndarray:
+    a = np.asarray(x)
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        return a.astype(np.complex128)
+    return a.astype(np.float64)
+
+
+class _Compared(NamedTuple):
+    mismatch: _Mismatch | None
+    diff: Difference
+
+
+def _compare(
+    got: Any,
+    ref: Any,
+    rtol: Tolerance,
+    label: Callable[[tuple], str],
+    noise: Sequence[float] | None = None,
+) -> _Compared:
+    """Compare two pytrees leaf by leaf: the first leaf that fails, and the worst difference.
+
+    ``label(path)`` names a leaf in messages; ``noise``: see ``_compare_leaves``."""
+    ref_items, ref_tree = jax.tree_util.tree_flatten_with_path(ref)
+    got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+    if got_tree != ref_tree:
+        lines = [f"pytree structure: serialized {got_tree}", f"original {ref_tree}"]
+        return _Compared(_Mismatch(label(()) or "<root>", lines), Difference(0.0, 0.0, "", ()))
+    pairs = [
+        (label(tuple(path)) or "<root>", g, r)
+        for g, (path, r) in zip(got_leaves, ref_items, strict=True)
+    ]
+    return _compare_leaves(pairs, rtol, noise)
+
+
+def _compare_leaves(
+    pairs: list[tuple[str, Any, Any]], rtol: Tolerance, noise: Sequence[float] | None = None
+) -> _Compared:
+    """``pairs``: ``(name, got, ref)`` for each leaf of one tree (the scale floor is shared).
+
+    ``noise``: per leaf, how far the original itself moves when its inputs move by one
+    rounding error (absolute); a leaf may differ by ``_NOISE_FACTOR`` times that."""
+    none = Difference(0.0, 0.0, "", ())
+    floats = []
+    top = 0.0
+    noise = [0.0] * len(pairs) if noise is None else list(noise)
+    for (where, g, r), leaf_noise in zip(pairs, noise, strict=True):
+        if not _is_array(r):
+            if not (g is r or g == r):
+                return _Compared(_Mismatch(where, [f"serialized {g!r}, original {r!r}"]), none)
+            continue
+        if not _is_array(g):
+            lines = [f"serialized is a {type(g).__name__}, original an array"]
+            return _Compared(_Mismatch(where, lines), none)
+        if g.shape != r.shape or g.dtype != r.dtype:
+            lines = [f"serialized {g.dtype}{list(g.shape)}, original {r.dtype}{list(r.shape)}"]
+            return _Compared(_Mismatch(where, lines), none)
+        if r.dtype == jax.dtypes.float0:
+            continue
+        if _is_key(r):
+            g, r = jax.random.key_data(g), jax.random.key_data(r)
+        if not jnp.issubdtype(r.dtype, jnp.inexact):
+            g_np, r_np = np.asarray(g), np.asarray(r)
+            if not np.array_equal(g_np, r_np):
+                bad = tuple(np.argwhere(g_np != r_np)[0]) if g_np.ndim else ()
+                n = int(np.sum(g_np != r_np))
+                line = (
+                    f"{r.dtype} values must be bit-identical; {n} of {r_np.size} differ, first "
+                    f"at index {_fmt_index(bad)}: serialized {g_np[bad]}, original {r_np[bad]}"
+                )
+                return _Compared(_Mismatch(where, [line]), none)
+            continue
+        g64, r64 = _as_f64(g), _as_f64(r)
+        finite = np.isfinite(r64)
+        same = (g64 == r64) | (np.isnan(g64) & np.isnan(r64))
+        bad_mask = (np.isfinite(g64) != finite) | (~finite & ~same)
+        if np.any(bad_mask):
+            bad = tuple(np.argwhere(bad_mask)[0]) if r64.ndim else ()
+            line = (
+                f"non-finite entries differ, first at index {_fmt_index(bad)}: "
+                f"serialized {g64[bad]}, original {r64[bad]}"
+            )
+            return _Compared(_Mismatch(where, [line]), none)
+        own = float(np.max(np.abs(r64[finite]), initial=0.0))
+        top = max(top, own)
+        floats.append((where, r.dtype, g64, r64, finite, own, leaf_noise))
+
+    worst = none
+    first: _Mismatch | None = None
+    for where, dtype, g64, r64, finite, own, leaf_noise in floats:
+        if r64.size == 0:
+            continue
+        scale = max(own, _FLOOR * top, _ABS_FLOOR)
+        err_all = np.zeros(r64.shape)
+        err_all[finite] = np.abs(g64[finite] - r64[finite])
+        flat = int(np.argmax(err_all))
+        index = tuple(int(i) for i in np.unravel_index(flat, err_all.shape))
+        err = float(err_all.reshape(-1)[flat])
+        rel = err / scale
+        if rel > worst.max_rel:
+            worst = Difference(max(worst.max_abs, err), rel, where, index)
+        else:
+            worst = worst._replace(max_abs=max(worst.max_abs, err))
+        tol = _rtol_for(dtype, rtol)
+        allowed = max(tol * scale, _NOISE_FACTOR * leaf_noise)
+        if first is None and not err <= allowed:
+            if scale == own:
+                basis = "the leaf's own magnitude"
+            elif scale > _ABS_FLOOR:
+                basis = f"{_FLOOR:g} of the largest leaf's magnitude {top:.4g}"
+            else:
+                basis = "the absolute floor: the original is zero everywhere"
+            first = _Mismatch(
+                where,
+                [
+                    f"worst |serialized - original| = {err:.3e} at index {_fmt_index(index)}: "
+                    f"serialized {g64[index]:.8g}, original {r64[index]:.8g}",
+                    f"relative error {rel:.3e} > tolerance {tol:.1e} ({dtype}), at scale "
+                    f"{scale:.4g} ({basis})",
+                    *(
+                        [
+                            f"and > {_NOISE_FACTOR:g} x {leaf_noise:.3e}, what the original "
+                            "itself moves by when its values move by one rounding error"
+                        ]
+                        if leaf_noise > 0
+                        else []
+                    ),
+                ],
+            )
+    return _Compared(first, worst)
+
+
+def tree_difference(got: Any, ref: Any) -> Difference:
+    """The largest difference between two pytrees of arrays, by the per-leaf rule.
+
+    ``max_rel`` is what :func:`assert_tree_close` compares with the tolerance: each floating
+    leaf's ``max|got - ref|`` over ``max(max|ref leaf|, 1e-3 * max over leaves of max|ref|)``.
+    Raises ``AssertionError`` when the trees differ in structure, shapes or dtypes, or their
+    integer, boolean or key leaves differ.
+    """
+    compared = _compare(got, ref, float("inf"), lambda p: _label("", p))
+    if compared.mismatch is not None:
+        raise AssertionError(compared.mismatch.message("the tree"))
+    return compared.diff
+
+
+def assert_tree_close(got: Any, ref: Any, *, rtol: Tolerance = None, what: str = "output") -> None:
+    """Assert that ``got`` matches ``ref`` by the per-leaf rule (see the module docstring).
+
+    ``rtol``: ``None`` for the defaults by dtype, a float for every floating dtype, or a
+    mapping from dtypes to floats. ``what`` names the tree in the message.
+    """
+    compared = _compare(got, ref, rtol, lambda p: _label(what, p))
+    if compared.mismatch is not None:
+        raise AssertionError(compared.mismatch.message(what))

@@ -1,0 +1,281 @@
+"""Hypothesis: inputs like the example arguments, chunk sizes, and ``check``, the property.
+
+Hypothesis is imported when first used (``pip install 'jaxpr_accum[testing]'``)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpr_accum.testing._compare import (
+    Tolerance,
+    _argument_label,
+    _as_f64,
+    _is_array,
+    _is_key,
+    _real_dtype,
+)
+from jaxpr_accum.testing._oracle import _assert_one, _check_serialized, _Reference, _variant
+
+#: Every gradient mode that ``check`` tries by default.
+MODES = ("remat", "fused", "native")
+
+# --------------------------------------------------------------------------------------------
+# Hypothesis
+# --------------------------------------------------------------------------------------------
+
+
+def _hypothesis() -> Any:
+    try:
+        import hypothesis
+        import hypothesis.strategies  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            "jaxpr_accum.testing's strategies and `check` need Hypothesis: "
+            "pip install 'jaxpr_accum[testing]' (or pip install hypothesis)"
+        ) from e
+    return hypothesis
+
+
+#: Multipliers of each floating leaf's typical size that the strategies draw from; the first
+#: is where Hypothesis shrinks to.
+MAGNITUDES = (1.0, 1e-3, 1e3, 1e-1, 10.0)
+_MAGNITUDES_16BIT = (1.0, 1e-2, 1e2, 1e-1, 10.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LeafSpec:
+    kind: str  # "float", "int", "bool", "key", "static"
+    shape: tuple = ()
+    dtype: Any = None
+    lo: Any = 0
+    hi: Any = 0
+    rms: float = 1.0
+    nonneg: bool = False
+    like: Any = None  # the example leaf (its sharding and array type are kept)
+
+    @classmethod
+    def of(cls, x: Any) -> _LeafSpec:
+        if not _is_array(x):
+            return cls("static", like=x)
+        shape, dtype = tuple(x.shape), x.dtype
+        if _is_key(x):
+            return cls("key", shape, dtype, like=x)
+        if jnp.issubdtype(dtype, jnp.inexact):
+            a = _as_f64(x)
+            finite = a[np.isfinite(a)] if a.size else a
+            rms = float(np.sqrt(np.mean(np.abs(finite) ** 2))) if finite.size else 0.0
+            nonneg = bool(
+                not jnp.issubdtype(dtype, jnp.complexfloating)
+                and finite.size
+                and np.all(finite >= 0)
+                and np.any(finite > 0)
+            )
+            return cls("float", shape, dtype, rms=rms if rms > 0 else 1.0, nonneg=nonneg, like=x)
+        if dtype == np.bool_:
+            return cls("bool", shape, dtype, like=x)
+        a = np.asarray(x)
+        lo, hi = (a.min(), a.max()) if a.size else (0, 0)
+        return cls("int", shape, dtype, lo=lo, hi=hi, like=x)
+
+    def build(self, rng: np.random.RandomState, magnitude: float) -> Any:
+        if self.kind == "static":
+            return self.like
+        if self.kind == "float":
+            value = rng.standard_normal(self.shape)
+            if jnp.issubdtype(self.dtype, jnp.complexfloating):
+                value = value + 1j * rng.standard_normal(self.shape)
+            elif self.nonneg:
+                value = np.abs(value)
+            value = jnp.asarray(value * self.rms * magnitude, dtype=self.dtype)
+        elif self.kind == "bool":
+            value = jnp.asarray(rng.randint(0, 2, self.shape).astype(bool))
+        elif self.kind == "int":
+            lo, hi = int(self.lo), int(self.hi)
+            ints = lo + (rng.randint(0, 2**31 - 1, self.shape) % (hi - lo + 1))
+            value = jnp.asarray(ints.astype(np.dtype(self.dtype)))
+        else:
+            impl = jax.random.key_impl(self.like)
+            data_shape = jax.random.key_data(self.like).shape
+            data = rng.randint(0, 2**31 - 1, data_shape).astype(np.uint32)
+            value = jax.random.wrap_key_data(jnp.asarray(data), impl=impl)
+        if isinstance(self.like, (np.ndarray, np.generic)) and self.kind != "key":
+            return np.asarray(value)
+        sharding = getattr(self.like, "sharding", None)
+        if sharding is not None and not isinstance(self.like, jax.core.Tracer):
+            with contextlib.suppress(Exception):
+                value = jax.device_put(value, sharding)
+        return value
+
+
+class _Recipe:
+    """A drawn input: a seed and one magnitude per floating leaf. Small, so that a
+    counterexample prints in a line; ``build()`` makes the arrays."""
+
+    def __init__(self, specs: list, treedef: Any, labels: list, seed: int, mags: tuple):
+        self.specs, self.treedef, self.labels = specs, treedef, labels
+        self.seed, self.magnitudes = seed, mags
+
+    def build(self) -> Any:
+        it = iter(self.magnitudes)
+        leaves = []
+        for i, spec in enumerate(self.specs):
+            rng = np.random.RandomState((self.seed * 1_000_003 + i) % 2**32)
+            leaves.append(spec.build(rng, next(it) if spec.kind == "float" else 1.0))
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+    def __repr__(self) -> str:
+        scaled = [
+            f"{label} x{m:g}"
+            for label, m in zip(self.labels, self.magnitudes, strict=True)
+            if m != 1.0
+        ]
+        return f"<inputs: seed {self.seed}; " + (
+            f"scaled: {', '.join(scaled)}>" if scaled else "every float leaf at its own size>"
+        )
+
+
+def _recipes(args: Any, label: Callable[[tuple], str] | None = None) -> Any:
+    st = _hypothesis().strategies
+    label = label or (lambda path: jax.tree_util.keystr(path) or "<root>")
+    items, treedef = jax.tree_util.tree_flatten_with_path(args)
+    specs = [_LeafSpec.of(x) for _, x in items]
+    floats = [
+        (path, spec) for (path, _), spec in zip(items, specs, strict=True) if spec.kind == "float"
+    ]
+    labels = [label(tuple(p)) for p, _ in floats]
+    mags = [
+        st.sampled_from(MAGNITUDES if _real_dtype(s.dtype).itemsize > 2 else _MAGNITUDES_16BIT)
+        for _, s in floats
+    ]
+
+    @st.composite
+    def recipes(draw: Callable) -> _Recipe:  # composite: a counterexample prints its repr
+        seed = draw(st.integers(0, 2**31 - 1))
+        return _Recipe(specs, treedef, labels, seed, draw(st.tuples(*mags)))
+
+    return recipes()
+
+
+def arrays_like(args: Any) -> Any:
+    """A Hypothesis strategy of pytrees with the structure, shapes and dtypes of ``args``.
+
+    Floating leaves are drawn from a normal distribution at the example leaf's root mean
+    square (1 for a leaf of zeros) times a magnitude from ``1e-3`` to ``1e3`` (``1e-2`` to
+    ``1e2`` for 16-bit floats), non-negative where the example leaf is (a scale, a mask).
+    Integer leaves are drawn between the example leaf's minimum and maximum (token ids and
+    labels stay valid), booleans at random, PRNG keys from random key data of the same
+    implementation. Non-array leaves are kept; so are the example arrays' shardings. Flax
+    NNX modules come back as new modules with drawn state. Shrinks towards magnitude 1 and
+    seed 0.
+    """
+    return _recipes(args).map(lambda r: r.build())
+
+
+def chunk_sizes(n: int) -> Any:
+    """A Hypothesis strategy of chunk sizes for an axis of length ``n``: 1, a divisor of
+    ``n``, a non-divisor (the loop then has a remainder), ``n`` (one chunk) and ``n + 3``
+    (more than the axis). Shrinks towards 1."""
+    st = _hypothesis().strategies
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"`n` must be a non-negative int (the axis length), got {n!r}")
+    n = int(n)
+    options = [st.just(1)]
+    divisors = [d for d in range(2, n) if n % d == 0]
+    others = [d for d in range(2, n) if n % d]
+    if divisors:
+        options.append(st.sampled_from(divisors))
+    if others:
+        options.append(st.sampled_from(others))
+    if n > 1:
+        options.append(st.just(n))
+    options.append(st.just(n + 3))
+    return st.one_of(*options)
+
+
+def _shards(sf: Any, args: Any) -> int:
+    """How many devices the serialized axis is split over (chunks are multiples of it)."""
+    axes = getattr(sf, "mesh_axis", None)
+    if not axes:
+        return 1
+    meshes = [jax.sharding.get_abstract_mesh()]
+    meshes += [
+        x.sharding.mesh
+        for x in jax.tree.leaves(args)
+        if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+    ]
+    for mesh in meshes:
+        names = tuple(getattr(mesh, "axis_names", ()))
+        if names and all(a in names for a in axes):
+            shape = dict(mesh.shape)
+            return math.prod(int(shape[a]) for a in axes)
+    return 1
+
+
+def check(
+    sf: Any,
+    *args: Any,
+    max_examples: int = 8,
+    modes: Iterable[str] = MODES,
+    rtol: Tolerance = None,
+    **kwargs: Any,
+) -> None:
+    """Check ``sf`` against ``sf.original`` on inputs and chunk sizes drawn by Hypothesis.
+
+    ``args`` and ``kwargs`` are example arguments: each example draws new ones like them
+    (:func:`arrays_like`) and a chunk size for the serialized axis (:func:`chunk_sizes`),
+    and runs :func:`assert_matches_original` in each gradient mode of ``modes`` (a mode
+    that does not apply, fused for a program whose outputs are not sums, falls back as
+    ``"auto"`` would, and is skipped when that fallback is already checked). On failure,
+    Hypothesis shrinks to the smallest counterexample it finds and raises its
+    ``AssertionError``, with the drawn example in the notes.
+
+    A plain function: call it inside any test. Uses the active Hypothesis settings profile,
+    with ``max_examples`` and no deadline. Needs Hypothesis (``pip install
+    'jaxpr_accum[testing]'``). Each new (mode, chunk) pair traces and compiles once, so the
+    cost grows with ``len(modes)`` times the chunk sizes drawn, not with ``max_examples``.
+    """
+    hypothesis = _hypothesis()
+    _check_serialized(sf)
+    modes = tuple(modes)
+    n = int(sf.explain(*args, **kwargs).axis_size)
+    d = _shards(sf, (args, kwargs))
+    chunks = chunk_sizes(n // d).map(lambda c: c * d) if d > 1 else chunk_sizes(n)
+    done: dict[tuple[int, str], str] = {}  # (chunk, requested mode) -> the mode it ran in
+
+    def run(drawn_args: tuple, drawn_kwargs: dict, chunk: int) -> None:
+        ref = _Reference(sf.original, drawn_args, drawn_kwargs)
+        checked: set[str] = set()
+        for mode in modes:
+            variant = _variant(sf, mode, chunk, n)
+            effective = done.get((chunk, mode))
+            if effective is None:
+                effective = variant.explain(*drawn_args, **drawn_kwargs).grad
+                done[(chunk, mode)] = effective
+            if effective in checked:
+                continue  # e.g. fused fell back to remat, which is checked already
+            checked.add(effective)
+            _assert_one(variant, drawn_args, drawn_kwargs, rtol, ref)
+
+    @hypothesis.settings(
+        max_examples=max_examples,
+        deadline=None,
+        phases=[p for p in hypothesis.Phase if p.name != "explain"],
+        suppress_health_check=[
+            hypothesis.HealthCheck.too_slow,
+            hypothesis.HealthCheck.data_too_large,
+        ],
+    )
+    @hypothesis.given(inputs=_recipes((args, kwargs), _argument_label), chunk=chunks)
+    def jaxpr_accum_check(inputs: _Recipe, chunk: int) -> None:
+        drawn_args, drawn_kwargs = inputs.build()
+        run(tuple(drawn_args), dict(drawn_kwargs), chunk)
+
+    jaxpr_accum_check()

@@ -1,4 +1,11 @@
-"""Test configuration: one CPU device, Hypothesis profiles.
+"""Test configuration: one CPU device, Hypothesis profiles, test tiers.
+
+Tiers (markers registered in ``pyproject.toml``): the default run, ``python -m pytest -q``,
+is the fast tier (``-m 'not slow and not integration'`` in ``addopts``); ``-m slow`` runs
+the full parametrisation matrices, the models and long property runs; ``-m integration``
+runs what starts subprocesses (examples, docs snippets, multi-device and multi-process
+checks); ``-m ''`` runs everything. A test is in exactly one tier: marking it both ``slow``
+and ``integration`` is an error, so that running the three tiers runs every test once.
 
 Profiles (select with ``HYPOTHESIS_PROFILE=<name>``; default ``ci``):
 
@@ -16,6 +23,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
@@ -38,3 +46,50 @@ settings.register_profile(
     "thorough", max_examples=400, deadline=None, print_blob=True, suppress_health_check=_SLOW
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+TIERS = ("slow", "integration")
+#: Test files that run whole example models (minutes on 2 cores) and carry no marker of their
+#: own yet: the slow tier. (A marker in the file itself is better; then drop it from here.)
+SLOW_FILES = ("test_docs_testing_examples.py",)
+#: Tests moved to the slow tier to keep the default one under 3 minutes on 2 cores (each
+#: family keeps a faster representative in the default tier).
+SLOW_TESTS = (
+    "test_rules_coverage.py::test_random_gamma_per_sample",
+    "test_rules_coverage.py::test_linalg_decompositions",
+    "test_rules_coverage.py::test_lstm_cell_chunks_whole",
+    "test_rules_coverage.py::test_linalg_along_the_axis_is_a_barrier",
+    "test_rules_coverage.py::test_per_row_lookup_saves_memory",
+    "test_rules_coverage.py::test_checkpoint_name_and_policy",
+    "test_testing.py::test_assert_matches_original_in_every_mode_and_chunk",
+    "test_testing.py::test_check_passes_on_a_small_model",
+    "test_testing.py::test_integer_and_key_inputs_and_outputs",
+    "test_testing.py::test_batch_statistic_custom_vjp_passes_check",
+    "test_budget.py::test_choice_is_reused_by_later_calls_jit_and_grad",
+    "test_budget.py::test_nnx_train_step_under_nnx_jit",
+    "test_random.py::test_compiled_hlo_has_no_full_random_buffer",
+    "test_random.py::test_flax_dropout_mlp",
+    "test_random.py::test_fold_in_per_index",
+    "test_random.py::test_split_key_per_sample_size_hint",
+    "test_random.py::test_legacy_threefry_is_exact_and_hoisted",
+    "test_random.py::test_rbg_key_is_exact_and_hoisted",
+    "test_compose.py::test_value_and_grad_auto",
+    "test_compose.py::test_vmap_of_serialized",
+    "test_compose.py::test_cache_respects_shapes",
+    "test_compose.py::test_serialize_a_jitted_function",
+    "test_compose.py::test_size_hint_axis_at_position_1",
+    "test_rules.py::test_cumsum_sort_topk_other_axis",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects anything
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        listed = item.path.name in SLOW_FILES or any(t in item.nodeid for t in SLOW_TESTS)
+        if listed and not any(item.get_closest_marker(t) for t in TIERS):
+            item.add_marker(pytest.mark.slow)
+    both = [item.nodeid for item in items if all(item.get_closest_marker(t) for t in TIERS)]
+    if both:
+        raise pytest.UsageError(
+            "a test is in one tier: marked both 'slow' and 'integration': " + ", ".join(both)
+        )

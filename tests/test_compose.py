@@ -1,4 +1,10 @@
-"""Serialized functions compose with JAX transforms and take any kind of input."""
+"""Serialized functions compose with JAX transforms and take any kind of input.
+
+Tiers: the default tier runs each composition in ``grad="remat"`` (native mode's own
+transforms, jvp and hessian, are in it too); the ``grad="native"`` rows and the second chunk
+sizes are ``slow``. ``tests/test_exactness.py`` has one composition row per gradient mode in
+the default tier and the full matrix in the slow tier.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ import jaxpr_accum as ja
 from . import models
 from .oracle import assert_matches_original, assert_tree_close
 
-GRAD_MODES = ["remat", "native"]
+slow = pytest.mark.slow
+GRAD_MODES = ["remat", pytest.param("native", marks=slow)]
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +94,7 @@ def test_vmap_of_serialized(mlp, grad):
     assert_tree_close(got_g, ref_g, what="grad of vmap(sf)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad", GRAD_MODES)
 def test_vmap_over_parameters(mlp, grad):
     """vmap over a leading axis of the (loop-invariant) parameters."""
@@ -101,6 +109,7 @@ def test_vmap_over_parameters(mlp, grad):
     assert_tree_close(got_g, ref_g, what="vmap(grad(sf)) over params")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad", GRAD_MODES)
 def test_closure_over_traced_parameters(mlp, grad):
     """Inside jax.grad of an outer function, sf closes over the parameter tracer."""
@@ -162,7 +171,7 @@ def _cross_entropy_setup(n=11, d=4, classes=5):
 
 
 @pytest.mark.parametrize("grad", GRAD_MODES)
-@pytest.mark.parametrize("chunk", [3, 4])
+@pytest.mark.parametrize("chunk", [3, pytest.param(4, marks=slow)])
 def test_integer_labels(grad, chunk):
     f, args = _cross_entropy_setup()
     sf = ja.serialize_axis(f, chunk=chunk, argnums=(1, 2), grad=grad)
@@ -200,7 +209,7 @@ def test_vjp_with_integer_input_gives_float0(grad):
 
 
 @pytest.mark.parametrize("grad", GRAD_MODES)
-@pytest.mark.parametrize("chunk", [2, 5])
+@pytest.mark.parametrize("chunk", [2, pytest.param(5, marks=slow)])
 def test_integer_output_is_exact(grad, chunk):
     """An integer output (count of correct predictions) alongside the loss."""
     f, args = _cross_entropy_setup()
@@ -231,6 +240,7 @@ def _dropout_setup(key):
     return f, (w, x, key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad", GRAD_MODES)
 @pytest.mark.parametrize(
     "make_key",
@@ -244,6 +254,7 @@ def test_prng_key_input_dropout(grad, make_key):
     assert_matches_original(f, sf, *args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad", GRAD_MODES)
 def test_per_example_keys_microbatched(grad):
     """A batch of keys (one per example) serialized together with the data."""
@@ -263,6 +274,7 @@ def test_per_example_keys_microbatched(grad):
     assert_matches_original(f, sf, w, x, keys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad", GRAD_MODES)
 def test_vjp_with_key_input(grad):
     f, args = _dropout_setup(jax.random.key(0))
@@ -551,6 +563,7 @@ def test_argnums_axis_1(grad):
     assert_matches_original(f, sf, w, xt, yt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad", GRAD_MODES)
 def test_sample_axis_born_at_position_1_with_axis_none(grad):
     """axis=None: the 9-sample axis is born at position 1 of the random draw."""
@@ -564,7 +577,8 @@ def test_sample_axis_born_at_position_1_with_axis_none(grad):
 
     sf = ja.serialize_axis(f, chunk=4, axis=None, grad=grad)
     assert_matches_original(f, sf, w, mu, jax.random.key(5))
-    assert "9" in str(sf.explain(w, mu, jax.random.key(5)))
+    plan = sf.explain(w, mu, jax.random.key(5))
+    assert plan.axis_size == 9, str(plan)
 
 
 @pytest.mark.parametrize("grad", GRAD_MODES)

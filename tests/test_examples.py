@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # subprocesses
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ["mc_vae.py", "dropout_transformer.py", "nnx_grad_accum.py"]
 COMMANDS = {name: [str(ROOT / "examples" / name), "--quick"] for name in EXAMPLES}

@@ -39,7 +39,7 @@ def _max_diff(a, b):
     return max(jax.tree.leaves(jax.tree.map(lambda p, q: float(jnp.abs(p - q).max()), a, b)))
 
 
-@pytest.mark.parametrize("grad", ["auto", "remat"])
+@pytest.mark.parametrize("grad", [pytest.param("auto", marks=pytest.mark.slow), "remat"])
 def test_nnx_value_and_grad_with_dropout_then_second_call(grad):
     original, serialized = DropoutMLP(nnx.Rngs(0, dropout=1)), DropoutMLP(nnx.Rngs(0, dropout=1))
     sloss = ja.serialize_axis(mse, chunk=6, argnums=1, grad=grad)
@@ -86,7 +86,7 @@ class LinenNet(nn.Module):
         return nn.Dense(1)(x)
 
 
-@pytest.mark.parametrize("grad", ["remat", "native"])
+@pytest.mark.parametrize("grad", [pytest.param("remat", marks=pytest.mark.slow), "native"])
 def test_linen_apply_with_dropout_and_batch_stats(grad):
     net = LinenNet()
     x = jax.random.normal(jax.random.key(0), (24, 8))
@@ -112,6 +112,7 @@ def test_linen_apply_with_dropout_and_batch_stats(grad):
     assert _max_diff(ua, ub) <= 1e-5
 
 
+@pytest.mark.slow
 def test_linen_apply_dropout_only_matches_original():
     class Drop(nn.Module):
         @nn.compact

@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.integration  # a subprocess with 8 CPU devices
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "sharding_cases.py"
 RTOL = 2e-4

@@ -1,0 +1,72 @@
+"""The real-model tier: public example models (``tests/real_models.py``), serialized at
+``chunk = N // 8`` the way a user would, each with three checks:
+
+(a) ``chunked``: the rewritten program has more loops (scan / while equations, recursively)
+    than the original, the plan's chunked body is not empty, and the region stops nowhere
+    but at the case's expected primitives (none by default);
+(b) ``exact``: values and reverse-mode derivatives equal the original's
+    (``jaxpr_accum.testing.assert_matches_original``);
+(c) ``memory``: XLA's temp bytes of ``jit(value_and_grad(f, argnums=<float arguments>))``
+    serialized are at most ``0.6`` times the original's.
+
+A check that the library cannot pass yet is a strict ``xfail`` with its reason (the primitive,
+the measured figure) in ``Case.xfail``: it fails as XPASS once fixed. ``python
+benchmarks/real_models.py`` prints the table of ``docs/real-models.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from jaxpr_accum.testing import assert_matches_original
+
+from . import real_models as rm
+
+pytestmark = pytest.mark.integration
+
+
+def _params():
+    for c in rm.CASES:
+        for check in rm.CHECKS:
+            marks = []
+            if check in c.xfail:
+                marks.append(pytest.mark.xfail(strict=True, reason=c.xfail[check]))
+            yield pytest.param(c.name, check, id=f"{c.name}-{check}", marks=marks)
+
+
+@functools.lru_cache(maxsize=4)
+def _built(name: str):
+    c = rm.case(name)
+    if not rm.available(c):
+        pytest.skip(f"{c.library} is not installed (pip install -e '.[models]')")
+    loss, args = c.make()
+    return c, loss, args
+
+
+@functools.lru_cache(maxsize=4)
+def _measured(name: str) -> rm.Measured:
+    c, loss, args = _built(name)
+    return rm.measure(c, loss, args)
+
+
+@pytest.mark.parametrize(("name", "check"), list(_params()))
+def test_real_model(name: str, check: str) -> None:
+    c, loss, args = _built(name)
+    if check == "exact":
+        assert_matches_original(rm.serialized(c, loss), *args)
+        return
+    m = _measured(name)
+    if check == "chunked":
+        assert m.loops_serialized > m.loops_original, (
+            f"{name}: no loop added ({m.loops_original} -> {m.loops_serialized})"
+        )
+        assert m.body > 0, f"{name}: empty chunked body"
+        unexpected = m.unexpected_stops(c.expected_stops)
+        assert not unexpected, f"{name}: unexpected stops:\n" + "\n".join(unexpected)
+    else:
+        assert m.ratio <= rm.MEMORY_LIMIT, (
+            f"{name}: temp bytes {m.temp_original} -> {m.temp_serialized} "
+            f"({m.ratio:.3f}x > {rm.MEMORY_LIMIT}x) at chunk {c.chunk} of {c.n}"
+        )

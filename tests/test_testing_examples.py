@@ -26,7 +26,7 @@ pytest.importorskip("flax")
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 BUDGET_S = 30.0
-MAX_EXAMPLES = 4
+MAX_EXAMPLES = 2
 
 
 def load_example(name: str):

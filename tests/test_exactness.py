@@ -140,9 +140,15 @@ def test_composition_row(mode):
     assert check_subsets_in_orders(mode, "float32", "jit", sequence=sequence) == 4
 
 
+# float32 under every wrapper; float64 and complex under the wrappers that trace differently
+# (none: eager; jit: staged; scan: a loop around the custom VJP).
+MATRIX = [("float32", w) for w in sorted(WRAPPERS)] + [
+    (kind, w) for kind in ("float64", "complex") for w in ("jit", "none", "scan")
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
-@pytest.mark.parametrize("kind", ["float32", "float64", "complex"])
+@pytest.mark.parametrize("kind, wrapper", MATRIX)
 @pytest.mark.parametrize("mode", GRAD_MODES)
 def test_composition_matrix(mode, kind, wrapper):
     assert check_subsets_in_orders(mode, kind, wrapper) == 14

@@ -1,0 +1,142 @@
+"""Checking a custom derivative rule: is its full-size jaxpr chunkable, position by position?
+
+``check_rule`` analyses a rule's jaxpr (a JVP, a custom VJP's forward or backward, traced at
+the call's full shapes) with the same axis analysis as the program, seeded at both ends with
+where the axis must sit, and returns the first *problem*, if any: a barrier inside it; a
+reduction over the axis, except the *sum* that forms the cotangent of an input without the
+axis, handed out through linear, structural equations only (``partial_outputs``); a result
+that drops or moves the axis. ``CheckedRule.resized`` re-emits the analysed jaxpr at chunk
+size. Invariant: a rule without a problem computes, chunk by chunk, exactly its full-size
+results (the partial sums adding up to the full ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from jaxpr_accum import _compat
+from jaxpr_accum._axes import Analysis
+from jaxpr_accum._compat import ClosedJaxpr, Literal
+from jaxpr_accum._resize import Resizer
+
+# Equations that map a per-chunk partial sum linearly onto another (so the partials of the
+# result still add up to the full result). Binary ones need every operand to be a partial,
+# except ``mul``/``div`` by a value that neither carries the axis nor depends on a reduction.
+_LINEAR_UNARY = _compat.primitives(
+    "broadcast_in_dim convert_element_type copy neg reduce_precision reduce_sum "
+    "reshape squeeze transpose"
+)
+_LINEAR_SUM = _compat.primitives("add add_any sub")
+_LINEAR_SCALE = {  # operands that may be the partial
+    _compat.primitive("mul"): (0, 1),
+    _compat.primitive("div"): (0,),
+}
+
+RESIDUAL = object()  # an output position of a rule whose axis position is free (a residual)
+
+
+@dataclasses.dataclass
+class CheckedRule:
+    """A rule's full-size jaxpr and its axis analysis; ``problem`` is why it cannot run per
+    chunk (``(equation or None, reason)``), or None."""
+
+    jaxpr: ClosedJaxpr
+    analysis: Any
+    problem: tuple | None
+
+    def resized(self, r: Any, args: Sequence) -> list:
+        return Resizer(self.analysis, r.k, r.start).eval_jaxpr((), self.jaxpr, list(args))
+
+
+def check_rule(
+    jaxpr: ClosedJaxpr,
+    size: int,
+    in_locs: Sequence,
+    out_locs: Sequence,
+    partial_outputs: Sequence[bool] = (),
+) -> CheckedRule:
+    """Analyse a rule's jaxpr seeded with its inputs' and outputs' axis positions.
+
+    ``out_locs[j]`` is where output ``j`` must carry the axis (None: nowhere), or
+    ``RESIDUAL``: wherever the analysis finds it.
+    ``partial_outputs[j]``: output ``j`` may be a sum over the axis (the cotangent of an
+    input without it).
+    """
+    inner = jaxpr.jaxpr
+    analysis = Analysis(inner, size)
+    seeds = [(v, loc) for v, loc in zip(inner.invars, in_locs, strict=True) if loc is not None]
+    for v, loc in zip(inner.outvars, out_locs, strict=True):
+        if loc is None or loc is RESIDUAL:
+            continue
+        if isinstance(v, Literal):
+            return CheckedRule(jaxpr, analysis, (None, "returns a constant where the axis is"))
+        seeds.append((v, loc))
+    analysis.run(seeds)
+    return CheckedRule(jaxpr, analysis, _first_problem(analysis, inner, out_locs, partial_outputs))
+
+
+def _first_problem(analysis: Any, inner: Any, out_locs: Sequence, partial_outputs: Sequence):
+    for key, reason in analysis.barriers.items():
+        if key[1] < 0:  # a seed that cannot hold: the rule moves or drops the axis
+            return None, reason
+    partials: set = set()  # per-chunk partial sums (and linear maps of them)
+    tainted: dict = {}  # anything computed from a reduction over the axis -> that reduction
+    for idx, eqn in enumerate(inner.eqns):
+        if not analysis.touches((), eqn) and not any(
+            v in tainted for v in eqn.invars if not isinstance(v, Literal)
+        ):
+            continue
+        found = analysis.blocker((), idx, eqn)
+        if found is not None:
+            return found
+        ins = [v for v in eqn.invars if not isinstance(v, Literal)]
+        reduced = analysis.reductions.get(((), idx), {})
+        if reduced:
+            if any(v in tainted for v in ins) or any(k != "sum" for k in reduced.values()):
+                return eqn, "reduces over the axis"
+            partials.update(eqn.outvars[j] for j in reduced)
+            tainted.update(dict.fromkeys(eqn.outvars, eqn))
+            continue
+        if not any(v in tainted for v in ins):
+            continue
+        origin = next(tainted[v] for v in ins if v in tainted)
+        if not _is_linear_in_partials(eqn, analysis, partials, tainted) or any(
+            analysis.loc((), v) is not None for v in eqn.outvars
+        ):
+            return origin, (
+                f"a reduction over the axis feeds `{eqn.primitive.name}` at "
+                f"{_compat.source_line(eqn)}"
+            )
+        partials.update(eqn.outvars)
+        tainted.update(dict.fromkeys(eqn.outvars, origin))
+    for j, v in enumerate(inner.outvars):
+        if v in tainted and not (j < len(partial_outputs) and partial_outputs[j]):
+            return tainted[v], "returns a value reduced over the axis"
+        if out_locs[j] is None and not isinstance(v, Literal) and analysis.loc((), v) is not None:
+            return None, "returns the axis where the primal has none"
+    return None
+
+
+def _is_linear_in_partials(eqn: Any, analysis: Any, partials: set, tainted: set) -> bool:
+    prim = eqn.primitive
+    operands = list(eqn.invars)
+
+    def is_partial(v: Any) -> bool:
+        return not isinstance(v, Literal) and v in partials
+
+    def is_constant(v: Any) -> bool:  # along the axis, and free of any reduction over it
+        return isinstance(v, Literal) or (v not in tainted and analysis.loc((), v) is None)
+
+    if prim in _LINEAR_UNARY:
+        return is_partial(operands[0]) and all(is_constant(v) for v in operands[1:])
+    if prim in _LINEAR_SUM:
+        return all(is_partial(v) for v in operands)
+    if prim in _LINEAR_SCALE:
+        return any(
+            is_partial(operands[i])
+            and all(is_constant(v) for k, v in enumerate(operands) if k != i)
+            for i in _LINEAR_SCALE[prim]
+        )
+    return False

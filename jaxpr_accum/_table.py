@@ -102,6 +102,12 @@ def shared_loc(eqn: Any, view: Any, operands: Any) -> AxisLoc | None:
     """
     found = [view.in_loc(i) for i in operands]
     found += [view.out_loc(j) for j in range(len(eqn.outvars))]
+    return agreed(eqn, view, found)
+
+
+def agreed(eqn: Any, view: Any, found: Any) -> AxisLoc | None:
+    """The one position among ``found`` (``None`` entries ignored), or None; two different
+    positions make the equation a barrier."""
     locs = {loc for loc in found if loc is not None}
     if len(locs) > 1:
         view.barrier(f"operands of `{eqn.primitive.name}` carry the axis at different places")

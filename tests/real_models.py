@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests.oracle import find_eqns
+
 CHECKS = ("chunked", "exact", "memory")
 
 
@@ -931,30 +933,9 @@ LOOPS = ("scan", "while")
 MEMORY_LIMIT = 0.6  # check (c): serialized temp bytes at most this times the original's
 
 
-def _sub_jaxprs(value: Any):
-    from jax.extend.core import ClosedJaxpr, Jaxpr
-
-    if isinstance(value, ClosedJaxpr):
-        yield value.jaxpr
-    elif isinstance(value, Jaxpr):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _sub_jaxprs(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _sub_jaxprs(v)
-
-
 def count_loops(jaxpr: Any) -> int:
     """The scan and while equations of ``jaxpr``, recursively into every sub-jaxpr."""
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    total = 0
-    for eqn in jaxpr.eqns:
-        total += eqn.primitive.name in LOOPS
-        for value in eqn.params.values():
-            total += sum(count_loops(sub) for sub in _sub_jaxprs(value))
-    return total
+    return len(find_eqns(jaxpr, *LOOPS))
 
 
 def stop_primitive(stop: str) -> str:

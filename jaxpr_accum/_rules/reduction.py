@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._rules.shape import SameShape, _all, _first
-from jaxpr_accum._table import Rule, register
+from jaxpr_accum._table import Rule, agreed, register
 
 MONOIDS = {
     "reduce_sum": "sum",
@@ -60,13 +60,9 @@ class VariadicReduce(Rule):
             None if (loc := view.out_loc(j)) is None else AxisLoc(kept[loc.dim], loc.inner)
             for j in range(n)
         ]
-        locs = {loc for loc in found if loc is not None}
-        if len(locs) > 1:
-            view.barrier("operands of `reduce` carry the axis at different places")
+        loc = agreed(eqn, view, found)
+        if loc is None:
             return
-        if not locs:
-            return
-        loc = locs.pop()
         if loc.dim in dims:
             view.barrier("`reduce` with a custom computation reduces over the axis")
             return

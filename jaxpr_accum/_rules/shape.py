@@ -18,7 +18,7 @@ from jax import lax
 from jaxpr_accum import _compat
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._resize import scaled
-from jaxpr_accum._table import Rule, register, shared_loc
+from jaxpr_accum._table import Rule, agreed, register, shared_loc
 
 
 def _with(seq: Any, dim: int, value: Any) -> tuple:
@@ -234,13 +234,9 @@ class Stack(Rule):
                 view.barrier("`stack` stacks along the axis")
                 return
             found.append(AxisLoc(out.dim - (out.dim > new), out.inner))
-        locs = {loc for loc in found if loc is not None}
-        if len(locs) > 1:
-            view.barrier("operands of `stack` carry the axis at different places")
+        loc = agreed(eqn, view, found)
+        if loc is None:
             return
-        if not locs:
-            return
-        loc = locs.pop()
         for i in range(len(eqn.invars)):
             view.set_in(i, loc)
         view.set_out(0, AxisLoc(loc.dim + (loc.dim >= new), loc.inner))

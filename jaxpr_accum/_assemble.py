@@ -14,7 +14,7 @@ from typing import Any
 
 from jax import lax
 
-from jaxpr_accum import _interpret
+from jaxpr_accum import _interpret, _stream
 from jaxpr_accum._gradients import make_region
 from jaxpr_accum._layout import Layout
 from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
@@ -29,7 +29,22 @@ COMBINE: dict[str, Callable] = {
     "xor": lambda x: lax.reduce_xor(x, (0,)),
 }
 
-FUSED_MAX_WIDTH = 8
+
+def _streamed_sums(split: Split, streams: list) -> list[tuple[int, Callable]]:
+    """``(equation index, combine(env))`` of each streamed sum, in program order."""
+    n_terms = sum(len(sink.terms) for sink in split.sinks)
+    accs, finals = iter(streams[:n_terms]), iter(streams[n_terms:])
+    out = []
+    for sink in split.sinks:
+        terms = sink.terms
+        mine = [next(accs) for _ in terms]
+        shifts = [next(finals) for t in terms if t.exp is not None]
+
+        def combine(env: dict, sink: Any = sink, mine: list = mine, shifts: list = shifts) -> None:
+            env[sink.var] = _stream.combine(sink, mine, shifts, env.__getitem__)
+
+        out.append((sink.index, combine))
+    return sorted(out, key=lambda pair: pair[0])
 
 
 def build(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Callable:
@@ -49,12 +64,20 @@ def build(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Callable
         _interpret.eval_eqns(jaxpr.eqns, env, indices=prologue)
         inv = [env[v] for v in split.invariants]
         ch = [env[v] for v, _ in split.chunked]
-        sums, partials, stacked = region(inv, ch)
+        sums, partials, stacked, streams = region(inv, ch)
         env.update(zip(split.sums, sums, strict=True))
         for (v, kind), stacked_partials in zip(split.partials, partials, strict=True):
             env[v] = COMBINE[kind](stacked_partials)
         env.update(zip((v for v, _ in split.stacked), stacked, strict=True))
-        _interpret.eval_eqns(jaxpr.eqns, env, indices=epilogue)
+        pending = _streamed_sums(split, streams)
+        for idx in epilogue:
+            # a streamed sum is combined once the deferred values it needs are known: they
+            # are computed by epilogue equations before its own (in program order)
+            while pending and pending[0][0] < idx:
+                pending.pop(0)[1](env)
+            _interpret.eval_eqns(jaxpr.eqns, env, indices=[idx])
+        for _, combine in pending:
+            combine(env)
         return [_interpret.read(env, v) for v in jaxpr.outvars]
 
     return run

@@ -364,3 +364,28 @@ def all_primitives() -> list[Any]:
 def shape_of(v: Var) -> tuple[int, ...]:
     """The shape of a jaxpr variable (its aval is a ``ShapedArray``)."""
     return tuple(v.aval.shape)  # type: ignore[attr-defined]
+
+
+def gather_fill_value(eqn: JaxprEqn) -> Any:
+    """The value a ``fill``-mode gather returns for an out-of-range index (JAX's defaults
+    where the parameter is None)."""
+    fill = eqn.params.get("fill_value")
+    if fill is not None:
+        return fill
+    dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    if np.issubdtype(dtype, np.inexact):
+        return np.nan
+    if np.issubdtype(dtype, np.signedinteger):
+        return np.iinfo(dtype).min
+    if np.issubdtype(dtype, np.unsignedinteger):
+        return np.iinfo(dtype).max
+    return True
+
+
+def is_pure(eqn: JaxprEqn) -> bool:
+    """No effects and no sub-jaxprs: recomputing the equation gives the same values."""
+    return not eqn.effects and not any(True for _ in sub_jaxprs(eqn.params))
+
+
+def new_var(aval: Any) -> Var:
+    return _core.Var(aval)

@@ -24,17 +24,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpr_accum import _compat
-from jaxpr_accum._lattice import AxisLoc
-from jaxpr_accum._layout import Layout
-from jaxpr_accum._loop import (
-    differentiated,
-    float_outputs,
+from jaxpr_accum import _compat, _stream
+from jaxpr_accum._fused import (
     gradient_sums,
     jacobian_row_dtype,
     jacobian_width,
     with_row_dim,
 )
+from jaxpr_accum._fused import (
+    jacobians as fused_jacobians,
+)
+from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._layout import Layout
+from jaxpr_accum._loop import differentiated, float_outputs, stream_terms
 from jaxpr_accum._plan import BODY, Split, format_bytes, nbytes
 from jaxpr_accum._rules.custom_derivatives import function_name, is_custom_vjp
 
@@ -65,6 +67,11 @@ def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
     """
     if split.stacked or split.partials:
         return "the region has outputs that are not sums (stacked values or max/min partials)"
+    if split.sinks:
+        return (
+            "the region streams a normaliser: its sums are rescaled chunk by chunk as the "
+            "running max grows, which Jacobian rows taken once per chunk cannot follow"
+        )
     custom = _custom_vjp_in_body(split)
     if custom is not None:
         return (
@@ -163,23 +170,40 @@ def make_region(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Ca
     spec = layout.spec
     inv_specs = [spec(None) for _ in split.invariants]
     ch_specs = [spec(loc) for _, loc in split.chunked]
+    terms = stream_terms(split)
+    exp_terms = [f for _, f in terms if f is not None]
     out_specs = (
         [spec(None) for _ in split.sums],
         [spec(AxisLoc(0)) for _ in split.partials],
         [spec(loc) for _, loc in split.stacked],
+        [spec(None) for _ in [*terms, *exp_terms]],
     )
     out_float = float_outputs(split)
+    final_specs = [spec(None) for _ in exp_terms]
 
     def reduce_sums(sums: list) -> list:
         return [
             layout.reduce(s).astype(v.aval.dtype) for s, v in zip(sums, split.sums, strict=True)
         ]
 
+    def reduce_streams(streams: list) -> list:
+        """The devices' streamed accumulators merged (``_stream.merge_devices``)."""
+        accs, finals = streams[: len(terms)], iter(streams[len(terms) :])
+        merged = [
+            _stream.merge_devices(
+                acc, None if f is None else next(finals), f, layout.reduce, layout.maximum
+            )
+            for acc, (_, f) in zip(accs, terms, strict=True)
+        ]
+        return [a for a, _ in merged] + [
+            s for (_, s), (_, f) in zip(merged, terms, strict=True) if f is not None
+        ]
+
     def forward_local(checkpoint: bool) -> Callable:
         def fn(invariants: list, chunked: list) -> tuple:
             region = layout.loop(split, accum_dtype)
-            sums, partials, stacked = region.forward(invariants, chunked, checkpoint)
-            return reduce_sums(sums), partials, stacked
+            sums, partials, stacked, streams = region.forward(invariants, chunked, checkpoint)
+            return reduce_sums(sums), partials, stacked, reduce_streams(streams)
 
         return layout.map(fn, (inv_specs, ch_specs), out_specs)
 
@@ -199,25 +223,29 @@ def make_region(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Ca
 
         def fwd(invariants: list, chunked: list) -> tuple:
             (inv, need_inv), (ch, need_ch) = _unwrap(invariants), _unwrap(chunked)
-            return forward(inv, ch), (inv, ch, _mask(need_inv), _mask(need_ch))
+            out = forward(inv, ch)
+            finals = out[3][len(terms) :]
+            return out, (inv, ch, finals, _mask(need_inv), _mask(need_ch))
 
         def bwd(res: tuple, cts: tuple) -> tuple:
-            inv, ch, need_inv, need_ch = res
+            inv, ch, finals, need_inv, need_ch = res
             needed = (_flags(need_inv), _flags(need_ch))
             cts = tuple(
                 [_compat.instantiate(c) if f else None for c, f in zip(group, flags, strict=True)]
                 for group, flags in zip(cts, out_float, strict=True)
             )
 
-            def backward_local(invariants: list, chunked: list, cts: tuple) -> tuple:
+            def backward_local(invariants: list, chunked: list, cts: tuple, finals: list) -> tuple:
                 local = layout.loop(split, accum_dtype, needed)
-                ct_inv, ct_ch = local.backward(invariants, chunked, cts)
+                ct_inv, ct_ch = local.backward(invariants, chunked, cts, finals)
                 return [layout.reduce(c) for c in ct_inv], ct_ch
 
             backward = layout.map(
-                backward_local, (inv_specs, ch_specs, out_specs), (inv_specs, ch_specs)
+                backward_local,
+                (inv_specs, ch_specs, out_specs, final_specs),
+                (inv_specs, ch_specs),
             )
-            ct_inv, ct_ch = backward(inv, ch, cts)
+            ct_inv, ct_ch = backward(inv, ch, cts, finals)
             return cast_back(ct_inv, inv), cast_back(ct_ch, ch)
 
     else:  # fused
@@ -228,7 +256,7 @@ def make_region(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Ca
 
             def jacobians_local(invariants: list, chunked: list) -> tuple:
                 local = layout.loop(split, accum_dtype, needed)
-                sums, jac, jac_ch = local.jacobians(invariants, chunked)
+                sums, jac, jac_ch = fused_jacobians(local, invariants, chunked)
                 return reduce_sums(sums), [layout.reduce(j) for j in jac], jac_ch
 
             wanted_ch = differentiated(ch, need_ch)
@@ -243,7 +271,8 @@ def make_region(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Ca
             # residual structure does not depend on what is perturbed (see ``_mask``).
             jac_all = _aligned(jac, differentiated(inv, need_inv), len(inv))
             jac_ch_all = _aligned(jac_ch, wanted_ch, len(ch))
-            return (sums, [], []), (inv, ch, jac_all, jac_ch_all, _mask(need_inv), _mask(need_ch))
+            outputs = (sums, [], [], [])
+            return outputs, (inv, ch, jac_all, jac_ch_all, _mask(need_inv), _mask(need_ch))
 
         def bwd(res: tuple, cts: tuple) -> tuple:
             inv, ch, jac, jac_ch, need_inv, need_ch = res

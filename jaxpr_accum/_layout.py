@@ -40,6 +40,9 @@ class Layout:
     def reduce(self, x: Any) -> Any:
         return x
 
+    def maximum(self, x: Any) -> Any:
+        return x
+
     def spec(self, loc: AxisLoc | None) -> Any:
         return None
 
@@ -63,6 +66,9 @@ class ShardedLayout(Layout):
 
     def reduce(self, x: Any) -> Any:
         return None if x is None else lax.psum(x, self.axes)
+
+    def maximum(self, x: Any) -> Any:
+        return lax.pmax(x, self.axes)
 
     def spec(self, loc: AxisLoc | None) -> Any:
         if loc is None:

@@ -12,7 +12,6 @@ length (no padding). Every chunked input is sliced with ``dynamic_slice`` at its
 - ``backward`` (remat): each chunk recomputed under ``jax.vjp`` and pulled back with its slice
   of the output cotangents; cotangents of invariant inputs accumulated in the carry (in
   ``accum_dtype``), those of chunked inputs stacked;
-- ``jacobians`` (fused): each chunk's value and the Jacobian rows of its float sums.
 
 Invariant: a chunk's body evaluates exactly the split's body equations on that chunk's rows,
 so every output position is computed once, from the same values as unchunked.
@@ -20,7 +19,6 @@ so every output position is computed once, from the same values as unchunked.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,11 +26,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxpr_accum._compat import Literal
+from jaxpr_accum import _stream
 from jaxpr_accum._conv import canonicalize
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._plan import BODY, Split
-from jaxpr_accum._resize import Resizer, shifted, take_chunk
+from jaxpr_accum._resize import Resizer, scaled, shifted, take_chunk
 
 
 def is_float(x: Any) -> bool:
@@ -65,14 +63,28 @@ def add_into(acc: list, xs: Sequence) -> list:
     return [a + x.astype(a.dtype) for a, x in zip(acc, xs, strict=True)]
 
 
-def float_outputs(split: Split) -> tuple[list[bool], list[bool], list[bool]]:
+def stream_terms(split: Split) -> list[tuple[_stream.Sink, _stream.Exp | None]]:
+    """``(sink, Exp factor or None)`` of every term of the streamed sums, in order."""
+    return [(sink, t.exp) for sink in split.sinks for t in sink.terms]
+
+
+def float_outputs(split: Split, per_chunk: bool = False) -> tuple:
+    """Which outputs are differentiable, by group: sums, partials, stacked, and the streamed
+    sums' terms: a chunk's parts (``per_chunk``), or the region's accumulators followed by
+    their final stabilisers (constants)."""
+
     def flags(vs: Any) -> list[bool]:
         return [jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in vs]
 
+    terms = stream_terms(split)
+    streams = [True] * len(terms)
+    if not per_chunk:
+        streams += [False for _, f in terms if f is not None]
     return (
         flags(split.sums),
         flags(v for v, _ in split.partials),
         flags(v for v, _ in split.stacked),
+        streams,
     )
 
 
@@ -86,45 +98,10 @@ def pick(groups: Sequence, flags: Sequence) -> list:
     ]
 
 
-def gradient_sums(split: Split) -> list[bool]:
-    """Which of the region's sums carry gradients: computed from a floating input of the
-    region through floating values only. A token count made from integer labels, or an
-    accuracy (through ``argmax`` and a comparison), carries none."""
-
-    def is_float(v: Any) -> bool:
-        return jnp.issubdtype(v.aval.dtype, jnp.inexact)
-
-    dependent = {v for v in [*split.invariants, *(v for v, _ in split.chunked)] if is_float(v)}
-    for i in split.indices(BODY):
-        eqn = split.jaxpr.eqns[i]
-        if any(v in dependent for v in eqn.invars if not isinstance(v, Literal)):
-            dependent.update(v for v in eqn.outvars if is_float(v))
-    return [v in dependent for v in split.sums]
-
-
-def jacobian_width(split: Split) -> int:
-    """Entries of the sums whose Jacobian rows the fused mode keeps."""
-    return sum(
-        math.prod(v.aval.shape) for v, g in zip(split.sums, gradient_sums(split), strict=True) if g
-    )
-
-
-def jacobian_row_dtype(split: Split) -> Any:
-    """The dtype of the fused Jacobian rows: the gradient-carrying sums' own, at least f32."""
-    flags = gradient_sums(split)
-    dtypes = [v.aval.dtype for v, f in zip(split.sums, flags, strict=True) if f]
-    return jnp.result_type(jnp.float32, *dtypes)
-
-
 def differentiated(values: Sequence, perturbed: Sequence[bool] | None) -> list[int]:
     """Indices of ``values`` to differentiate: floats that the caller perturbs (all floats
     when that is not known)."""
     return [i for i, x in enumerate(values) if is_float(x) and (perturbed is None or perturbed[i])]
-
-
-def with_row_dim(loc: AxisLoc) -> AxisLoc:
-    """The axis position once a leading (Jacobian row) dimension is added."""
-    return AxisLoc(loc.dim + 1, loc.inner)
 
 
 Needed = tuple[Sequence[bool], Sequence[bool]] | None  # inputs to differentiate, per group
@@ -148,20 +125,32 @@ class ChunkLoop:
         self.chunk_locs = [loc for _, loc in split.chunked]
         self.stacked_locs = [loc for _, loc in split.stacked]
         self.n_full, self.rem = divmod(size, chunk)
-        self.out_float = float_outputs(split)
+        self.out_float = float_outputs(split, per_chunk=True)
+        self.terms = stream_terms(split)
 
     # -- one chunk ------------------------------------------------------------------------
     def body(self, k: int, start: Any, invariants: Sequence, chunks: Sequence) -> tuple:
+        """``((sums, partials, stacked, parts), stabilisers)`` of one chunk: ``parts`` are the
+        streamed sums' terms (``_stream``), with the stabilisers of their ``Exp`` factors."""
         split = self.split
         env: dict = dict(zip(split.invariants, invariants, strict=True))
         env.update(zip((v for v, _ in split.chunked), chunks, strict=True))
+        env.update((v, _stream.DEFERRED) for v in split.deferred)
         resizer = Resizer(split.analysis, k, shifted(start, self.offset))
-        resizer.eval_eqns((), split.jaxpr.eqns, env, self.body_indices)
-        return (
+        streamed = split.streamed
+
+        def special(idx: int) -> Any:
+            return _stream.emit if idx in streamed else None
+
+        resizer.eval_eqns((), split.jaxpr.eqns, env, self.body_indices, special)
+        terms = [t for sink in split.sinks for t in env[sink.var].terms]
+        outputs = (
             [env[v] for v in split.sums],
             [env[v] for v, _ in split.partials],
             [env[v] for v, _ in split.stacked],
+            [t.coef for t in terms],
         )
+        return outputs, [t.stab for t in terms]
 
     def slices(self, chunked: Sequence, start: Any, k: int) -> list:
         return [
@@ -214,6 +203,25 @@ class ChunkLoop:
             jnp.zeros(v.aval.shape, accumulator_dtype(v.aval.dtype, None)) for v in self.split.sums
         ]
 
+    def zero_streams(self) -> tuple[list, list]:
+        """Accumulators of the streamed terms, and their running stabilisers (``-inf``)."""
+        accs, stabs = [], []
+        for sink, factor in self.terms:
+            dtype = accumulator_dtype(sink.var.aval.dtype, None)
+            accs.append(jnp.zeros(sink.shape, dtype))
+            compact = [sink.shape[d] for d in factor.where] if factor is not None else None
+            stabs.append(None if compact is None else jnp.full(compact, -jnp.inf, dtype))
+        return accs, stabs
+
+    def add_streams(self, carry: tuple, parts: Sequence, stabs: Sequence) -> tuple:
+        out = [
+            _stream.accumulate(acc, s_run, part, s_chunk, factor)
+            for acc, s_run, part, s_chunk, (_, factor) in zip(
+                *carry, parts, stabs, self.terms, strict=True
+            )
+        ]
+        return [a for a, _ in out], [s for _, s in out]
+
     # -- forward -------------------------------------------------------------------------
     def forward(self, invariants: Sequence, chunked: Sequence, checkpoint: bool = False) -> tuple:
         def one(kk: int, start: Any, inv: Sequence, ch: Sequence) -> tuple:
@@ -222,11 +230,16 @@ class ChunkLoop:
         if checkpoint:
             one = jax.checkpoint(one, static_argnums=(0,))
 
-        def step(acc: list, kk: int, start: Any, _: Any) -> tuple:
-            s, p, st = one(kk, start, invariants, chunked)
-            return add_into(acc, s), (p, st)
+        def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
+            (s, p, st, parts), stabs = one(kk, start, invariants, chunked)
+            return (add_into(carry[0], s), self.add_streams(carry[1], parts, stabs)), (p, st)
 
-        return self.assemble(*self.over_chunks(step, self.zero_sums()))
+        (sums, streams), scanned, rest = self.over_chunks(
+            step, (self.zero_sums(), self.zero_streams())
+        )
+        accs, stabs = streams
+        finals = [s for s, (_, f) in zip(stabs, self.terms, strict=True) if f is not None]
+        return (*self.assemble(sums, scanned, rest), accs + finals)
 
     def assemble(self, sums: list, scanned: Any, rest: Any) -> tuple:
         split = self.split
@@ -247,24 +260,42 @@ class ChunkLoop:
         return sums, partials, stacked
 
     # -- remat backward ------------------------------------------------------------------
-    def backward(self, invariants: Sequence, chunked: Sequence, cts: tuple) -> tuple:
+    def backward(
+        self, invariants: Sequence, chunked: Sequence, cts: tuple, finals: Sequence = ()
+    ) -> tuple:
         """Cotangents ``(invariants [accum dtype or None], chunked [or None])`` of this shard.
 
         ``cts`` holds the cotangents of the float outputs (None for the others); partials'
-        cotangents are per chunk of this shard.
+        cotangents are per chunk of this shard. ``finals``: the streamed terms' final
+        stabilisers (one per ``Exp`` term), which rescale their cotangents per chunk.
         """
-        ct_sums, ct_partials, ct_stacked = cts
+        ct_sums, ct_partials, ct_stacked, ct_streams = cts
+        ct_accs = ct_streams[: len(self.terms)]
 
         def pull(kk: int, start: Any, ct_p: list) -> tuple:
             chunk = self.slices(chunked, start, kk)
             f, primals, _, _ = self.differentiable(invariants, chunk, kk, start)
-            _, pullback = jax.vjp(lambda a, b: pick(f(a, b), self.out_float), *primals)
+
+            def picked(a: list, b: list) -> tuple:
+                outputs, stabs = f(a, b)
+                return pick(outputs, self.out_float), stabs
+
+            _, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)
             pullback = canonicalize(pullback)
             ct_st = [
                 None if ct is None else take_chunk(ct, loc, start, kk)
                 for ct, loc in zip(ct_stacked, self.stacked_locs, strict=True)
             ]
-            return pullback(pick((ct_sums, ct_p, ct_st), self.out_float))
+            final = iter(finals)
+            ct_parts = [
+                None
+                if ct is None
+                else _stream.chunk_cotangent(
+                    ct, s, None if factor is None else next(final), factor
+                ).astype(sink.var.aval.dtype)
+                for ct, s, (sink, factor) in zip(ct_accs, stabs, self.terms, strict=True)
+            ]
+            return pullback(pick((ct_sums, ct_p, ct_st, ct_parts), self.out_float))
 
         diff_inv, diff_ch = self.wanted(invariants, 0), self.wanted(chunked, 1)
         acc = [
@@ -272,69 +303,42 @@ class ChunkLoop:
             for i in diff_inv
         ]
 
-        def step(acc: list, kk: int, start: Any, ct_p: list) -> tuple:
-            d_inv, d_ch = pull(kk, start, ct_p)
-            return add_into(acc, d_inv), d_ch
+        # Cotangents of inputs chunked along a later dimension are written in place: stacked,
+        # they would need a transpose (a second input-sized buffer) to be put back in order.
+        in_place = [j for j, i in enumerate(diff_ch) if self.chunk_locs[i].dim != 0]
+        buffers = [jnp.zeros_like(chunked[diff_ch[j]]) for j in in_place]
 
-        acc, scanned, rest = self.over_chunks(step, acc, list(ct_partials))
+        def step(carry: tuple, kk: int, start: Any, ct_p: list) -> tuple:
+            acc, buffers = carry
+            d_inv, d_ch = pull(kk, start, ct_p)
+            buffers = [
+                lax.dynamic_update_slice_in_dim(
+                    buf,
+                    d_ch[j].astype(buf.dtype),
+                    scaled(start, self.chunk_locs[diff_ch[j]].inner),
+                    self.chunk_locs[diff_ch[j]].dim,
+                )
+                for buf, j in zip(buffers, in_place, strict=True)
+            ]
+            return (add_into(acc, d_inv), buffers), [
+                x for j, x in enumerate(d_ch) if j not in in_place
+            ]
+
+        (acc, buffers), scanned, rest = self.over_chunks(step, (acc, buffers), list(ct_partials))
 
         ct_inv: list = [None] * len(invariants)
         for i, a in zip(diff_inv, acc, strict=True):
             ct_inv[i] = a
         ct_ch: list = [None] * len(chunked)
+        stacked = iter(range(len(diff_ch) - len(in_place)))
         for j, i in enumerate(diff_ch):
+            if j in in_place:
+                ct_ch[i] = buffers[in_place.index(j)]
+                continue
+            n = next(stacked)
             ct_ch[i] = join(
-                None if scanned is None else scanned[j],
-                None if rest is None else rest[j],
+                None if scanned is None else scanned[n],
+                None if rest is None else rest[n],
                 self.chunk_locs[i],
             )
         return ct_inv, ct_ch
-
-    # -- fused forward -------------------------------------------------------------------
-    def jacobians(self, invariants: Sequence, chunked: Sequence) -> tuple:
-        """This shard's sums and the Jacobian rows of the float sums w.r.t. its inputs."""
-        float_sums = [i for i, g in enumerate(gradient_sums(self.split)) if g]
-        width = jacobian_width(self.split)
-        row_dtype = jacobian_row_dtype(self.split)
-        eye = jnp.eye(width, dtype=row_dtype)
-
-        def rows(kk: int, start: Any) -> tuple:
-            chunk = self.slices(chunked, start, kk)
-            f, primals, _, _ = self.differentiable(invariants, chunk, kk, start)
-
-            def flat(a: list, b: list) -> tuple:
-                sums = f(a, b)[0]
-                return jnp.concatenate(
-                    [jnp.ravel(sums[i]).astype(row_dtype) for i in float_sums]
-                ), sums
-
-            _, pullback, sums = jax.vjp(flat, *primals, has_aux=True)
-            if width == 1:  # no vmap: batching would make the convolutions non-canonical
-                d_inv, d_ch = canonicalize(pullback)(eye[0])
-                return sums, [x[None] for x in d_inv], [x[None] for x in d_ch]
-            return (sums, *canonicalize(jax.vmap(pullback))(eye))
-
-        diff_inv = self.wanted(invariants, 0)
-        jac = [
-            jnp.zeros(
-                (width, *invariants[i].shape),
-                accumulator_dtype(invariants[i].dtype, self.accum_dtype),
-            )
-            for i in diff_inv
-        ]
-
-        def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
-            s, d_inv, d_ch = rows(kk, start)
-            return (add_into(carry[0], s), add_into(carry[1], d_inv)), d_ch
-
-        (sums, jac), scanned, rest = self.over_chunks(step, (self.zero_sums(), jac))
-        diff_ch = self.wanted(chunked, 1)
-        jac_ch = [
-            join(
-                None if scanned is None else scanned[j],
-                None if rest is None else rest[j],
-                with_row_dim(self.chunk_locs[i]),
-            )
-            for j, i in enumerate(diff_ch)
-        ]
-        return sums, jac, jac_ch

@@ -28,7 +28,7 @@ import dataclasses
 import math
 from typing import Any
 
-from jaxpr_accum import _compat
+from jaxpr_accum import _compat, _stream
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
 from jaxpr_accum._lattice import AxisLoc
@@ -68,6 +68,9 @@ class Split:
     saving: int  # bytes of the body's axis-carrying intermediates not held at full size
     stacked_bytes: int  # bytes of the body outputs stacked back to full size
     body_bytes: int = 0  # bytes of the body's axis-carrying intermediates at full size
+    sinks: list = dataclasses.field(default_factory=list)  # streamed sums (``_stream.Sink``)
+    streamed: frozenset = frozenset()  # indices of the equations that run streamed
+    deferred: frozenset = frozenset()  # values reduced over the axis that they read
 
     def at_chunk(self, chunk: int) -> Split:
         """This split at another chunk size. The stages and the analysis do not depend on
@@ -84,6 +87,7 @@ class Split:
         n_chunks = -(-self.size // max(self.chunk, 1)) if self.size else 0
         accumulators = sum(nbytes(v) for v in self.sums)
         accumulators += n_chunks * sum(nbytes(v) for v, _ in self.partials)
+        accumulators += sum(s.nbytes * len(s.terms) for s in self.sinks)
         return self.saving - self.stacked_bytes - accumulators
 
     def not_worth_it(self) -> str | None:
@@ -138,52 +142,15 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split
     for eqn in jaxpr.eqns:
         used.update(_vars(eqn.invars))
 
-    stage: dict = {v: PROLOGUE for v in jaxpr.invars}
-    stages: list[str] = []
-    stops: list[Stop] = []
-    hoisted: list[Stop] = []
-    reductions: list[Stop] = []
-    for idx, eqn in enumerate(jaxpr.eqns):
-        ins = _vars(eqn.invars)
-        all_prologue = all(stage[v] == PROLOGUE for v in ins)
-        if not analysis.touches((), eqn):
-            s = PROLOGUE if all_prologue else EPILOGUE
-        else:
-            blocked = analysis.blocker((), idx, eqn)
-            key = ((), idx)
-            reduced = analysis.reductions.get(key, {})
-            if blocked is None:
-                inputs_ok = all(
-                    stage[v] == PROLOGUE or (stage[v] == BODY and loc((), v) is not None)
-                    for v in ins
-                )
-                outputs_ok = all(
-                    j in reduced or loc((), v) is not None or v not in used
-                    for j, v in enumerate(eqn.outvars)
-                )
-                s = BODY if inputs_ok and outputs_ok else EPILOGUE
-                frontier = all(stage[v] != EPILOGUE for v in ins if loc((), v) is not None)
-                if s == EPILOGUE and frontier:
-                    stops.append(
-                        Stop(
-                            eqn,
-                            "needs a value reduced over the whole axis; runs after the loop "
-                            "on the stacked values",
-                        )
-                    )
-                if s == BODY and reduced:
-                    reductions.append(
-                        Stop(eqn, f"reduces the axis ({', '.join(reduced.values())})")
-                    )
-            elif key in analysis.hoists and key not in analysis.barriers and all_prologue:
-                s = PROLOGUE
-                hoisted.append(Stop(eqn, analysis.hoists[key]))
-            else:
-                s = EPILOGUE
-                stops.append(Stop(*blocked))
-        stages.append(s)
-        for v in eqn.outvars:
-            stage[v] = s
+    # Streaming is undone where a streamed value has a reader outside the algebra (``_stream``)
+    excluded: set[int] = set()
+    while True:
+        draft = _Stages(jaxpr, analysis, used, excluded)
+        misused = draft.misused()
+        if not misused:
+            break
+        excluded |= misused
+    stage, stages = draft.stage, draft.stages
 
     invariants: list[Var] = []
     chunked: list[tuple[Var, AxisLoc]] = []
@@ -206,7 +173,7 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split
     partials: list[tuple[Var, str]] = []
     stacked: list[tuple[Var, AxisLoc]] = []
     kinds = _reduction_kinds(jaxpr, analysis, stages)
-    seen = set()
+    seen = {sink.var for sink in draft.sinks}
     for v in read_after:
         if stage.get(v) != BODY or v in seen:
             continue
@@ -218,6 +185,7 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split
             sums.append(v)
         else:
             partials.append((v, kinds[v]))
+    used_sinks = [sink for sink in draft.sinks if sink.var in set(read_after)]
 
     size = analysis.size
     stacked_vars = {v for v, _ in stacked}
@@ -236,13 +204,127 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split
         sums=sums,
         partials=partials,
         stacked=stacked,
-        stops=stops,
-        hoisted_draws=hoisted,
-        reductions=reductions,
+        stops=draft.stops,
+        hoisted_draws=draft.hoisted,
+        reductions=draft.reductions,
         saving=saving,
         stacked_bytes=sum(nbytes(v) for v in stacked_vars),
         body_bytes=per_chunk,
+        sinks=used_sinks,
+        streamed=frozenset(draft.streamed_eqns),
+        deferred=frozenset(draft.deferred),
     )
+
+
+class _Stages:
+    """One pass in program order: the stage of every equation, with streaming (``_stream``)
+    tried where an equation reads a value reduced over the whole axis, except ``excluded``."""
+
+    def __init__(self, jaxpr: Jaxpr, analysis: Analysis, used: set, excluded: set[int]):
+        self.jaxpr, self.analysis, self.excluded = jaxpr, analysis, excluded
+        self.stage: dict = {v: PROLOGUE for v in jaxpr.invars}
+        self.stages: list[str] = []
+        self.stops: list[Stop] = []
+        self.hoisted: list[Stop] = []
+        self.reductions: list[Stop] = []
+        self.values: dict[Var, _stream.Streamed] = {}  # streamed values that carry the axis
+        self.producer: dict[Var, int] = {}
+        self.streamed_eqns: set[int] = set()
+        self.sinks: list[_stream.Sink] = []
+        self.deferred: set[Var] = set()
+        for idx, eqn in enumerate(jaxpr.eqns):
+            s = self._stage(idx, eqn, used)
+            self.stages.append(s)
+            for v in eqn.outvars:
+                self.stage[v] = s
+
+    def _stage(self, idx: int, eqn: JaxprEqn, used: set) -> str:
+        analysis, stage = self.analysis, self.stage
+        loc = analysis.loc
+        ins = _vars(eqn.invars)
+        if not analysis.touches((), eqn):
+            return PROLOGUE if all(stage[v] == PROLOGUE for v in ins) else EPILOGUE
+        blocked = analysis.blocker((), idx, eqn)
+        key = ((), idx)
+        if blocked is not None:
+            hoist = key in analysis.hoists and key not in analysis.barriers
+            if hoist and all(stage[v] == PROLOGUE for v in ins):
+                self.hoisted.append(Stop(eqn, analysis.hoists[key]))
+                return PROLOGUE
+            self.stops.append(Stop(*blocked))
+            return EPILOGUE
+        reduced = analysis.reductions.get(key, {})
+        inputs_ok = all(
+            stage[v] == PROLOGUE
+            or (stage[v] == BODY and loc((), v) is not None and v not in self.values)
+            for v in ins
+        )
+        outputs_ok = all(
+            j in reduced or loc((), v) is not None or v not in used
+            for j, v in enumerate(eqn.outvars)
+        )
+        if inputs_ok and outputs_ok:
+            if reduced:
+                self.reductions.append(
+                    Stop(eqn, f"reduces the axis ({', '.join(reduced.values())})")
+                )
+            return BODY
+        if idx not in self.excluded and self._stream(idx, eqn, reduced):
+            return BODY
+        if all(stage[v] != EPILOGUE for v in ins if loc((), v) is not None):
+            self.stops.append(
+                Stop(
+                    eqn,
+                    "needs a value reduced over the whole axis; runs after the loop on the "
+                    "stacked values",
+                )
+            )
+        return EPILOGUE
+
+    def _kind(self, v: Var) -> _stream.Operand:
+        if v in self.values:
+            return self.values[v]
+        carries = self.analysis.loc((), v) is not None
+        if self.stage[v] == PROLOGUE or (self.stage[v] == BODY and carries):
+            return _stream.Plain(None)
+        if carries:
+            raise _stream.NotStreamable("a value stacked after the loop")
+        return _stream.Deferred(v)
+
+    def _stream(self, idx: int, eqn: JaxprEqn, reduced: dict) -> bool:
+        """Whether ``eqn`` runs in the loop as a streamed equation (recorded if so)."""
+        out_loc = self.analysis.loc((), eqn.outvars[0]) if eqn.outvars else None
+        sink = out_loc is None
+        if sink and reduced != {0: "sum"}:
+            return False
+        try:
+            ops = _stream.operands(eqn, self._kind)
+            if not any(isinstance(op, _stream.Streamed | _stream.Deferred) for op in ops):
+                return False
+            result = _stream.apply(_stream.Emitter(eqn, sink), ops, None if sink else out_loc.dim)
+        except _stream.NotStreamable:
+            return False
+        self.streamed_eqns.add(idx)
+        self.deferred.update(op.var for op in ops if isinstance(op, _stream.Deferred))
+        if sink:
+            var = eqn.outvars[0]
+            shape = var.aval.shape if result.shape is None else result.shape
+            self.sinks.append(_stream.Sink(var, idx, result.terms, shape, result.later))
+            self.reductions.append(Stop(eqn, "reduces the axis (a streamed sum)"))
+        else:
+            self.values[eqn.outvars[0]] = result
+            self.producer[eqn.outvars[0]] = idx
+        return True
+
+    def misused(self) -> set[int]:
+        """Streamed equations whose result is read by anything but another streamed
+        equation (or is an output): they must run after the loop after all."""
+        bad = {self.producer[v] for v in _vars(self.jaxpr.outvars) if v in self.values}
+        for idx, eqn in enumerate(self.jaxpr.eqns):
+            if idx in self.streamed_eqns:
+                continue
+            bad.update(self.producer[v] for v in _vars(eqn.invars) if v in self.values)
+        return bad
 
 
 def _carrying_bytes(analysis: Analysis, ctx: tuple, eqns: Any, indices: Any, exclude=()) -> int:

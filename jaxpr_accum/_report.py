@@ -5,10 +5,23 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxpr_accum import _layout
+from jaxpr_accum import _compat, _layout, _stream
 from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, Split, format_bytes, nbytes
 
 _MOST = 5  # candidates listed in the report besides the chosen one
+
+
+def _streamed(split: Split) -> list[str]:
+    def definition(v: Any) -> Any:
+        return split.analysis.definition((), v)
+
+    def where(eqn: Any) -> str:
+        return f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}"
+
+    return [
+        f"{where(split.jaxpr.eqns[s.index])}: {_stream.describe(s, definition, where)}"
+        for s in split.sinks
+    ]
 
 
 def _saved(n: int) -> str:
@@ -34,6 +47,7 @@ class Plan:
     hoisted: list[str]
     candidates: list[tuple[int, str, int, bool]]
     layout: str
+    streamed: list[str] = dataclasses.field(default_factory=list)  # the streamed normalisers
     warning: str | None = None  # why this plan is not expected to save memory, if it is not
     budget: Any = None  # with ``memory=``: the chunk search (``_budget.Budget``)
 
@@ -65,6 +79,7 @@ class Plan:
             hoisted=[str(s) for s in split.hoisted_draws],
             candidates=[(c.size, c.born, c.saved, c is split) for c in candidates],
             layout=_layout.describe(layout, split),
+            streamed=_streamed(split),
             warning=split.not_worth_it(),
         )
 
@@ -85,6 +100,9 @@ class Plan:
         if self.reduced_at:
             lines.append("  reduced at:")
             lines.extend(f"    {r}" for r in self.reduced_at)
+        if self.streamed:
+            lines.append("  streamed normalisers (sums over the axis computed chunk by chunk):")
+            lines.extend(f"    {s}" for s in self.streamed)
         if self.accumulated:
             lines.append("  accumulated across chunks: " + ", ".join(self.accumulated))
         if self.stacked:

@@ -14,7 +14,7 @@ Invariant: the inputs handed in carry the axis exactly where the analysis says, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jax import lax
@@ -59,13 +59,26 @@ class Resizer:
         self.eval_eqns(ctx, inner.eqns, env)
         return [_interpret.read(env, v) for v in inner.outvars]
 
-    def eval_eqns(self, ctx: Ctx, eqns: Sequence[JaxprEqn], env: dict, indices: Any = None) -> None:
-        """Evaluate ``eqns`` (those at ``indices``, in order), reading and writing ``env``."""
+    def eval_eqns(
+        self,
+        ctx: Ctx,
+        eqns: Sequence[JaxprEqn],
+        env: dict,
+        indices: Any = None,
+        special: Callable | None = None,
+    ) -> None:
+        """Evaluate ``eqns`` (those at ``indices``, in order), reading and writing ``env``.
+        ``special(idx)``, where given and not None, emits equation ``idx`` instead of its rule
+        (``(eqn, r, invals) -> outs``; the streamed equations of ``_stream``)."""
         analysis = self.analysis
 
         def emit(idx: int, eqn: JaxprEqn, invals: list) -> list:
             if analysis.touches(ctx, eqn):
-                return rule_for(eqn.primitive).resize(eqn, EqnResize(self, ctx, idx, eqn), invals)
+                r = EqnResize(self, ctx, idx, eqn)
+                instead = None if special is None else special(idx)
+                if instead is not None:
+                    return instead(eqn, r, invals)
+                return rule_for(eqn.primitive).resize(eqn, r, invals)
             return _compat.bind(eqn, invals)
 
         _interpret.eval_eqns(eqns, env, emit, indices)
@@ -102,6 +115,14 @@ class EqnResize:
     @property
     def out_locs(self) -> list[AxisLoc | None]:
         return [self.analysis.loc(self.ctx, v) for v in self.eqn.outvars]
+
+    def chunk_shape(self, v: Any) -> tuple[int, ...]:
+        """The shape of ``v`` at chunk size."""
+        shape = list(getattr(v.aval, "shape", ()))
+        loc = self.analysis.loc(self.ctx, v)
+        if loc is not None:
+            shape[loc.dim] = self.rows(loc)
+        return tuple(shape)
 
     def rows(self, loc: AxisLoc) -> int:
         """Length at chunk size of the dimension that holds the axis at ``loc``."""

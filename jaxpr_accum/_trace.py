@@ -137,7 +137,7 @@ def trace(fun: Callable, leaves: list, treedef: Any, dynamic: list[bool], ranges
         if d
     ]
     closed = jax.make_jaxpr(flat_fun)(*dyn_avals)
-    closed = _compat.dce(inline_calls(closed))
+    closed = _compat.dce(private_constants(inline_calls(closed)))
     jaxpr, consts = _compat.constvars_to_invars(closed)
     args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
     return Traced(jaxpr, consts, out_store[0], ranges, leaf_names(fun, args, kwargs))
@@ -151,3 +151,44 @@ def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
     return jax.make_jaxpr(lambda *a: _interpret.eval_jaxpr(closed, a, _interpret.inlining()))(
         *avals
     )
+
+
+def private_constants(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """The same program where every equation that reads a value computed from constants
+    alone (``jnp.arange(n)`` and what is computed from it) has its own copy of that
+    computation. One ``arange`` used as each row's own position by one lookup and as labels
+    by another would otherwise have to carry the axis for both; copies are free to differ
+    (XLA merges them again)."""
+    jaxpr = closed.jaxpr
+    constant: dict = {}  # value -> the equation computing it from literals alone
+    readers: dict = {}
+    for eqn in jaxpr.eqns:
+        ins = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
+        for v in set(ins) & constant.keys():
+            readers[v] = readers.get(v, 0) + 1
+        if all(v in constant for v in ins) and _compat.is_pure(eqn):
+            constant.update((v, eqn) for v in eqn.outvars)
+    if all(n < 2 for n in readers.values()):
+        return closed
+
+    eqns: list = []
+
+    def value(v: Any, copy: dict) -> Any:
+        if isinstance(v, _compat.Literal) or v not in constant:
+            return v
+        if v not in copy:
+            eqn = constant[v]
+            invars = [value(x, copy) for x in eqn.invars]
+            outvars = [_compat.new_var(x.aval) for x in eqn.outvars]
+            copy.update(zip(eqn.outvars, outvars, strict=True))
+            eqns.append(eqn.replace(invars=invars, outvars=outvars))
+        return copy[v]
+
+    for eqn in jaxpr.eqns:
+        if eqn.outvars and eqn.outvars[0] in constant:
+            continue
+        copy: dict = {}
+        eqns.append(eqn.replace(invars=[value(v, copy) for v in eqn.invars]))
+    copy = {}
+    outvars = [value(v, copy) for v in jaxpr.outvars]
+    return closed.replace(jaxpr=jaxpr.replace(eqns=eqns, outvars=outvars))

@@ -99,6 +99,51 @@ def _per_row(eqn: Any, analysis: Any, ctx: Any, operand_dim: int) -> int | None:
     return d
 
 
+def _lookup(eqn: Any, loc: AxisLoc) -> bool:
+    """A lookup of single positions of the axis (``take_along_axis`` with labels, ``x[:, y]``):
+    per chunk it can pick the indices that fall in the chunk (``_lookup_in_chunk``)."""
+    dn = eqn.params["dimension_numbers"]
+    return (
+        loc.inner == 1
+        and loc.dim in dn.start_index_map
+        and loc.dim in dn.collapsed_slice_dims
+        and eqn.params["slice_sizes"][loc.dim] == 1
+    )
+
+
+def _lookup_in_chunk(eqn: Any, r: Any, operand: Any, indices: Any) -> Any:
+    """This chunk's share of a lookup along the axis: the value where the index falls in the
+    chunk, else 0, so that the chunks' shares add up to the lookup (each index is in exactly
+    one chunk, and ``x + 0 == x``). An index outside the axis takes the gather's own
+    treatment: clamped (``clip``, ``promise_in_bounds``) or the fill value, added once, by
+    the chunk at position 0 (``fill``)."""
+    dn, mode = eqn.params["dimension_numbers"], eqn.params["mode"]
+    loc = r.in_locs[0]
+    component = dn.start_index_map.index(loc.dim)
+    position = indices[..., component]
+    size = r.analysis.size
+    filling = mode == lax.GatherScatterMode.FILL_OR_DROP
+    if not filling:
+        position = jnp.clip(position, 0, size - 1)
+    start = lax.convert_element_type(r.start, position.dtype)
+    local = position - start
+    inside = (local >= 0) & (local < r.k)
+    indices = indices.at[..., component].set(jnp.clip(local, 0, r.k - 1))
+    found = _compat.bind(eqn, [operand, indices])[0]
+    out_rank = len(eqn.outvars[0].aval.shape)
+    batch = tuple(d for d in range(out_rank) if d not in dn.offset_dims)
+
+    def spread(mask: Any) -> Any:
+        return lax.broadcast_in_dim(mask, found.shape, batch)
+
+    share = jnp.where(spread(inside), found, jnp.zeros_like(found))
+    if filling:
+        outside = ((position < 0) | (position >= size)) & (r.start == 0)
+        fill = _compat.gather_fill_value(eqn)
+        share = jnp.where(spread(outside), jnp.full_like(found, fill), share)
+    return share
+
+
 def _window_dims(rank: int, skipped: tuple) -> list:
     return [d for d in range(rank) if d not in skipped]
 
@@ -129,6 +174,9 @@ class Gather(Rule):
                 view.set_out(0, AxisLoc(dn.offset_dims[windows.index(loc.dim)], loc.inner))
             elif (row := _per_row(eqn, view.analysis, view.ctx, loc.dim)) is not None:
                 view.set_in(1, AxisLoc(row, loc.inner))  # each row looks itself up
+            elif _lookup(eqn, loc) and view.in_loc(1) is None and view.out_loc(0) is None:
+                view.reduce(0, "sum")  # each index is found in exactly one chunk
+                return
             else:
                 view.barrier("`gather` indexes along the axis")
                 return
@@ -153,6 +201,8 @@ class Gather(Rule):
         dn = eqn.params["dimension_numbers"]
         if loc is None or loc.dim in dn.operand_batching_dims:
             return _compat.bind(eqn, invals)
+        if r.analysis.reductions.get(r.key):
+            return [_lookup_in_chunk(eqn, r, *invals)]
         if _per_row(eqn, r.analysis, r.ctx, loc.dim) is not None:
             operand, indices = invals
             shift = np.zeros(indices.shape[-1], np.int64)

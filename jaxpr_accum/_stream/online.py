@@ -1,0 +1,135 @@
+"""The streamed sums across chunks and devices: online accumulation with rescaled
+stabilisers, the per-chunk cotangents, and the combination after the loop (see
+``jaxpr_accum._stream``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+from jaxpr_accum._compat import Literal, Var
+from jaxpr_accum._stream.terms import Exp, Power, Term, compact, finite, place, rescale
+
+
+@dataclasses.dataclass(frozen=True)
+class Sink:
+    """A sum over the axis of a streamed value: equation ``index`` of the top-level jaxpr,
+    whose result ``var`` is a region output held as ``terms`` (coefficients None here)."""
+
+    var: Var
+    index: int
+    terms: tuple[Term, ...]
+    shape: tuple[int, ...]  # of the accumulators
+    later: tuple[int, ...] = ()  # their dimensions summed after the combination
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.var.aval.dtype.itemsize
+
+
+def accumulate(acc: Any, s_run: Any, part: Any, s_chunk: Any, factor: Exp | None) -> tuple:
+    """One chunk's ``part`` into the accumulator (an ``Exp`` term: online, rescaled)."""
+    part = part.astype(acc.dtype)
+    if factor is None:
+        return acc + part, s_run
+    s_chunk = s_chunk.astype(s_run.dtype)
+    s_new = jnp.maximum(s_run, s_chunk)
+    shape = acc.shape
+    acc = acc * place(rescale(s_run, s_new), factor.where, shape) + part * place(
+        rescale(s_chunk, s_new), factor.where, shape
+    )
+    return acc, s_new
+
+
+def chunk_cotangent(ct: Any, s_chunk: Any, s_final: Any, factor: Exp | None) -> Any:
+    """The cotangent of one chunk's part, from its accumulator's."""
+    if factor is None:
+        return ct
+    scale = rescale(s_chunk.astype(s_final.dtype), s_final)
+    return ct * place(scale, factor.where, ct.shape).astype(ct.dtype)
+
+
+def merge_devices(acc: Any, s: Any, factor: Exp | None, psum: Callable, pmax: Callable) -> tuple:
+    """Accumulators of the devices' shards into one (the identity on one device)."""
+    if factor is None:
+        return psum(acc), s
+    s_all = pmax(s)
+    return psum(acc * place(rescale(s, s_all), factor.where, acc.shape)), s_all
+
+
+def combine(sink: Sink, accs: Sequence, shifts: Sequence, read: Callable) -> Any:
+    """``sum_j acc_j * F_j`` with the deferred values ``read(var)`` and the final
+    stabilisers ``shifts`` (one per ``Exp`` term, in order), summed over ``sink.later``."""
+    shape, total = sink.shape, None
+    shifts = iter(shifts)
+    for term, acc in zip(sink.terms, accs, strict=True):
+        value = acc
+        for f in term.factors:
+            if isinstance(f, Power):
+                d = place(compact(read(f.var)).astype(acc.dtype), f.where, shape)
+                value = (
+                    value * d
+                    if f.power == 1
+                    else value * d**f.power
+                    if f.power > 0
+                    else (value / d if f.power == -1 else value / d ** (-f.power))
+                )
+            else:
+                exponent = place(lax.stop_gradient(finite(next(shifts))), f.where, shape)
+                for v, c, w in f.lin:
+                    exponent = exponent + c * place(compact(read(v)).astype(acc.dtype), w, shape)
+                value = value * jnp.exp(exponent)
+        total = value if total is None else total + value
+    if sink.later:
+        total = jnp.sum(total, axis=sink.later)
+    return total.astype(sink.var.aval.dtype)
+
+
+def origin(definition: Callable[[Any], Any], v: Var) -> Any:
+    """The equation a deferred value comes from: back through single-operand equations to
+    the reduction (or the first equation with several operands)."""
+    eqn = definition(v)
+    for _ in range(32):
+        if eqn is None:
+            return None
+        ins = [x for x in eqn.invars if not isinstance(x, Literal)]
+        if eqn.primitive.name.startswith("reduce_") or eqn.primitive.name == "dot_general":
+            return eqn
+        prev = definition(ins[-1]) if ins else None
+        if prev is None:
+            return eqn
+        eqn = prev
+    return eqn
+
+
+def describe(sink: Sink, definition: Callable[[Any], Any], where: Callable[[Any], str]) -> str:
+    """What ``sink`` streams, for ``explain``: each deferred value by the reduction it comes
+    from (``where(eqn)`` names an equation)."""
+    said: list[str] = []
+
+    def add(text: str) -> None:
+        if text not in said:
+            said.append(text)
+
+    for term in sink.terms:
+        for f in term.factors:
+            if isinstance(f, Exp):
+                for v, _, _ in f.lin:
+                    add(
+                        f"exp(. - {_named(definition, where, v)}) taken against each chunk's own "
+                        "max and rescaled as chunks combine"
+                    )
+            else:
+                verb = "divided by" if f.power < 0 else "multiplied by"
+                add(f"{verb} {_named(definition, where, f.var)} after the loop")
+    return "; ".join(said) if said else "a sum of chunk values"
+
+
+def _named(definition: Callable[[Any], Any], where: Callable[[Any], str], v: Var) -> str:
+    eqn = origin(definition, v)
+    return "a value reduced over the axis" if eqn is None else where(eqn)

@@ -57,6 +57,7 @@ PAGES = [
     "faq.md",
     "multi-device.md",
     "testing.md",
+    "normalisers.md",
 ]
 TIMEOUT_S = 900
 

@@ -301,6 +301,10 @@ def explicit_axes(mesh: Any, names: Sequence[str]) -> bool:
     return all(types.get(n) == jax.sharding.AxisType.Explicit for n in names)
 
 
+def is_symbolic_zero(ct: Any) -> bool:
+    return isinstance(ct, jax.custom_derivatives.SymbolicZero)
+
+
 def instantiate(ct: Any) -> Any:
     """A cotangent as an array: symbolic zeros (``custom_vjp(symbolic_zeros=True)``) as zeros."""
     if isinstance(ct, jax.custom_derivatives.SymbolicZero):

@@ -230,8 +230,11 @@ def make_region(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Ca
         def bwd(res: tuple, cts: tuple) -> tuple:
             inv, ch, finals, need_inv, need_ch = res
             needed = (_flags(need_inv), _flags(need_ch))
-            cts = tuple(
-                [_compat.instantiate(c) if f else None for c, f in zip(group, flags, strict=True)]
+            cts = tuple(  # zeros stay None: the loop makes them at its shard's shapes
+                [
+                    None if not f or _compat.is_symbolic_zero(c) else c
+                    for c, f in zip(group, flags, strict=True)
+                ]
                 for group, flags in zip(cts, out_float, strict=True)
             )
 

@@ -280,7 +280,7 @@ class ChunkLoop:
                 outputs, stabs = f(a, b)
                 return pick(outputs, self.out_float), stabs
 
-            _, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)
+            out, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)
             pullback = canonicalize(pullback)
             ct_st = [
                 None if ct is None else take_chunk(ct, loc, start, kk)
@@ -295,7 +295,11 @@ class ChunkLoop:
                 ).astype(sink.var.aval.dtype)
                 for ct, s, (sink, factor) in zip(ct_accs, stabs, self.terms, strict=True)
             ]
-            return pullback(pick((ct_sums, ct_p, ct_st, ct_parts), self.out_float))
+            cts = pick((ct_sums, ct_p, ct_st, ct_parts), self.out_float)
+            # zero cotangents arrive as None: made here, at this shard's chunk shapes
+            return pullback(
+                [jnp.zeros_like(o) if c is None else c for c, o in zip(cts, out, strict=True)]
+            )
 
         diff_inv, diff_ch = self.wanted(invariants, 0), self.wanted(chunked, 1)
         acc = [

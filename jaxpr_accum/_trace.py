@@ -154,8 +154,8 @@ def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
 
 
 def private_constants(closed: ClosedJaxpr) -> ClosedJaxpr:
-    """The same program where every equation that reads a value computed from constants
-    alone (``jnp.arange(n)`` and what is computed from it) has its own copy of that
+    """The same program where every equation that reads an integer value computed from
+    constants alone (``jnp.arange(n)`` and what is computed from it) has its own copy of that
     computation. One ``arange`` used as each row's own position by one lookup and as labels
     by another would otherwise have to carry the axis for both; copies are free to differ
     (XLA merges them again)."""
@@ -166,7 +166,7 @@ def private_constants(closed: ClosedJaxpr) -> ClosedJaxpr:
         ins = [v for v in eqn.invars if not isinstance(v, _compat.Literal)]
         for v in set(ins) & constant.keys():
             readers[v] = readers.get(v, 0) + 1
-        if all(v in constant for v in ins) and _compat.is_pure(eqn):
+        if all(v in constant for v in ins) and _compat.is_pure(eqn) and _integral(eqn):
             constant.update((v, eqn) for v in eqn.outvars)
     if all(n < 2 for n in readers.values()):
         return closed
@@ -192,3 +192,7 @@ def private_constants(closed: ClosedJaxpr) -> ClosedJaxpr:
     copy = {}
     outvars = [value(v, copy) for v in jaxpr.outvars]
     return closed.replace(jaxpr=jaxpr.replace(eqns=eqns, outvars=outvars))
+
+
+def _integral(eqn: Any) -> bool:
+    return all(np.issubdtype(v.aval.dtype, np.integer) or v.aval.dtype == bool for v in eqn.outvars)

@@ -232,7 +232,33 @@ def dropout_problem() -> tuple[Callable, Any, Any, tuple]:
     return loss, params, (x, y), (jax.random.key(42),)
 
 
-PROBLEMS = {"mlp": mlp_problem, "conv": conv_problem, "dropout": dropout_problem}
+def pool_problem() -> tuple[Callable, Any, Any, tuple]:
+    """Softmax pooling over the batch: a streamed normaliser (per-device online max and
+    sums, merged across devices after the loop)."""
+    rng = np.random.RandomState(3)
+    x = rng.normal(size=(BATCH, 16)).astype(np.float32)
+    y = rng.normal(size=(BATCH,)).astype(np.float32)
+    params = (
+        rng.normal(size=(16, 16)).astype(np.float32) / 4,
+        rng.normal(size=(16,)).astype(np.float32) * 3,
+    )
+
+    def loss(params: Any, batch: Any) -> jax.Array:
+        w, v = params
+        x, y = batch
+        h = jnp.tanh(x @ w)
+        weights = jax.nn.softmax(h @ v + y)
+        return jnp.sum((weights @ h) ** 2) + jax.nn.logsumexp(h @ v)
+
+    return loss, params, (x, y), ()
+
+
+PROBLEMS = {
+    "mlp": mlp_problem,
+    "conv": conv_problem,
+    "dropout": dropout_problem,
+    "pool": pool_problem,
+}
 
 
 # --------------------------------------------------------------------------------------

@@ -20,7 +20,13 @@ import pytest
 pytestmark = pytest.mark.integration  # subprocesses
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ["mc_vae.py", "dropout_transformer.py", "nnx_grad_accum.py"]
+EXAMPLES = [
+    "mc_vae.py",
+    "dropout_transformer.py",
+    "nnx_grad_accum.py",
+    "long_attention.py",
+    "large_vocab_loss.py",
+]
 COMMANDS = {name: [str(ROOT / "examples" / name), "--quick"] for name in EXAMPLES}
 COMMANDS["demo"] = ["-m", "jaxpr_accum", "demo", "--quick"]
 TIMEOUT_S = 600

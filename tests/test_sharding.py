@@ -43,6 +43,8 @@ MODEL_CASES: dict[str, tuple[str, str, int, int]] = {}
 for _model in ("mlp", "conv", "dropout"):
     for _grad, _reported in (("remat", "remat"), ("auto", "fused"), ("native", "native")):
         MODEL_CASES[f"{_model}-{_grad}"] = (_reported, "('data',)", 8, 16)
+for _grad, _reported in (("remat", "remat"), ("auto", "remat"), ("native", "native")):
+    MODEL_CASES[f"pool-{_grad}"] = (_reported, "('data',)", 8, 16)
 MODEL_CASES.update(
     {
         "mesh_axis-set_mesh-mlp-auto": ("fused", "('data',)", 8, 16),
@@ -132,7 +134,11 @@ def test_no_collectives_inside_the_loop(results: dict, name: str) -> None:
     # gradient leaf and output, and in practice XLA combines them into one or two.
     bound = facts["n_grad_leaves"] + facts["n_outputs"]
     assert 1 <= facts["all_reduce_total"] <= bound, facts["all_reduce_total"]
-    assert facts["all_reduce_total"] <= 2, facts["all_reduce_total"]
+    # A streamed normaliser also merges each term's running max (a pmax) before its
+    # rescaled accumulator is summed: one more all-reduce per pass.
+    assert facts["all_reduce_total"] <= (4 if name.startswith("pool") else 2), facts[
+        "all_reduce_total"
+    ]
     assert set(facts["collectives_total"]) <= {"all-reduce", "all-reduce-start", "all-reduce-done"}
     if facts["trip_counts"]:  # the chunk loop runs N / chunk times on every device
         assert BATCH // chunk in facts["trip_counts"], facts["trip_counts"]

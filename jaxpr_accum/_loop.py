@@ -272,34 +272,37 @@ class ChunkLoop:
         ct_sums, ct_partials, ct_stacked, ct_streams = cts
         ct_accs = ct_streams[: len(self.terms)]
 
+        final = iter(finals)
+        term_finals = [None if factor is None else next(final) for _, factor in self.terms]
+
         def pull(kk: int, start: Any, ct_p: list) -> tuple:
             chunk = self.slices(chunked, start, kk)
             f, primals, _, _ = self.differentiable(invariants, chunk, kk, start)
-
-            def picked(a: list, b: list) -> tuple:
-                outputs, stabs = f(a, b)
-                return pick(outputs, self.out_float), stabs
-
-            out, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)
-            pullback = canonicalize(pullback)
             ct_st = [
                 None if ct is None else take_chunk(ct, loc, start, kk)
                 for ct, loc in zip(ct_stacked, self.stacked_locs, strict=True)
             ]
-            final = iter(finals)
+            # Outputs with a zero cotangent (None) are not differentiated at all: a pullback
+            # fed zeros can still make NaNs (a max whose recomputed location test fails).
+            present = pick((ct_sums, ct_p, ct_st, ct_accs), self.out_float)
+            keep = [i for i, ct in enumerate(present) if ct is not None]
+
+            def picked(a: list, b: list) -> tuple:
+                outputs, stabs = f(a, b)
+                flat = pick(outputs, self.out_float)
+                return [flat[i] for i in keep], stabs
+
+            _, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)
             ct_parts = [
                 None
                 if ct is None
-                else _stream.chunk_cotangent(
-                    ct, s, None if factor is None else next(final), factor
-                ).astype(sink.var.aval.dtype)
-                for ct, s, (sink, factor) in zip(ct_accs, stabs, self.terms, strict=True)
+                else _stream.chunk_cotangent(ct, s, s_final, factor).astype(sink.var.aval.dtype)
+                for ct, s, s_final, (sink, factor) in zip(
+                    ct_accs, stabs, term_finals, self.terms, strict=True
+                )
             ]
             cts = pick((ct_sums, ct_p, ct_st, ct_parts), self.out_float)
-            # zero cotangents arrive as None: made here, at this shard's chunk shapes
-            return pullback(
-                [jnp.zeros_like(o) if c is None else c for c, o in zip(cts, out, strict=True)]
-            )
+            return canonicalize(pullback)([cts[i] for i in keep])
 
         diff_inv, diff_ch = self.wanted(invariants, 0), self.wanted(chunked, 1)
         acc = [

@@ -195,4 +195,8 @@ def private_constants(closed: ClosedJaxpr) -> ClosedJaxpr:
 
 
 def _integral(eqn: Any) -> bool:
-    return all(np.issubdtype(v.aval.dtype, np.integer) or v.aval.dtype == bool for v in eqn.outvars)
+    return all(
+        jax.numpy.issubdtype(v.aval.dtype, jax.numpy.integer)
+        or jax.numpy.issubdtype(v.aval.dtype, jax.numpy.bool_)
+        for v in eqn.outvars
+    )

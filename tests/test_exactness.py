@@ -2,9 +2,10 @@
 
 The composition matrix differentiates one ``SerializedFunction`` with respect to every subset
 of its inputs, in two orders, under each wrapper (none, ``jit``, ``checkpoint``, ``cond``,
-``scan``, ``vmap``, ``vjp``), in every gradient mode, in float32, float64 and complex, at
-chunks that divide the axis, that don't, 1 and larger than the axis; the unchunked original
-is the oracle every time. The default tier runs one row per gradient mode; the full matrix
+``scan``, ``vmap``, ``vjp``), in every gradient mode, in float32, float64, complex and with
+streamed normalisers (a softmax and a logsumexp over the axis), at chunks that divide the
+axis, that don't, 1 and larger than the axis; the unchunked original is the oracle every
+time. The default tier runs one row per gradient mode; the full matrix
 is ``slow``.
 
 Then one regression class per defect found by adversarial use (``shared/repros``), each with
@@ -67,6 +68,13 @@ def complex_loss(w, b, x):
     return jnp.abs(jnp.sum(jnp.exp(1j * (x @ w) + b))) ** 2 / x.shape[0]
 
 
+def softmax_loss(w, b, x):
+    """Streamed normalisers: a softmax and a logsumexp over the axis."""
+    h = jnp.tanh(x @ w + b)
+    p = jax.nn.softmax(h.sum(1) * 3.0)
+    return jnp.sum(p @ h) + jax.nn.logsumexp(h[:, 0] * 5.0)
+
+
 def _args(kind: str, n: int = N) -> tuple:
     rs = np.random.RandomState(0)
     dtype = np.float64 if kind == "float64" else np.float32
@@ -79,7 +87,7 @@ def _args(kind: str, n: int = N) -> tuple:
 
 
 def _loss(kind: str):
-    return complex_loss if kind == "complex" else real_loss
+    return {"complex": complex_loss, "softmax": softmax_loss}.get(kind, real_loss)
 
 
 def _rtol(kind: str) -> float:
@@ -145,6 +153,8 @@ def test_composition_row(mode):
 MATRIX = [("float32", w) for w in sorted(WRAPPERS)] + [
     (kind, w) for kind in ("float64", "complex") for w in ("jit", "none", "scan")
 ]
+# streamed normalisers: staged, in a loop, batched, and under a caller's vjp
+MATRIX += [("softmax", w) for w in ("checkpoint", "scan", "vjp", "vmap")]
 
 
 @pytest.mark.slow
@@ -156,7 +166,7 @@ def test_composition_matrix(mode, kind, wrapper):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 4, 5, N, N + 3])
-@pytest.mark.parametrize("kind", ["float32", "float64", "complex"])
+@pytest.mark.parametrize("kind", ["float32", "float64", "complex", "softmax"])
 @pytest.mark.parametrize("mode", GRAD_MODES)
 def test_composition_chunks(mode, kind, chunk):
     with jax.enable_x64(True) if kind == "float64" else _nullcontext():

@@ -115,32 +115,38 @@ def _lookup_in_chunk(eqn: Any, r: Any, operand: Any, indices: Any) -> Any:
     """This chunk's share of a lookup along the axis: the value where the index falls in the
     chunk, else 0, so that the chunks' shares add up to the lookup (each index is in exactly
     one chunk, and ``x + 0 == x``). An index outside the axis takes the gather's own
-    treatment: clamped (``clip``, ``promise_in_bounds``) or the fill value, added once, by
-    the chunk at position 0 (``fill``)."""
+    treatment: clamped (``clip``; ``promise_in_bounds`` too, where XLA's transpose then drops
+    the cotangent) or the fill value, added once, by the chunk at position 0 (``fill``)."""
     dn, mode = eqn.params["dimension_numbers"], eqn.params["mode"]
     loc = r.in_locs[0]
     component = dn.start_index_map.index(loc.dim)
     position = indices[..., component]
     size = r.analysis.size
     filling = mode == lax.GatherScatterMode.FILL_OR_DROP
+    outside = (position < 0) | (position >= size)
     if not filling:
         position = jnp.clip(position, 0, size - 1)
     start = lax.convert_element_type(r.start, position.dtype)
     local = position - start
     inside = (local >= 0) & (local < r.k)
     indices = indices.at[..., component].set(jnp.clip(local, 0, r.k - 1))
-    found = _compat.bind(eqn, [operand, indices])[0]
+    # clamped indices may now repeat: never let the gradient's scatter assume otherwise
+    params = {**eqn.params, "unique_indices": False, "indices_are_sorted": False}
+    found = _compat.bind(eqn, [operand, indices], params)[0]
     out_rank = len(eqn.outvars[0].aval.shape)
     batch = tuple(d for d in range(out_rank) if d not in dn.offset_dims)
 
     def spread(mask: Any) -> Any:
         return lax.broadcast_in_dim(mask, found.shape, batch)
 
+    if mode == lax.GatherScatterMode.PROMISE_IN_BOUNDS:
+        # what XLA does with a broken promise: the lookup clamps, its transpose drops
+        found = jnp.where(spread(outside), lax.stop_gradient(found), found)
     share = jnp.where(spread(inside), found, jnp.zeros_like(found))
     if filling:
-        outside = ((position < 0) | (position >= size)) & (r.start == 0)
         fill = _compat.gather_fill_value(eqn)
-        share = jnp.where(spread(outside), jnp.full_like(found, fill), share)
+        first = spread(outside & (r.start == 0))
+        share = jnp.where(first, jnp.full_like(found, fill), share)
     return share
 
 

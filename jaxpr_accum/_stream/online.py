@@ -125,8 +125,10 @@ def describe(sink: Sink, definition: Callable[[Any], Any], where: Callable[[Any]
                         "max and rescaled as chunks combine"
                     )
             else:
-                verb = "divided by" if f.power < 0 else "multiplied by"
-                add(f"{verb} {_named(definition, where, f.var)} after the loop")
+                if f.power < 0:
+                    add(f"divided by {_named(definition, where, f.var)} after the loop")
+                else:
+                    add(f"{_named(definition, where, f.var)} applied after the loop")
     return "; ".join(said) if said else "a sum of chunk values"
 
 

@@ -848,12 +848,6 @@ CASES: list[Case] = [
         make_hk_vae,
         512,
         argnums=2,
-        xfail={
-            "memory": "grad='auto' picks fused: it weighs the 3.2 MB of gradients fused holds "
-            "against one chunk's activations, estimated at 4.5 MB from every axis-carrying "
-            "intermediate, where XLA's fusion keeps far fewer live; fused measures 0.89x the "
-            "original's temp bytes, grad='remat' 0.46x (issue 13 item 4)"
-        },
     ),
     Case(
         "hk-lstm",

@@ -25,7 +25,7 @@ def loss_and_accuracy(w, x, y):
 
 
 def test_sums_without_gradients_do_not_count():
-    sf = ja.serialize_axis(loss_and_accuracy, chunk=16, argnums=(1, 2))
+    sf = ja.serialize_axis(loss_and_accuracy, chunk=48, argnums=(1, 2))
     plan = sf.explain(W, X, Y)
     assert plan.grad == "fused", plan.grad_reason
     assert "1 gradient-carrying" in plan.grad_reason
@@ -42,7 +42,8 @@ def test_several_gradient_carrying_sums_weigh_memory():
 
     sf = ja.serialize_axis(two_losses, chunk=4, argnums=1)
     plan = sf.explain(big, wide)
-    assert plan.grad == "remat" and "more than one chunk's activations" in plan.grad_reason, plan
+    reason = "more than half of one chunk's estimated activations"
+    assert plan.grad == "remat" and reason in plan.grad_reason, plan
     assert_matches_original(two_losses, sf, big, wide)
 
     narrow = jnp.asarray(RS.normal(size=(2, 512)) / 3, jnp.float32)  # activations >> inputs

@@ -24,7 +24,9 @@ import os
 import re
 import statistics
 import time
+import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -369,6 +371,51 @@ class PairedTimes:
     def median_time(self, name: str) -> float:
         t = self.times[name]
         return statistics.median([v for r, v in t.items() if r > 0] or list(t.values()))
+
+
+def compile_all(
+    fns: dict[Any, Callable],
+    args: tuple,
+    verbose: bool,
+    argnums: int | tuple[int, ...] = 0,
+    describe: Callable[[BaseException], str] = lambda e: f"{type(e).__name__}: {e}",
+) -> tuple[dict[Any, Any], dict[Any, str]]:
+    """Lower each ``jit(value_and_grad(f, argnums))`` here, compile them two at a time in
+    threads; ``(compiled, errors)`` by key, each error as ``describe`` words it."""
+    lowered, errors = {}, {}
+    for key, f in fns.items():
+        try:
+            lowered[key] = jax.jit(jax.value_and_grad(f, argnums=argnums)).lower(*args)
+        except Exception as e:
+            if verbose:
+                traceback.print_exc()
+            errors[key] = describe(e)
+
+    def compile_one(item):
+        key, low = item
+        try:
+            return key, low.compile(), None
+        except Exception as e:
+            if verbose:
+                traceback.print_exc()
+            return key, None, describe(e)
+
+    compiled = {}
+    with ThreadPoolExecutor(2) as pool:
+        for key, c, err in pool.map(compile_one, lowered.items()):
+            if err is None:
+                compiled[key] = c
+            else:
+                errors[key] = err
+    return compiled, errors
+
+
+def md_table(headers: list[str], rows: list[list[str]], right_from: int = 2) -> str:
+    """A Markdown table, its columns from ``right_from`` on right-aligned."""
+    aligns = ["---" if i < right_from else "---:" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(aligns) + " |"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def time_paired(

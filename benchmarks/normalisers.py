@@ -52,10 +52,8 @@ import re
 import sys
 import textwrap
 import time
-import traceback
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -65,7 +63,7 @@ import jax.numpy as jnp  # noqa: E402
 import models  # noqa: E402
 import optax  # noqa: E402
 from jax import lax  # noqa: E402
-from models import time_paired, tree_rel_error  # noqa: E402
+from models import compile_all, md_table, time_paired, tree_rel_error  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
 from jaxpr_accum._demo import fmt_bytes  # noqa: E402
@@ -353,38 +351,6 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".split("\n")[0]
 
 
-def compile_all(
-    fns: dict[str, Callable], args: tuple, diff: tuple[int, ...], verbose: bool
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Lower ``jit(value_and_grad(f, argnums=diff))`` here, compile two at a time."""
-    lowered, errors = {}, {}
-    for name, f in fns.items():
-        try:
-            lowered[name] = jax.jit(jax.value_and_grad(f, argnums=diff)).lower(*args)
-        except Exception as e:
-            if verbose:
-                traceback.print_exc()
-            errors[name] = _err(e)
-
-    def compile_one(item):
-        name, low = item
-        try:
-            return name, low.compile(), None
-        except Exception as e:
-            if verbose:
-                traceback.print_exc()
-            return name, None, _err(e)
-
-    compiled = {}
-    with ThreadPoolExecutor(2) as pool:
-        for name, c, err in pool.map(compile_one, lowered.items()):
-            if err is None:
-                compiled[name] = c
-            else:
-                errors[name] = err
-    return compiled, errors
-
-
 def temp_bytes(compiled: Any) -> int:
     return compiled.memory_analysis().temp_size_in_bytes
 
@@ -432,7 +398,7 @@ def run_case(case: Case, s: Sizes, verbose: bool) -> dict[str, Any]:
         if verbose:
             print(info.get("text", info.get("error")))
     fns.update(case.peers)
-    compiled, errors = compile_all(fns, case.args, case.diff, verbose)
+    compiled, errors = compile_all(fns, case.args, verbose, argnums=case.diff, describe=_err)
     if "original" not in compiled:
         raise RuntimeError(f"the original does not compile: {errors['original']}")
     t_compile = time.perf_counter() - t0
@@ -491,7 +457,7 @@ def measure_growth(case: Case, verbose: bool) -> dict[int, dict[str, int | str]]
             "serialized": ja.serialize_axis(case.loss, chunk=ser.chunk, **ser.settings),
             **peers,
         }
-        compiled, errors = compile_all(fns, args, case.diff, verbose)
+        compiled, errors = compile_all(fns, args, verbose, argnums=case.diff, describe=_err)
         out[n] = {name: temp_bytes(c) for name, c in compiled.items()} | errors
     return out
 
@@ -637,13 +603,6 @@ def acceptance(results: dict[str, dict]) -> list[tuple[str, str, bool]]:
     return checks
 
 
-def md_table(headers: list[str], rows: list[list[str]], right_from: int = 1) -> str:
-    aligns = ["---" if i < right_from else "---:" for i in range(len(headers))]
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(aligns) + " |"]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def stops_text(res: dict) -> list[str]:
     lines = []
     for ser in res["case"].serialized:
@@ -689,7 +648,7 @@ def markdown(results, checks, elapsed, cpu, load, quick) -> str:
         "",
     ]
     for res in results.values():
-        parts += [f"### {res['case'].title}", "", md_table(HEADERS, table_rows(res)), ""]
+        parts += [f"### {res['case'].title}", "", md_table(HEADERS, table_rows(res), 1), ""]
         parts += stops_text(res) + [""]
     grow = [r for res in results.values() if res["growth"] for r in growth_rows(res)]
     if grow:
@@ -783,12 +742,12 @@ def main(argv: list[str] | None = None) -> int:
             f"compiled {1 + len(res['rows'])} programs in {res['t_compile']:.0f} s, "
             f"timed in {res['t_time']:.0f} s"
         )
-        print(md_table(HEADERS, table_rows(res)))
+        print(md_table(HEADERS, table_rows(res), 1))
         for line in stops_text(res):
             print(line)
         if res["growth"]:
             print()
-            print(md_table(GROWTH_HEADERS, growth_rows(res)))
+            print(md_table(GROWTH_HEADERS, growth_rows(res), 1))
 
     checks = acceptance(results)
     elapsed = time.perf_counter() - t_start

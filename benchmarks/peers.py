@@ -37,9 +37,7 @@ import os
 import platform
 import sys
 import time
-import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -50,6 +48,8 @@ from models import (  # noqa: E402
     MLPConfig,
     Seed1Config,
     TransformerConfig,
+    compile_all,
+    md_table,
     mlp_peers,
     mlp_problem,
     seed1_peers,
@@ -160,38 +160,6 @@ def make_models(quick: bool) -> list[Model]:
             ("scan+checkpoint", "fused") if quick else METHODS,
         ),
     ]
-
-
-def compile_all(
-    fns: dict[Any, Callable], args: tuple, verbose: bool
-) -> tuple[dict[Any, Any], dict[Any, str]]:
-    """Lower each ``jit(value_and_grad(f))`` here, compile them two at a time in threads."""
-    lowered, errors = {}, {}
-    for key, f in fns.items():
-        try:
-            lowered[key] = jax.jit(jax.value_and_grad(f)).lower(*args)
-        except Exception as e:
-            if verbose:
-                traceback.print_exc()
-            errors[key] = f"{type(e).__name__}: {e}"
-
-    def compile_one(item):
-        key, low = item
-        try:
-            return key, low.compile(), None
-        except Exception as e:
-            if verbose:
-                traceback.print_exc()
-            return key, None, f"{type(e).__name__}: {e}"
-
-    compiled = {}
-    with ThreadPoolExecutor(2) as pool:
-        for key, c, err in pool.map(compile_one, lowered.items()):
-            if err is None:
-                compiled[key] = c
-            else:
-                errors[key] = err
-    return compiled, errors
 
 
 def run_model(model: Model, verbose: bool, deadline: float) -> dict[str, Any]:
@@ -440,13 +408,6 @@ def plot(results: dict[str, dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def md_table(headers: list[str], rows: list[list[str]], right_from: int = 2) -> str:
-    aligns = ["---" if i < right_from else "---:" for i in range(len(headers))]
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(aligns) + " |"]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def commentary(results: dict[str, dict]) -> str:

@@ -72,13 +72,8 @@ def combine(sink: Sink, accs: Sequence, shifts: Sequence, read: Callable) -> Any
         for f in term.factors:
             if isinstance(f, Power):
                 d = place(compact(read(f.var)).astype(acc.dtype), f.where, shape)
-                value = (
-                    value * d
-                    if f.power == 1
-                    else value * d**f.power
-                    if f.power > 0
-                    else (value / d if f.power == -1 else value / d ** (-f.power))
-                )
+                d = d if abs(f.power) == 1 else d ** abs(f.power)
+                value = value * d if f.power > 0 else value / d  # divided, as the original
             else:
                 exponent = place(lax.stop_gradient(finite(next(shifts))), f.where, shape)
                 for v, c, w in f.lin:

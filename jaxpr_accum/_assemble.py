@@ -17,6 +17,7 @@ from jax import lax
 from jaxpr_accum import _interpret, _stream
 from jaxpr_accum._gradients import make_region
 from jaxpr_accum._layout import Layout
+from jaxpr_accum._loop import unpack_streams
 from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
 
 COMBINE: dict[str, Callable] = {
@@ -32,13 +33,12 @@ COMBINE: dict[str, Callable] = {
 
 def _streamed_sums(split: Split, streams: list) -> list[tuple[int, Callable]]:
     """``(equation index, combine(env))`` of each streamed sum, in program order."""
-    n_terms = sum(len(sink.terms) for sink in split.sinks)
-    accs, finals = iter(streams[:n_terms]), iter(streams[n_terms:])
+    accs, stabilisers = (iter(x) for x in unpack_streams(split, streams))
     out = []
     for sink in split.sinks:
         terms = sink.terms
         mine = [next(accs) for _ in terms]
-        shifts = [next(finals) for t in terms if t.exp is not None]
+        shifts = [s for s in (next(stabilisers) for _ in terms) if s is not None]
 
         def combine(env: dict, sink: Any = sink, mine: list = mine, shifts: list = shifts) -> None:
             env[sink.var] = _stream.combine(sink, mine, shifts, env.__getitem__)

@@ -36,7 +36,13 @@ from jaxpr_accum._fused import (
 )
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._layout import Layout
-from jaxpr_accum._loop import differentiated, float_outputs, stream_terms
+from jaxpr_accum._loop import (
+    differentiated,
+    float_outputs,
+    pack_streams,
+    stream_terms,
+    unpack_streams,
+)
 from jaxpr_accum._plan import BODY, Split, format_bytes, nbytes
 from jaxpr_accum._rules.custom_derivatives import function_name, is_custom_vjp
 
@@ -182,7 +188,7 @@ def make_region(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Ca
         [spec(None) for _ in [*terms, *exp_terms]],
     )
     out_float = float_outputs(split)
-    final_specs = [spec(None) for _ in exp_terms]
+    final_specs = [spec(None) for _ in terms]
 
     def reduce_sums(sums: list) -> list:
         return [
@@ -191,16 +197,11 @@ def make_region(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Ca
 
     def reduce_streams(streams: list) -> list:
         """The devices' streamed accumulators merged (``_stream.merge_devices``)."""
-        accs, finals = streams[: len(terms)], iter(streams[len(terms) :])
         merged = [
-            _stream.merge_devices(
-                acc, None if f is None else next(finals), f, layout.reduce, layout.maximum
-            )
-            for acc, (_, f) in zip(accs, terms, strict=True)
+            _stream.merge_devices(acc, s, f, layout.reduce, layout.maximum)
+            for acc, s, (_, f) in zip(*unpack_streams(split, streams), terms, strict=True)
         ]
-        return [a for a, _ in merged] + [
-            s for (_, s), (_, f) in zip(merged, terms, strict=True) if f is not None
-        ]
+        return pack_streams(split, [a for a, _ in merged], [s for _, s in merged])
 
     def forward_local(checkpoint: bool) -> Callable:
         def fn(invariants: list, chunked: list) -> tuple:
@@ -227,7 +228,7 @@ def make_region(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Ca
         def fwd(invariants: list, chunked: list) -> tuple:
             (inv, need_inv), (ch, need_ch) = _unwrap(invariants), _unwrap(chunked)
             out = forward(inv, ch)
-            finals = out[3][len(terms) :]
+            _, finals = unpack_streams(split, out[3])
             return out, (inv, ch, finals, _mask(need_inv), _mask(need_ch))
 
         def bwd(res: tuple, cts: tuple) -> tuple:

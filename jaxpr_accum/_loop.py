@@ -68,6 +68,19 @@ def stream_terms(split: Split) -> list[tuple[_stream.Sink, _stream.Exp | None]]:
     return [(sink, t.exp) for sink in split.sinks for t in sink.terms]
 
 
+def pack_streams(split: Split, accs: Sequence, stabilisers: Sequence) -> list:
+    """The region's streamed outputs: every term's accumulator, then the final stabiliser of
+    each ``Exp`` term (``stabilisers`` has one entry per term, None where it has no ``Exp``)."""
+    return [*accs, *(s for s, (_, f) in zip(stabilisers, stream_terms(split), strict=True) if f)]
+
+
+def unpack_streams(split: Split, streams: Sequence) -> tuple[list, list]:
+    """``(accumulators, stabilisers)`` per term, from ``pack_streams``'s layout."""
+    terms = stream_terms(split)
+    finals = iter(streams[len(terms) :])
+    return list(streams[: len(terms)]), [None if f is None else next(finals) for _, f in terms]
+
+
 def float_outputs(split: Split, per_chunk: bool = False) -> tuple:
     """Which outputs are differentiable, by group: sums, partials, stacked, and the streamed
     sums' terms: a chunk's parts (``per_chunk``), or the region's accumulators followed by
@@ -238,8 +251,7 @@ class ChunkLoop:
             step, (self.zero_sums(), self.zero_streams())
         )
         accs, stabs = streams
-        finals = [s for s, (_, f) in zip(stabs, self.terms, strict=True) if f is not None]
-        return (*self.assemble(sums, scanned, rest), accs + finals)
+        return (*self.assemble(sums, scanned, rest), pack_streams(self.split, accs, stabs))
 
     def assemble(self, sums: list, scanned: Any, rest: Any) -> tuple:
         split = self.split
@@ -267,13 +279,10 @@ class ChunkLoop:
 
         ``cts`` holds the cotangents of the float outputs (None for the others); partials'
         cotangents are per chunk of this shard. ``finals``: the streamed terms' final
-        stabilisers (one per ``Exp`` term), which rescale their cotangents per chunk.
+        stabilisers (one per term, None without ``Exp``), which rescale their cotangents.
         """
         ct_sums, ct_partials, ct_stacked, ct_streams = cts
-        ct_accs = ct_streams[: len(self.terms)]
-
-        final = iter(finals)
-        term_finals = [None if factor is None else next(final) for _, factor in self.terms]
+        ct_accs, _ = unpack_streams(self.split, ct_streams)
 
         def pull(kk: int, start: Any, ct_p: list) -> tuple:
             chunk = self.slices(chunked, start, kk)
@@ -298,7 +307,7 @@ class ChunkLoop:
                 if ct is None
                 else _stream.chunk_cotangent(ct, s, s_final, factor).astype(sink.var.aval.dtype)
                 for ct, s, s_final, (sink, factor) in zip(
-                    ct_accs, stabs, term_finals, self.terms, strict=True
+                    ct_accs, stabs, finals, self.terms, strict=True
                 )
             ]
             cts = pick((ct_sums, ct_p, ct_st, ct_parts), self.out_float)

@@ -48,8 +48,9 @@ import numpy as np
 
 from jaxpr_accum import _compat, _interpret
 from jaxpr_accum._assemble import build
+from jaxpr_accum._cost import format_bytes, nbytes
 from jaxpr_accum._errors import SerializeError
-from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split, format_bytes, nbytes
+from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
 
 MAX_COMPILES = 6  # per gradient mode
 FIT_TOLERANCE = 0.1

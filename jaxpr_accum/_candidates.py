@@ -18,6 +18,7 @@ from typing import Any
 from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, Var
+from jaxpr_accum._cost import format_bytes
 from jaxpr_accum._errors import SerializeError
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._plan import Split, make_split
@@ -63,7 +64,26 @@ def choose_split(traced: Any, settings: Any) -> tuple[Split, list[Split]]:
     usable = [c for c in candidates if c.usable]
     if not usable:
         raise nothing_chunkable(candidates, what)
-    return choose(usable), usable
+    chosen = choose(usable)
+    if traced.seed_axes is None and size is None and axis is not None and chosen.saved <= 0:
+        chosen.advice = _elsewhere(jaxpr, chunk, names, usable)
+    return chosen, usable
+
+
+def _elsewhere(jaxpr: Jaxpr, chunk: int, names: dict, considered: list[Split]) -> str:
+    """Advice for an automatic choice that saves nothing at position ``axis``: the best axis
+    born at another position (a time-major batch), if that one is expected to save memory."""
+    seen = {c.born for c in considered}
+    others = [c for c in find_candidates(jaxpr, chunk, None, None, names) if c.usable]
+    others = [c for c in others if c.born not in seen and c.saved > 0]
+    if not others:
+        return ""
+    best = choose(others)
+    return (
+        f"; the axis of size {best.size} at {best.born} is expected to save "
+        f"{format_bytes(best.saved)}: pass `axis=None` to consider every position, or name it "
+        "with `argnums`/`axis` or `in_axes`"
+    )
 
 
 def input_names(traced: Any) -> dict:

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat, _stream
+from jaxpr_accum._cost import format_bytes, nbytes
 from jaxpr_accum._fused import (
     gradient_sums,
     jacobian_row_dtype,
@@ -43,7 +44,7 @@ from jaxpr_accum._loop import (
     stream_terms,
     unpack_streams,
 )
-from jaxpr_accum._plan import BODY, Split, format_bytes, nbytes
+from jaxpr_accum._plan import BODY, Split
 from jaxpr_accum._rules.custom_derivatives import function_name, is_custom_vjp
 
 FUSED_MAX_WIDTH = 8
@@ -124,7 +125,7 @@ def choose(split: Split, requested: str) -> tuple[str, str]:
         return "remat", f"fused does not apply: {refusal}"
     width = jacobian_width(split)
     held = width * _differentiable_bytes(split)
-    chunk_activations = split.saving * split.chunk // max(split.size - split.chunk, 1)
+    chunk_activations = split.body_bytes * min(split.chunk, split.size) // max(split.size, 1)
     sums = f"{width} gradient-carrying sum entr" + ("y" if width == 1 else "ies")
     if requested == "auto" and held > chunk_activations // 2:
         return "remat", (

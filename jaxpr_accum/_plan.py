@@ -25,12 +25,12 @@ what it computed before, on the same values.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
-from jaxpr_accum import _compat, _stream
+from jaxpr_accum import _compat, _cost, _stream
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
+from jaxpr_accum._cost import nbytes
 from jaxpr_accum._lattice import AxisLoc
 
 PROLOGUE, BODY, EPILOGUE = "prologue", "body", "epilogue"
@@ -65,42 +65,30 @@ class Split:
     stops: list[Stop]
     hoisted_draws: list[Stop]
     reductions: list[Stop]
-    saving: int  # bytes of the body's axis-carrying intermediates not held at full size
+    saving: int  # bytes of the body's materialised intermediates not held at full size
     stacked_bytes: int  # bytes of the body outputs stacked back to full size
     body_bytes: int = 0  # bytes of the body's axis-carrying intermediates at full size
+    held_bytes: int = 0  # the materialised ones among them (``_materialised``), at full size
     sinks: list = dataclasses.field(default_factory=list)  # streamed sums (``_stream.Sink``)
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
+    advice: str = ""  # appended to ``not_worth_it``: a better axis elsewhere, if one was found
 
     def at_chunk(self, chunk: int) -> Split:
         """This split at another chunk size. The stages and the analysis do not depend on
         the chunk; only the estimates do (so a chunk search never re-runs the analysis)."""
-        saving = _saving(self.body_bytes, chunk, self.size)
+        saving = _cost.saving(self.held_bytes, chunk, self.size)
         return dataclasses.replace(self, chunk=chunk, saving=saving)
 
     @property
     def saved(self) -> int:
-        """The cost model: estimated bytes that chunking saves. The body's axis-carrying
-        intermediates no longer held at full size, less what the loop adds: the outputs
-        stacked back to full size and the accumulators (sums carried, other monoid partials
-        stacked per chunk). Candidates are compared by it; ``explain`` shows it."""
-        n_chunks = -(-self.size // max(self.chunk, 1)) if self.size else 0
-        accumulators = sum(nbytes(v) for v in self.sums)
-        accumulators += n_chunks * sum(nbytes(v) for v, _ in self.partials)
-        accumulators += sum(s.nbytes * len(s.terms) for s in self.sinks)
-        return self.saving - self.stacked_bytes - accumulators
+        """The cost model's estimate of the bytes chunking saves (``_cost.saved``); candidates
+        are compared by it and ``explain`` shows it."""
+        return _cost.saved(self)
 
     def not_worth_it(self) -> str | None:
-        """Why this plan is not expected to save memory, or None."""
-        if self.size == 0:
-            return "the axis has size 0: the function runs as written"
-        if self.stacked and self.saving <= self.stacked_bytes:
-            return (
-                "this plan is not expected to save memory: the region stacks "
-                f"{format_bytes(self.stacked_bytes)} of outputs back to full size, at least "
-                f"the {format_bytes(self.saving)} of per-chunk intermediates it avoids holding"
-            )
-        return None
+        """Why this plan is not expected to save memory, or None (``_cost.not_worth_it``)."""
+        return _cost.not_worth_it(self)
 
     def indices(self, stage: str) -> list[int]:
         return [i for i, s in enumerate(self.stages) if s == stage]
@@ -114,19 +102,6 @@ class Split:
         """A plan to run: it chunks something, or there is nothing to chunk (an empty axis,
         or a function without outputs)."""
         return self.has_body or self.size == 0 or not self.jaxpr.outvars
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError  # pragma: no cover
-
-
-def nbytes(v: Any) -> int:
-    aval = v.aval
-    return math.prod(aval.shape) * getattr(aval.dtype, "itemsize", 4)
 
 
 def _vars(vs: Any) -> list[Var]:
@@ -190,8 +165,8 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split
     size = analysis.size
     stacked_vars = {v for v, _ in stacked}
     body = [i for i, s in enumerate(stages) if s == BODY]
-    per_chunk = _carrying_bytes(analysis, (), jaxpr.eqns, body, exclude=stacked_vars)
-    saving = _saving(per_chunk, chunk, size)
+    carrying = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, stacked_vars)
+    held = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, stacked_vars, True)
     return Split(
         jaxpr=jaxpr,
         analysis=analysis,
@@ -207,9 +182,10 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split
         stops=draft.stops,
         hoisted_draws=draft.hoisted,
         reductions=draft.reductions,
-        saving=saving,
+        saving=_cost.saving(held, chunk, size),
         stacked_bytes=sum(nbytes(v) for v in stacked_vars),
-        body_bytes=per_chunk,
+        body_bytes=carrying,
+        held_bytes=held,
         sinks=used_sinks,
         streamed=frozenset(draft.streamed_eqns),
         deferred=frozenset(draft.deferred),
@@ -325,30 +301,6 @@ class _Stages:
                 continue
             bad.update(self.producer[v] for v in _vars(eqn.invars) if v in self.values)
         return bad
-
-
-def _carrying_bytes(analysis: Analysis, ctx: tuple, eqns: Any, indices: Any, exclude=()) -> int:
-    """Bytes of the axis-carrying results of ``eqns[indices]`` at full size, counting those
-    inside their sub-jaxprs too (a scan body's, once per iteration: what its backward keeps)."""
-    total = 0
-    for idx in indices:
-        eqn = eqns[idx]
-        total += sum(
-            nbytes(v) for v in eqn.outvars if v not in exclude and analysis.loc(ctx, v) is not None
-        )
-        times = eqn.params.get("length", 1) if eqn.primitive is _SCAN else 1
-        for path, sub in _compat.sub_jaxprs(eqn.params):
-            inner = _compat.open_jaxpr(sub).eqns
-            sub_ctx = (*ctx, (idx, path))
-            total += times * _carrying_bytes(analysis, sub_ctx, inner, range(len(inner)))
-    return total
-
-
-_SCAN = _compat.primitive("scan")
-
-
-def _saving(per_chunk: int, chunk: int, size: int) -> int:
-    return int(per_chunk * (1 - min(chunk, size) / size)) if size else 0
 
 
 def _reduction_kinds(jaxpr: Jaxpr, analysis: Analysis, stages: list[str]) -> dict:

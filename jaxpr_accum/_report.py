@@ -6,7 +6,8 @@ import dataclasses
 from typing import Any
 
 from jaxpr_accum import _compat, _layout, _stream
-from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, Split, format_bytes, nbytes
+from jaxpr_accum._cost import format_bytes, nbytes
+from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, Split
 
 _MOST = 5  # candidates listed in the report besides the chosen one
 

@@ -1,0 +1,130 @@
+"""The cost model: the bytes a split is estimated to save, compared across candidate axes and
+shown by ``explain``.
+
+**What chunking saves.** Under ``jit(value_and_grad)``, the original holds the body's
+*materialised* axis-carrying intermediates at full size from the forward pass to the
+backward; chunked, it holds them for one chunk. Materialised means produced by a primitive
+that XLA does not fuse into its readers: contractions, reductions, gathers, scans' stacked
+outputs and the costly elementwise ones (``exp``, ``log``, ``tanh``, ``div``, ...). The
+cheap elementwise and layout primitives of ``FUSED_INTO_READERS`` are recomputed inside
+the kernels that read them, the backward's included, so they are not counted. A scan body's
+values count once per iteration (its backward keeps them all).
+
+**What the loop adds.** The outputs stacked back to full size; the accumulators (sums
+carried, other monoid partials stacked per chunk, streamed sums per term); and, in the
+backward loop, one cotangent accumulator per floating loop-invariant input: the parameters,
+but also activations computed before the loop, which is what makes chunking a hidden
+dimension (a layer's width) cost memory rather than save it.
+
+``saved = held * (1 - chunk / N) - stacked - accumulators - invariant cotangents``.
+
+**Calibration.** Against XLA's temp bytes for every candidate axis of the 26 real models of
+``docs/real-models.md`` (227 plans, ``benchmarks/cost_model.py``), the estimate's sign is
+right for 95% of those that change memory by more than 1 KiB, where counting every
+axis-carrying intermediate (the previous model) was right for 75% and overestimated the
+savings of the chosen axes 2 to 20 times.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+
+from jaxpr_accum import _compat
+
+FUSED_INTO_READERS = frozenset(
+    """abs add and broadcast_in_dim clamp convert_element_type copy copy_p eq expand_dims ge gt
+    integer_pow iota le lt max min mul ne neg not or reshape select_n sign square squeeze
+    stop_gradient sub transpose""".split()
+)
+
+_SCAN = _compat.primitive("scan")
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+def nbytes(v: Any) -> int:
+    aval = v.aval
+    return math.prod(aval.shape) * getattr(aval.dtype, "itemsize", 4)
+
+
+def carrying_bytes(
+    analysis: Any,
+    ctx: tuple,
+    eqns: Any,
+    indices: Any,
+    exclude: Any = (),
+    materialised_only: bool = False,
+) -> int:
+    """Bytes of the axis-carrying results of ``eqns[indices]`` at full size (only the
+    materialised ones with ``materialised_only``), counting those inside their sub-jaxprs
+    too, a scan body's once per iteration."""
+    total = 0
+    for idx in indices:
+        eqn = eqns[idx]
+        subs = list(_compat.sub_jaxprs(eqn.params))
+        if not (materialised_only and (subs or eqn.primitive.name in FUSED_INTO_READERS)):
+            total += sum(
+                nbytes(v)
+                for v in eqn.outvars
+                if v not in exclude and analysis.loc(ctx, v) is not None
+            )
+        times = eqn.params.get("length", 1) if eqn.primitive is _SCAN else 1
+        for path, sub in subs:
+            inner = _compat.open_jaxpr(sub).eqns
+            total += times * carrying_bytes(
+                analysis, (*ctx, (idx, path)), inner, range(len(inner)), (), materialised_only
+            )
+    return total
+
+
+def saving(held: int, chunk: int, size: int) -> int:
+    """The bytes of ``held`` (at full size) no longer held when only a chunk is."""
+    return int(held * (1 - min(chunk, size) / size)) if size else 0
+
+
+def saved(split: Any) -> int:
+    """The estimated bytes that chunking ``split`` saves (see the module docstring)."""
+    n_chunks = -(-split.size // max(split.chunk, 1)) if split.size else 0
+    accumulators = sum(nbytes(v) for v in split.sums)
+    accumulators += n_chunks * sum(nbytes(v) for v, _ in split.partials)
+    accumulators += sum(s.nbytes * len(s.terms) for s in split.sinks)
+    cotangents = sum(
+        nbytes(v) for v in split.invariants if jnp.issubdtype(v.aval.dtype, jnp.inexact)
+    )
+    return split.saving - split.stacked_bytes - accumulators - cotangents
+
+
+def not_worth_it(split: Any) -> str | None:
+    """Why ``split`` is not expected to save memory, or None."""
+    if split.size == 0:
+        return "the axis has size 0: the function runs as written"
+    if split.stacked and split.saving <= split.stacked_bytes:
+        why = (
+            f"the region stacks {format_bytes(split.stacked_bytes)} of outputs back to full "
+            f"size, at least the {format_bytes(split.saving)} of per-chunk intermediates it "
+            "avoids holding"
+        )
+    elif split.saving == 0:
+        why = (
+            "none of the region's axis-carrying intermediates is materialised at full size "
+            "(XLA fuses elementwise chains into their readers): chunking avoids holding nothing"
+        )
+    elif (estimate := saved(split)) <= 0:
+        why = (
+            f"what the loop adds (accumulators, and the cotangents of its "
+            f"{len(split.invariants)} loop-invariant inputs) outweighs the "
+            f"{format_bytes(split.saving)} of per-chunk intermediates it avoids holding "
+            f"(estimated: {format_bytes(-estimate)} more)"
+        )
+    else:
+        return None
+    return f"this plan is not expected to save memory: {why}{split.advice}"

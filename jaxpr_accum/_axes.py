@@ -3,16 +3,19 @@
 **Lattice.** One fact per value, a *value* being a jaxpr variable in one *context* (the path
 of enclosing equations, so a sub-jaxpr shared by two call sites is analysed once per site):
 
-    unknown  <  AxisLoc(dim, inner)  <  CONFLICT
+    unknown  <  AxisLoc(dim, inner, outer)  <  CONFLICT
 
 ``unknown`` (no entry) means "carries no trace of the axis"; ``AxisLoc(d, m)`` means
 dimension ``d`` has size ``N*m`` with the axis as its major factor (``m == 1``: the dimension
-*is* the axis). Two different locations for one value join to ``CONFLICT``. ``Analysis.set``
-is that join; ``Analysis.loc`` reads ``CONFLICT`` as ``None``, so rules never see it and
-nothing propagates out of a conflicted value. Equations get three more marks, which are
-only ever added: *reduces* (an output is a reduction over the axis, with its monoid),
-*hoist* (exact only on the full axis, before the loop: e.g. a random draw along it),
-*barrier* (mixes positions along the axis; the region stops there).
+*is* the axis); ``AxisLoc(d, m, o)`` with ``o > 1``, that the axis is a middle factor of size
+``o*N*m`` (``[T, B, H] -> [T*B, H]``): an equation whose rule lacks ``minor_factor_ok``
+becomes a barrier when it meets one, before its rule runs. Two different locations for one
+value join to ``CONFLICT``. ``Analysis.set`` is that join; ``Analysis.loc`` reads
+``CONFLICT`` as ``None``, so rules never see it and nothing propagates out of a conflicted
+value. Equations get three more marks, which are only ever added: *reduces* (an output is a
+reduction over the axis, with its monoid), *hoist* (exact only on the full axis, before the
+loop: e.g. a random draw along it), *barrier* (mixes positions along the axis; the region
+stops there).
 
 **Algorithm (a worklist fixpoint).** Each context's equations are indexed once, when it is
 first walked: variable -> equations that read or define it. Seeding a value, and every later
@@ -174,7 +177,7 @@ class Analysis:
         if ref in self.conflicts:
             return
         shape = v.aval.shape
-        if not (0 <= loc.dim < len(shape)) or shape[loc.dim] != self.size * loc.inner:
+        if not (0 <= loc.dim < len(shape)) or shape[loc.dim] != loc.outer * self.size * loc.inner:
             self.mark_barrier(key, f"the axis cannot sit at dimension {loc.dim} of {v.aval}")
             return
         old = self.locs.get(ref)
@@ -239,7 +242,22 @@ class Analysis:
             ctx, idx = key
             eqn = contexts[ctx].eqns[idx]
             self.eqns[key] = eqn
-            rule_for(eqn.primitive).propagate(eqn, View(self, ctx, idx, eqn))
+            rule, view = rule_for(eqn.primitive), View(self, ctx, idx, eqn)
+            if not getattr(rule, "minor_factor_ok", False) and self._meets_minor_factor(ctx, eqn):
+                view.barrier(
+                    f"`{eqn.primitive.name}` meets the axis as a middle factor of a merged "
+                    "dimension (after a reshape such as [T, B, H] -> [T * B, H]) and has no "
+                    "rule for it"
+                )
+                continue
+            rule.propagate(eqn, view)
+
+    def _meets_minor_factor(self, ctx: Ctx, eqn: JaxprEqn) -> bool:
+        for v in (*eqn.invars, *eqn.outvars):
+            loc = self.loc(ctx, v)
+            if loc is not None and loc.outer > 1:
+                return True
+        return False
 
     # -- running -------------------------------------------------------------------------
     def run(self, seeds: Iterable[tuple[Var, AxisLoc]]) -> Analysis:

@@ -139,9 +139,9 @@ def find_candidates(
                 continue
             analysis = Analysis(jaxpr, n).run([(v, AxisLoc(d))])
             reached = [(u, loc) for (ctx, u), loc in analysis.locs.items() if ctx == ()]
-            covered.update((u, loc.dim) for u, loc in reached if loc.inner == 1)
+            covered.update((u, loc.dim) for u, loc in reached if loc.inner == loc.outer == 1)
             first, first_loc = min(reached, key=lambda p: order.get(p[0], len(order)))
-            if axis is not None and (first_loc.dim != d or first_loc.inner != 1):
+            if axis is not None and first_loc != AxisLoc(d):
                 continue
             born = describe_origin(jaxpr, first, first_loc.dim, arg_names)
             splits.append(make_split(jaxpr, analysis, chunk, born))

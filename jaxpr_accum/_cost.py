@@ -113,6 +113,8 @@ def not_worth_it(split: Any) -> str | None:
             f"size, at least the {format_bytes(split.saving)} of per-chunk intermediates it "
             "avoids holding"
         )
+    elif split.saving == 0 and split.chunk >= split.size:
+        why = f"one chunk of {split.chunk} holds the whole axis of {split.size}"
     elif split.saving == 0:
         why = (
             "none of the region's axis-carrying intermediates is materialised at full size "

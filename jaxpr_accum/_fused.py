@@ -51,7 +51,7 @@ def jacobian_row_dtype(split: Split) -> Any:
 
 def with_row_dim(loc: AxisLoc) -> AxisLoc:
     """The axis position once a leading (Jacobian row) dimension is added."""
-    return AxisLoc(loc.dim + 1, loc.inner)
+    return loc._replace(dim=loc.dim + 1)
 
 
 def jacobians(loop: ChunkLoop, invariants: Sequence, chunked: Sequence) -> tuple:

@@ -118,13 +118,20 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split
         used.update(_vars(eqn.invars))
 
     # Streaming is undone where a streamed value has a reader outside the algebra (``_stream``)
+    # and the region ends before a value that holds the axis as a middle factor would have to
+    # be stacked (``unstackable``); both only move equations out of the loop, so this ends.
     excluded: set[int] = set()
+    unstacked: set[int] = set()
     while True:
-        draft = _Stages(jaxpr, analysis, used, excluded)
+        draft = _Stages(jaxpr, analysis, used, excluded, unstacked)
         misused = draft.misused()
-        if not misused:
+        if misused:
+            excluded |= misused
+            continue
+        unstackable = draft.unstackable()
+        if not unstackable:
             break
-        excluded |= misused
+        unstacked |= unstackable
     stage, stages = draft.stage, draft.stages
 
     invariants: list[Var] = []
@@ -196,8 +203,11 @@ class _Stages:
     """One pass in program order: the stage of every equation, with streaming (``_stream``)
     tried where an equation reads a value reduced over the whole axis, except ``excluded``."""
 
-    def __init__(self, jaxpr: Jaxpr, analysis: Analysis, used: set, excluded: set[int]):
+    def __init__(
+        self, jaxpr: Jaxpr, analysis: Analysis, used: set, excluded: set[int], unstacked: set[int]
+    ):
         self.jaxpr, self.analysis, self.excluded = jaxpr, analysis, excluded
+        self.unstacked = unstacked
         self.stage: dict = {v: PROLOGUE for v in jaxpr.invars}
         self.stages: list[str] = []
         self.stops: list[Stop] = []
@@ -228,6 +238,12 @@ class _Stages:
                 self.hoisted.append(Stop(eqn, analysis.hoists[key]))
                 return PROLOGUE
             self.stops.append(Stop(*blocked))
+            return EPILOGUE
+        if idx in self.unstacked:
+            self.stops.append(Stop(eqn, _MIDDLE_FACTOR + "it cannot be stacked per chunk"))
+            return EPILOGUE
+        if any(stage[v] == PROLOGUE and _middle(loc((), v)) for v in ins):
+            self.stops.append(Stop(eqn, _MIDDLE_INPUT))
             return EPILOGUE
         reduced = analysis.reductions.get(key, {})
         inputs_ok = all(
@@ -269,6 +285,8 @@ class _Stages:
 
     def _stream(self, idx: int, eqn: JaxprEqn, reduced: dict) -> bool:
         """Whether ``eqn`` runs in the loop as a streamed equation (recorded if so)."""
+        if any(_middle(self.analysis.loc((), v)) for v in (*eqn.invars, *eqn.outvars)):
+            return False
         out_loc = self.analysis.loc((), eqn.outvars[0]) if eqn.outvars else None
         sink = out_loc is None
         if sink and reduced != {0: "sum"}:
@@ -292,6 +310,20 @@ class _Stages:
             self.producer[eqn.outvars[0]] = idx
         return True
 
+    def unstackable(self) -> set[int]:
+        """Body equations whose result holds the axis as a middle factor and is read after
+        the loop: stacking chunks of it would interleave them wrongly."""
+        after = set(_vars(self.jaxpr.outvars))
+        for idx, eqn in enumerate(self.jaxpr.eqns):
+            if self.stages[idx] == EPILOGUE:
+                after.update(_vars(eqn.invars))
+        return {
+            idx
+            for idx, eqn in enumerate(self.jaxpr.eqns)
+            if self.stages[idx] == BODY
+            and any(v in after and _middle(self.analysis.loc((), v)) for v in eqn.outvars)
+        }
+
     def misused(self) -> set[int]:
         """Streamed equations whose result is read by anything but another streamed
         equation (or is an output): they must run after the loop after all."""
@@ -311,3 +343,15 @@ def _reduction_kinds(jaxpr: Jaxpr, analysis: Analysis, stages: list[str]) -> dic
         for j, kind in analysis.reductions.get(((), idx), {}).items():
             kinds[jaxpr.eqns[idx].outvars[j]] = kind
     return kinds
+
+
+_MIDDLE_FACTOR = "its result holds the axis as a middle factor of a merged dimension: "
+_MIDDLE_INPUT = (
+    "reads a value computed before the loop that holds the axis as a middle factor of a "
+    "merged dimension: it cannot be sliced per chunk"
+)
+
+
+def _middle(loc: AxisLoc | None) -> bool:
+    """Whether ``loc`` is a middle factor (``[T * B, H]``): strided, not a block, per chunk."""
+    return loc is not None and loc.outer > 1

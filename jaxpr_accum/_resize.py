@@ -37,7 +37,9 @@ def shifted(index: Any, offset: Any) -> Any:
 
 
 def take_chunk(x: Any, loc: AxisLoc, start: Any, k: int) -> Any:
-    """Rows ``start .. start+k-1`` of the axis of ``x`` (which carries it at ``loc``)."""
+    """Rows ``start .. start+k-1`` of the axis of ``x`` (which carries it at ``loc``, never
+    as a middle factor: ``_plan`` keeps such values inside the region)."""
+    assert loc.outer == 1, loc
     if isinstance(start, int) and start == 0 and k * loc.inner == x.shape[loc.dim]:
         return x
     return lax.dynamic_slice_in_dim(x, scaled(start, loc.inner), k * loc.inner, loc.dim)
@@ -126,7 +128,7 @@ class EqnResize:
 
     def rows(self, loc: AxisLoc) -> int:
         """Length at chunk size of the dimension that holds the axis at ``loc``."""
-        return self.k * loc.inner
+        return loc.outer * self.k * loc.inner
 
     def eval(self, path: tuple, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Any]) -> list:
         return self.resizer.eval_jaxpr(self.ctx + ((self.idx, path),), jaxpr, args)

@@ -67,12 +67,12 @@ class View:
             if la.dim + shift < 0:
                 self.barrier("a loop iterates over the axis")
                 return
-            an.set(*b, AxisLoc(la.dim + shift, la.inner), self.key)
+            an.set(*b, la._replace(dim=la.dim + shift), self.key)
         if lb is not None:
             if lb.dim - shift < 0:
                 self.barrier("a loop iterates over the axis")
                 return
-            an.set(*a, AxisLoc(lb.dim - shift, lb.inner), self.key)
+            an.set(*a, lb._replace(dim=lb.dim - shift), self.key)
 
     def walk(self, path: tuple, jaxpr: Jaxpr | ClosedJaxpr) -> None:
         """Register sub-jaxpr ``path`` for analysis (it is analysed by the worklist, not now)."""

@@ -859,11 +859,6 @@ CASES: list[Case] = [
         64,
         argnums=(1, 2),
         axis=1,
-        xfail={
-            "chunked": "`reshape` (12, 64, 64) -> (768, 64) in hk.BatchApply's "
-            "merge_leading_dims makes the time-major batch axis a minor factor: the region "
-            "stops there and stacks 288 KiB (the LSTM scan itself is chunked; 0.24x memory)"
-        },
     ),
     Case(
         "hk-lstm-auto",
@@ -872,11 +867,6 @@ CASES: list[Case] = [
         make_hk_lstm,
         64,
         axis=None,  # the batch is dimension 1; at the default 0, the plan says to pass this
-        xfail={
-            "chunked": "the automatic axis is the batch (dimension 1 of inputs), and the region "
-            "stops at `reshape` (12, 64, 64) -> (768, 64) in hk.BatchApply's "
-            "merge_leading_dims, as in hk-lstm (0.24x memory)"
-        },
     ),
     Case(
         "numpyro-svi-gp",

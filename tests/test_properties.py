@@ -4,12 +4,15 @@ A program is a chain of per-example operations on a value ``h`` of shape ``[N, *
 dense layers (``h @ W + b``), convolutions (a per-sample NHWC ``lax.conv_general_dilated``
 under ``jax.vmap``, so that the batch shows up as a merged ``[N * 1, ...]`` conv batch),
 elementwise functions, broadcasting (a per-feature bias, a scalar scale), reshapes merging two
-feature axes, reductions over feature axes, custom_jvp / custom_vjp functions (shape-polymorphic
-ones, directly or per example under ``jax.vmap``, and ones whose rule mixes the batch, which
-must run unchunked and exactly), per-example ``vmap``s, and nested ``jit``s closing over a
-constant along the batch (also inside a ``scan`` body), followed by a reduction of every
-feature axis and a sum over the batch axis (optionally also returning the per-example values,
-which the rewriter must stack). Two families:
+feature axes, time-major dense layers (``hk.BatchApply``: the first feature axis moved in front
+of the batch and merged with it, ``[T * N, ...]``, so the batch is a middle factor), reductions
+over feature axes, custom_jvp / custom_vjp functions (shape-polymorphic ones, directly or per
+example under ``jax.vmap``, and ones whose rule mixes the batch, which must run unchunked and
+exactly), per-example ``vmap``s, and nested ``jit``s closing over a constant along the batch
+(also inside a ``scan`` body), followed by a reduction of every feature axis and a sum over the
+batch axis (optionally also returning the per-example values, which the rewriter must stack).
+
+Two families:
 
 * microbatching: the batch is the input ``x``, serialized with ``argnums=0``;
 * Monte-Carlo: the axis is born inside from ``jax.random.normal(key, (S, *mu.shape))`` and
@@ -123,11 +126,11 @@ def op_chains(draw: st.DrawFn) -> tuple[tuple[int, ...], list[tuple[Any, ...]], 
         if len(shape) == 3:
             choices.append("conv")
         if len(shape) >= 2:
-            choices += ["merge", "reduce"]
+            choices += ["merge", "reduce", "time_major"]
         op = draw(st.sampled_from(choices))
-        if op == "dense":
+        if op in ("dense", "time_major"):
             g = draw(st.integers(1, 6))
-            ops.append(("dense", shape[-1], g))
+            ops.append((op, shape[-1], g))
             shape = (*shape[:-1], g)
         elif op == "conv":
             k = draw(st.sampled_from([1, 2, 3]))
@@ -180,7 +183,7 @@ def make_params(ops: list[tuple[Any, ...]], seed: int) -> list[Any]:
 
     params: list[Any] = []
     for op in ops:
-        if op[0] == "dense":
+        if op[0] in ("dense", "time_major"):
             _, a, g = op
             params.append({"w": normal(a, g, scale=1 / math.sqrt(a)), "b": normal(g, scale=0.1)})
         elif op[0] == "conv":
@@ -217,6 +220,11 @@ def apply_chain(ops: list[tuple[Any, ...]], params: list[Any], h: jax.Array) -> 
         kind = op[0]
         if kind == "dense":
             h = h @ p["w"] + p["b"]
+        elif kind == "time_major":  # [N, T, ...] -> [T * N, ...] -> dense -> [N, T, ...]
+            n, t = h.shape[:2]
+            flat = jnp.swapaxes(h, 0, 1).reshape(t * n, *h.shape[2:])
+            flat = jnp.tanh(flat @ p["w"] + p["b"])
+            h = jnp.swapaxes(flat.reshape(t, n, *flat.shape[1:]), 0, 1)
         elif kind == "custom":
             fun, per_example, _ = CUSTOM[op[1]]
             h = jax.vmap(fun)(h) if per_example else fun(h)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._table import Rule, register
 
 
 class DotGeneral(Rule):
+    minor_factor_ok = True  # batch, free or contracted (a sum): never indexed along
+
     def propagate(self, eqn: Any, view: Any) -> None:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
         lhs_rank = len(eqn.invars[0].aval.shape)
@@ -28,12 +29,12 @@ class DotGeneral(Rule):
 
         if out is not None:
             if out.dim < nb:
-                view.set_in(0, AxisLoc(lb[out.dim], out.inner))
-                view.set_in(1, AxisLoc(rb[out.dim], out.inner))
+                view.set_in(0, out._replace(dim=lb[out.dim]))
+                view.set_in(1, out._replace(dim=rb[out.dim]))
             elif out.dim < nb + nl:
-                view.set_in(0, AxisLoc(lfree[out.dim - nb], out.inner))
+                view.set_in(0, out._replace(dim=lfree[out.dim - nb]))
             else:
-                view.set_in(1, AxisLoc(rfree[out.dim - nb - nl], out.inner))
+                view.set_in(1, out._replace(dim=rfree[out.dim - nb - nl]))
         for loc, mine, other, free, offset, me in (
             (lhs, (lc, lb), (rc, rb), lfree, nb, 0),
             (rhs, (rc, rb), (lc, lb), rfree, nb + nl, 1),
@@ -43,11 +44,11 @@ class DotGeneral(Rule):
             contract, batch = mine
             if loc.dim in batch:
                 p = batch.index(loc.dim)
-                view.set_in(1 - me, AxisLoc(other[1][p], loc.inner))
-                view.set_out(0, AxisLoc(p, loc.inner))
+                view.set_in(1 - me, loc._replace(dim=other[1][p]))
+                view.set_out(0, loc._replace(dim=p))
             elif loc.dim in contract:
                 p = contract.index(loc.dim)
-                view.set_in(1 - me, AxisLoc(other[0][p], loc.inner))
+                view.set_in(1 - me, loc._replace(dim=other[0][p]))
                 view.reduce(0, "sum")
             else:
                 if view.in_loc(1 - me) is not None and view.in_loc(1 - me).dim not in (
@@ -55,7 +56,7 @@ class DotGeneral(Rule):
                 ):
                     view.barrier("`dot_general` pairs the axis with itself (an outer product)")
                     return
-                view.set_out(0, AxisLoc(offset + free.index(loc.dim), loc.inner))
+                view.set_out(0, loc._replace(dim=offset + free.index(loc.dim)))
 
 
 class Conv(Rule):
@@ -74,9 +75,9 @@ class Conv(Rule):
             view.barrier("the convolution groups its batch (a weight gradient)")
             return
         if lhs is not None:
-            view.set_out(0, AxisLoc(out_batch, lhs.inner))
+            view.set_out(0, lhs._replace(dim=out_batch))
         if out is not None:
-            view.set_in(0, AxisLoc(lhs_batch, out.inner))
+            view.set_in(0, out._replace(dim=lhs_batch))
 
 
 register("dot_general", DotGeneral())

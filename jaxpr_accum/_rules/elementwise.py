@@ -12,6 +12,8 @@ from jaxpr_accum._table import Rule, register, shared_loc
 
 
 class Elementwise(Rule):
+    minor_factor_ok = True  # position by position: where the axis sits does not matter
+
     def propagate(self, eqn: Any, view: Any) -> None:
         out_shape = eqn.outvars[0].aval.shape
         loc = shared_loc(eqn, view, range(len(eqn.invars)))

@@ -171,15 +171,15 @@ class Gather(Rule):
             if loc.dim in dn.operand_batching_dims:
                 p = dn.operand_batching_dims.index(loc.dim)
                 i = dn.start_indices_batching_dims[p]
-                view.set_in(1, AxisLoc(i, loc.inner))
+                view.set_in(1, loc._replace(dim=i))
             elif (
                 loc.dim in windows
                 and loc.dim not in dn.start_index_map
                 and sizes[loc.dim] == operand_shape[loc.dim]
             ):
-                view.set_out(0, AxisLoc(dn.offset_dims[windows.index(loc.dim)], loc.inner))
+                view.set_out(0, loc._replace(dim=dn.offset_dims[windows.index(loc.dim)]))
             elif (row := _per_row(eqn, view.analysis, view.ctx, loc.dim)) is not None:
-                view.set_in(1, AxisLoc(row, loc.inner))  # each row looks itself up
+                view.set_in(1, loc._replace(dim=row))  # each row looks itself up
             elif _lookup(eqn, loc) and view.in_loc(1) is None and view.out_loc(0) is None:
                 view.reduce(0, "sum")  # each index is found in exactly one chunk
                 return
@@ -191,16 +191,16 @@ class Gather(Rule):
             if loc.dim == idx_rank - 1:
                 view.barrier("`gather` index vectors run along the axis")
                 return
-            view.set_out(0, AxisLoc(out_batch[loc.dim], loc.inner))
+            view.set_out(0, loc._replace(dim=out_batch[loc.dim]))
             if loc.dim in dn.start_indices_batching_dims:
                 p = dn.start_indices_batching_dims.index(loc.dim)
-                view.set_in(0, AxisLoc(dn.operand_batching_dims[p], loc.inner))
+                view.set_in(0, loc._replace(dim=dn.operand_batching_dims[p]))
         loc = view.out_loc(0)
         if loc is not None:
             if loc.dim in dn.offset_dims:
-                view.set_in(0, AxisLoc(windows[dn.offset_dims.index(loc.dim)], loc.inner))
+                view.set_in(0, loc._replace(dim=windows[dn.offset_dims.index(loc.dim)]))
             else:
-                view.set_in(1, AxisLoc(out_batch.index(loc.dim), loc.inner))
+                view.set_in(1, loc._replace(dim=out_batch.index(loc.dim)))
 
     def resize(self, eqn: Any, r: Any, invals: list) -> list:
         loc = r.in_locs[0]
@@ -241,15 +241,15 @@ class Scatter(Rule):
             if loc.dim in dn.operand_batching_dims:
                 p = dn.operand_batching_dims.index(loc.dim)
                 i = dn.scatter_indices_batching_dims[p]
-                view.set_in(1, AxisLoc(i, loc.inner))
-                view.set_in(2, AxisLoc(upd_scatter[i], loc.inner))
+                view.set_in(1, loc._replace(dim=i))
+                view.set_in(2, loc._replace(dim=upd_scatter[i]))
             elif (
                 loc.dim in windows
                 and loc.dim not in dn.scatter_dims_to_operand_dims
                 and upd_shape[dn.update_window_dims[windows.index(loc.dim)]]
                 == operand_shape[loc.dim]
             ):
-                view.set_in(2, AxisLoc(dn.update_window_dims[windows.index(loc.dim)], loc.inner))
+                view.set_in(2, loc._replace(dim=dn.update_window_dims[windows.index(loc.dim)]))
             else:
                 view.barrier(f"`{eqn.primitive.name}` writes along the axis")
                 return
@@ -264,10 +264,10 @@ class Scatter(Rule):
                 continue
             if loc.dim in dn.update_window_dims:
                 w = windows[dn.update_window_dims.index(loc.dim)]
-                view.set_in(0, AxisLoc(w, loc.inner))
+                view.set_in(0, loc._replace(dim=w))
             elif upd_scatter.index(loc.dim) in dn.scatter_indices_batching_dims:
                 p = dn.scatter_indices_batching_dims.index(upd_scatter.index(loc.dim))
-                view.set_in(0, AxisLoc(dn.operand_batching_dims[p], loc.inner))
+                view.set_in(0, loc._replace(dim=dn.operand_batching_dims[p]))
             else:
                 view.barrier(f"`{eqn.primitive.name}` scatters along the axis")
                 return

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._rules.shape import SameShape, _all, _first
 from jaxpr_accum._table import Rule, agreed, register
 
@@ -27,6 +26,8 @@ MONOIDS = {
 
 
 class Reduce(Rule):
+    minor_factor_ok = True  # over the merged dimension: a monoid over the axis and the rest
+
     def __init__(self, kind: str | None):
         self.kind = kind  # None: not a monoid (argmax / argmin): reducing the axis is a barrier
 
@@ -41,10 +42,10 @@ class Reduce(Rule):
                 else:
                     view.reduce(0, self.kind)
             else:
-                view.set_out(0, AxisLoc(kept.index(loc.dim), loc.inner))
+                view.set_out(0, loc._replace(dim=kept.index(loc.dim)))
         loc = view.out_loc(0)
         if loc is not None:
-            view.set_in(0, AxisLoc(kept[loc.dim], loc.inner))
+            view.set_in(0, loc._replace(dim=kept[loc.dim]))
 
 
 class VariadicReduce(Rule):
@@ -57,7 +58,7 @@ class VariadicReduce(Rule):
         kept = [d for d in range(len(eqn.invars[0].aval.shape)) if d not in dims]
         found = [view.in_loc(i) for i in range(n)]
         found += [
-            None if (loc := view.out_loc(j)) is None else AxisLoc(kept[loc.dim], loc.inner)
+            None if (loc := view.out_loc(j)) is None else loc._replace(dim=kept[loc.dim])
             for j in range(n)
         ]
         loc = agreed(eqn, view, found)
@@ -68,7 +69,7 @@ class VariadicReduce(Rule):
             return
         for i in range(n):
             view.set_in(i, loc)
-            view.set_out(i, AxisLoc(kept.index(loc.dim), loc.inner))
+            view.set_out(i, loc._replace(dim=kept.index(loc.dim)))
 
 
 def _not_axis(param: str) -> Any:

@@ -5,7 +5,10 @@
 elements stays contiguous and on a dimension boundary: the dimensions before it hold the
 same number of elements before and after, and the dimension that receives it has a size
 divisible by ``N`` (the axis is then its major factor, ``inner = size // N``). Anything else
-(splitting the axis itself, making it a minor factor) interleaves positions: a barrier.
+(splitting the axis itself) interleaves positions: a barrier. Merging the axis into the
+dimensions before it (``[T, B, H] -> [T * B, H]``, ``hk.BatchApply``) makes it a *middle*
+factor (``AxisLoc.outer``): the chunk is then strided in that dimension, which only the
+rules that never index along it accept (``Rule.minor_factor_ok``).
 """
 
 from __future__ import annotations
@@ -28,22 +31,28 @@ def _with(seq: Any, dim: int, value: Any) -> tuple:
 
 
 def reshape_loc(src: tuple, dst: tuple, loc: AxisLoc, size: int) -> AxisLoc | None:
-    """Where the axis at ``loc`` of shape ``src`` lands in shape ``dst``, or None."""
-    outer = math.prod(src[: loc.dim])
+    """Where the axis at ``loc`` of shape ``src`` lands in shape ``dst``, or None.
+
+    In row-major order the axis is a block: ``before`` elements of the dimensions (and
+    factors) above it, then ``N`` positions of ``per_position`` elements each. It lands on
+    dimension ``e`` of ``dst`` when that dimension holds the whole block: the dimensions
+    before ``e`` divide ``before`` (the quotient is the new ``outer``), those after divide
+    ``per_position`` (the new ``inner``), and ``dst[e] == outer * N * inner``."""
+    before = math.prod(src[: loc.dim]) * loc.outer
     per_position = loc.inner * math.prod(src[loc.dim + 1 :])
-    before = 1
     for e, extent in enumerate(dst):
-        if before == outer and extent % size == 0 and extent >= size:
-            inner = extent // size
-            if inner * math.prod(dst[e + 1 :]) == per_position:
-                return AxisLoc(e, inner)
-        before *= extent
-        if before > outer:
-            break
+        above, below = math.prod(dst[:e]), math.prod(dst[e + 1 :])
+        if before % above or per_position % below:
+            continue
+        outer, inner = before // above, per_position // below
+        if extent == outer * size * inner:
+            return AxisLoc(e, inner, outer)
     return None
 
 
 class Reshape(Rule):
+    minor_factor_ok = True
+
     def propagate(self, eqn: Any, view: Any) -> None:
         if eqn.params.get("dimensions") is not None:
             view.barrier("`reshape` with `dimensions` transposes along the way")
@@ -57,7 +66,7 @@ class Reshape(Rule):
                 continue
             mapped = reshape_loc(a, b, loc, view.size)
             if mapped is None:
-                view.barrier(f"`reshape` {a} -> {b} splits the axis or makes it a minor factor")
+                view.barrier(f"`reshape` {a} -> {b} splits the axis")
                 return
             setter(0, mapped)
 
@@ -70,18 +79,20 @@ class BroadcastInDim(Rule):
     """Operand dim ``i`` becomes output dim ``broadcast_dimensions[i]``; other output dims, and
     operand dims of size 1 that grow, are *born* here: at chunk size they are born shorter."""
 
+    minor_factor_ok = True
+
     def propagate(self, eqn: Any, view: Any) -> None:
         bdims = eqn.params["broadcast_dimensions"]
         shape = eqn.params["shape"]
         operand_shape = eqn.invars[0].aval.shape
         loc = view.in_loc(0)
         if loc is not None:
-            view.set_out(0, AxisLoc(bdims[loc.dim], loc.inner))
+            view.set_out(0, loc._replace(dim=bdims[loc.dim]))
         loc = view.out_loc(0)
         if loc is not None and loc.dim in bdims:
             i = bdims.index(loc.dim)
             if operand_shape[i] == shape[loc.dim]:
-                view.set_in(0, AxisLoc(i, loc.inner))
+                view.set_in(0, loc._replace(dim=i))
 
     def resize_params(self, eqn: Any, r: Any) -> dict:
         loc = r.out_locs[0]
@@ -91,28 +102,32 @@ class BroadcastInDim(Rule):
 class Permutation(Rule):
     """``transpose``: output dim ``j`` is operand dim ``permutation[j]``."""
 
+    minor_factor_ok = True
+
     def propagate(self, eqn: Any, view: Any) -> None:
         perm = eqn.params["permutation"]
         loc = view.in_loc(0)
         if loc is not None:
-            view.set_out(0, AxisLoc(perm.index(loc.dim), loc.inner))
+            view.set_out(0, loc._replace(dim=perm.index(loc.dim)))
         loc = view.out_loc(0)
         if loc is not None:
-            view.set_in(0, AxisLoc(perm[loc.dim], loc.inner))
+            view.set_in(0, loc._replace(dim=perm[loc.dim]))
 
 
 class DropDims(Rule):
     """``squeeze``: removes size-1 dimensions, never the axis."""
+
+    minor_factor_ok = True
 
     def propagate(self, eqn: Any, view: Any) -> None:
         dropped = set(eqn.params["dimensions"])
         kept = [d for d in range(len(eqn.invars[0].aval.shape)) if d not in dropped]
         loc = view.in_loc(0)
         if loc is not None:
-            view.set_out(0, AxisLoc(kept.index(loc.dim), loc.inner))
+            view.set_out(0, loc._replace(dim=kept.index(loc.dim)))
         loc = view.out_loc(0)
         if loc is not None:
-            view.set_in(0, AxisLoc(kept[loc.dim], loc.inner))
+            view.set_in(0, loc._replace(dim=kept[loc.dim]))
 
 
 class SameShape(Rule):
@@ -233,13 +248,13 @@ class Stack(Rule):
             if out.dim == new:
                 view.barrier("`stack` stacks along the axis")
                 return
-            found.append(AxisLoc(out.dim - (out.dim > new), out.inner))
+            found.append(out._replace(dim=out.dim - (out.dim > new)))
         loc = agreed(eqn, view, found)
         if loc is None:
             return
         for i in range(len(eqn.invars)):
             view.set_in(i, loc)
-        view.set_out(0, AxisLoc(loc.dim + (loc.dim >= new), loc.inner))
+        view.set_out(0, loc._replace(dim=loc.dim + (loc.dim >= new)))
 
 
 class Unstack(Rule):
@@ -253,11 +268,11 @@ class Unstack(Rule):
                 view.barrier("`unstack` unstacks the axis")
                 return
             for j in range(len(eqn.outvars)):
-                view.set_out(j, AxisLoc(loc.dim - (loc.dim > gone), loc.inner))
+                view.set_out(j, loc._replace(dim=loc.dim - (loc.dim > gone)))
         for j in range(len(eqn.outvars)):
             out = view.out_loc(j)
             if out is not None:
-                view.set_in(0, AxisLoc(out.dim + (out.dim >= gone), out.inner))
+                view.set_in(0, out._replace(dim=out.dim + (out.dim >= gone)))
 
 
 def _not_param(name: str) -> Any:

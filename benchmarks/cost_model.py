@@ -77,18 +77,25 @@ def summary(rows: list[dict]) -> list[str]:
     telling = [r for r in rows if abs(r["measured"]) > 1024]
     right = [r for r in telling if (r["estimate"] > 0) == (r["measured"] > 0)]
     cases = sorted({r["case"] for r in rows})
-    good_choice = []
+    good_choice, off = [], []
     for name in cases:
         mine = [r for r in rows if r["case"] == name]
-        best = max(r["measured"] for r in mine)
+        best = max(mine, key=lambda r: r["measured"])
         chosen = next(r for r in mine if r["chosen"])
-        good_choice.append(chosen["measured"] >= best - 0.1 * abs(best) - 1024)
+        good = chosen["measured"] >= best["measured"] - 0.1 * abs(best["measured"]) - 1024
+        good_choice.append(good)
+        if not good:
+            off.append(
+                f"  - {name}: chose {chosen['born']} ({chosen['measured'] / 1024:,.0f} KiB "
+                f"saved), best {best['born']} ({best['measured'] / 1024:,.0f} KiB)"
+            )
     lines = [
         f"- {len(rows)} candidate axes of {len(cases)} models; the estimate's sign is the "
         f"measured saving's for **{len(right)} of {len(telling)}** that change memory by more "
         "than 1 KiB;",
         f"- the chosen axis saves within 10% of the best measured candidate in "
-        f"**{sum(good_choice)} of {len(cases)}** models.",
+        f"**{sum(good_choice)} of {len(cases)}** models" + (":" if off else "."),
+        *off,
         "",
         "| model | candidate | estimated | measured |",
         "|---|---|---:|---:|",

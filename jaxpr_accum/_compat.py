@@ -31,6 +31,9 @@ DropVar = _core.DropVar
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _source_info.register_exclusion(_PACKAGE_DIR)
 _traceback_util.register_exclusion(_PACKAGE_DIR)
+# ... except the demonstration's model (``python -m jaxpr_accum demo``), which plays the user's
+# code: its report names its lines instead of ``<unknown>``.
+_source_info.register_inclusion(os.path.join(_PACKAGE_DIR, "_demo.py"))
 
 
 def api_boundary(fun: Callable) -> Callable:

@@ -18,8 +18,11 @@ Stages, assigned in one pass in program order (inputs are in the prologue):
 Body outputs that later stages read are *sums* (carried accumulators), other monoid
 *partials* (stacked per chunk, combined after the loop) or *stacked* values that still carry
 the axis. Body inputs are *invariant* (no axis: parameters, the encoder's output) or
-*chunked* (sliced per chunk). This split is exact by construction: every equation computes
-what it computed before, on the same values.
+*chunked* (sliced per chunk). A value that holds the axis as a middle factor of a merged
+dimension (``[T * B, H]``, ``AxisLoc.outer``) is never one of them: a chunk of it is strided,
+not a block, so an equation that would read one from before the loop, or produce one read
+after it, runs after the loop instead (to a fixpoint, like undone streaming). This split is
+exact by construction: every equation computes what it computed before, on the same values.
 """
 
 from __future__ import annotations

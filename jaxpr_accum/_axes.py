@@ -8,7 +8,7 @@ of enclosing equations, so a sub-jaxpr shared by two call sites is analysed once
 ``unknown`` (no entry) means "carries no trace of the axis"; ``AxisLoc(d, m)`` means
 dimension ``d`` has size ``N*m`` with the axis as its major factor (``m == 1``: the dimension
 *is* the axis); ``AxisLoc(d, m, o)`` with ``o > 1``, that the axis is a middle factor of size
-``o*N*m`` (``[T, B, H] -> [T*B, H]``): an equation whose rule lacks ``minor_factor_ok``
+``o*N*m`` (``[T, B, H] -> [T*B, H]``): an equation whose rule lacks ``middle_factor_ok``
 becomes a barrier when it meets one, before its rule runs. Two different locations for one
 value join to ``CONFLICT``. ``Analysis.set`` is that join; ``Analysis.loc`` reads
 ``CONFLICT`` as ``None``, so rules never see it and nothing propagates out of a conflicted
@@ -63,7 +63,7 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
-from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict
+from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict, is_middle_factor
 from jaxpr_accum._table import passed_through, rule_for
 from jaxpr_accum._view import Ctx, EqnKey, View
 
@@ -243,7 +243,7 @@ class Analysis:
             eqn = contexts[ctx].eqns[idx]
             self.eqns[key] = eqn
             rule, view = rule_for(eqn.primitive), View(self, ctx, idx, eqn)
-            if not getattr(rule, "minor_factor_ok", False) and self._meets_minor_factor(ctx, eqn):
+            if not getattr(rule, "middle_factor_ok", False) and self._meets_middle_factor(ctx, eqn):
                 view.barrier(
                     f"`{eqn.primitive.name}` meets the axis as a middle factor of a merged "
                     "dimension (after a reshape such as [T, B, H] -> [T * B, H]) and has no "
@@ -252,12 +252,8 @@ class Analysis:
                 continue
             rule.propagate(eqn, view)
 
-    def _meets_minor_factor(self, ctx: Ctx, eqn: JaxprEqn) -> bool:
-        for v in (*eqn.invars, *eqn.outvars):
-            loc = self.loc(ctx, v)
-            if loc is not None and loc.outer > 1:
-                return True
-        return False
+    def _meets_middle_factor(self, ctx: Ctx, eqn: JaxprEqn) -> bool:
+        return any(is_middle_factor(self.loc(ctx, v)) for v in (*eqn.invars, *eqn.outvars))
 
     # -- running -------------------------------------------------------------------------
     def run(self, seeds: Iterable[tuple[Var, AxisLoc]]) -> Analysis:

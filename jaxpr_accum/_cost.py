@@ -18,8 +18,8 @@ dimension (a layer's width) cost memory rather than save it.
 
 ``saved = held * (1 - chunk / N) - stacked - accumulators - invariant cotangents``.
 
-**Calibration.** Against XLA's temp bytes for every candidate axis of the 26 real models of
-``docs/real-models.md`` (227 plans, ``benchmarks/cost_model.py``), the estimate's sign is
+**Calibration.** Against XLA's temp bytes for the candidate axes of the 26 real models of
+``docs/real-models.md`` (124 axes, ``benchmarks/cost_model.py``), the estimate's sign is
 right for 95% of those that change memory by more than 1 KiB, where counting every
 axis-carrying intermediate (the previous model) was right for 75% and overestimated the
 savings of the chosen axes 2 to 20 times.

@@ -6,7 +6,7 @@
 (``m == 1``: the dimension *is* the axis). ``AxisLoc(d, m, o)`` with ``o > 1``: dimension
 ``d`` has size ``o * N * m``, a reshape having merged the axis into the dimensions before it
 (``[T, B, H] -> [T * B, H]``). A chunk of it is not a contiguous block of that dimension, so
-only the rules that never index along it accept such a location (``Rule.minor_factor_ok``);
+only the rules that never index along it accept such a location (``Rule.middle_factor_ok``);
 the analysis makes every other equation that meets one a barrier. ``join`` is the least
 upper bound: two different locations meet at ``CONFLICT``, the top, from which nothing
 propagates.
@@ -31,6 +31,12 @@ class AxisLoc(NamedTuple):
         if self.inner == 1:
             return f"dimension {self.dim}"
         return f"dimension {self.dim} (major factor, x{self.inner})"
+
+
+def is_middle_factor(loc: AxisLoc | None) -> bool:
+    """Whether ``loc`` holds the axis as a middle factor (``[T * B, H]``): a chunk of it is
+    strided, not a block."""
+    return loc is not None and loc.outer > 1
 
 
 class Conflict:

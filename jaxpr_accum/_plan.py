@@ -34,7 +34,7 @@ from jaxpr_accum import _compat, _cost, _stream
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
 from jaxpr_accum._cost import nbytes
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._lattice import AxisLoc, is_middle_factor
 
 PROLOGUE, BODY, EPILOGUE = "prologue", "body", "epilogue"
 
@@ -71,7 +71,7 @@ class Split:
     saving: int  # bytes of the body's materialised intermediates not held at full size
     stacked_bytes: int  # bytes of the body outputs stacked back to full size
     body_bytes: int = 0  # bytes of the body's axis-carrying intermediates at full size
-    held_bytes: int = 0  # the materialised ones among them (``_materialised``), at full size
+    held_bytes: int = 0  # the materialised ones among them (``_cost``), at full size
     sinks: list = dataclasses.field(default_factory=list)  # streamed sums (``_stream.Sink``)
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
@@ -245,7 +245,7 @@ class _Stages:
         if idx in self.unstacked:
             self.stops.append(Stop(eqn, _MIDDLE_FACTOR + "it cannot be stacked per chunk"))
             return EPILOGUE
-        if any(stage[v] == PROLOGUE and _middle(loc((), v)) for v in ins):
+        if any(stage[v] == PROLOGUE and is_middle_factor(loc((), v)) for v in ins):
             self.stops.append(Stop(eqn, _MIDDLE_INPUT))
             return EPILOGUE
         reduced = analysis.reductions.get(key, {})
@@ -288,7 +288,7 @@ class _Stages:
 
     def _stream(self, idx: int, eqn: JaxprEqn, reduced: dict) -> bool:
         """Whether ``eqn`` runs in the loop as a streamed equation (recorded if so)."""
-        if any(_middle(self.analysis.loc((), v)) for v in (*eqn.invars, *eqn.outvars)):
+        if any(is_middle_factor(self.analysis.loc((), v)) for v in (*eqn.invars, *eqn.outvars)):
             return False
         out_loc = self.analysis.loc((), eqn.outvars[0]) if eqn.outvars else None
         sink = out_loc is None
@@ -324,7 +324,7 @@ class _Stages:
             idx
             for idx, eqn in enumerate(self.jaxpr.eqns)
             if self.stages[idx] == BODY
-            and any(v in after and _middle(self.analysis.loc((), v)) for v in eqn.outvars)
+            and any(v in after and is_middle_factor(self.analysis.loc((), v)) for v in eqn.outvars)
         }
 
     def misused(self) -> set[int]:
@@ -353,8 +353,3 @@ _MIDDLE_INPUT = (
     "reads a value computed before the loop that holds the axis as a middle factor of a "
     "merged dimension: it cannot be sliced per chunk"
 )
-
-
-def _middle(loc: AxisLoc | None) -> bool:
-    """Whether ``loc`` is a middle factor (``[T * B, H]``): strided, not a block, per chunk."""
-    return loc is not None and loc.outer > 1

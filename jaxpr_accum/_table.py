@@ -36,13 +36,13 @@ from jaxpr_accum._lattice import AxisLoc
 class Rule:
     """Base rule: shape-free re-emission. Subclasses override ``propagate``.
 
-    ``minor_factor_ok``: the rule accepts the axis as a middle factor of a merged dimension
+    ``middle_factor_ok``: the rule accepts the axis as a middle factor of a merged dimension
     (``AxisLoc.outer > 1``) because it never indexes along a dimension that holds the axis:
     elementwise functions, layout changes, contractions and reductions of it. For every
     other rule the analysis turns such an equation into a barrier before the rule runs.
     """
 
-    minor_factor_ok = False
+    middle_factor_ok = False
 
     def propagate(self, eqn: Any, view: Any) -> None:
         raise NotImplementedError

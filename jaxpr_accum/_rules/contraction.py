@@ -16,7 +16,7 @@ from jaxpr_accum._table import Rule, register
 
 
 class DotGeneral(Rule):
-    minor_factor_ok = True  # batch, free or contracted (a sum): never indexed along
+    middle_factor_ok = True  # batch, free or contracted (a sum): never indexed along
 
     def propagate(self, eqn: Any, view: Any) -> None:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]

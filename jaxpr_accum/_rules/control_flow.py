@@ -55,7 +55,7 @@ class Call(Rule):
     """
 
     passes_reductions = True
-    minor_factor_ok = True  # inlined: the equations inside meet the middle factor themselves
+    middle_factor_ok = True  # inlined: the equations inside meet the middle factor themselves
 
     def __init__(self, param: str):
         self.param = param

@@ -26,7 +26,7 @@ MONOIDS = {
 
 
 class Reduce(Rule):
-    minor_factor_ok = True  # over the merged dimension: a monoid over the axis and the rest
+    middle_factor_ok = True  # over the merged dimension: a monoid over the axis and the rest
 
     def __init__(self, kind: str | None):
         self.kind = kind  # None: not a monoid (argmax / argmin): reducing the axis is a barrier

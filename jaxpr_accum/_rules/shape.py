@@ -8,7 +8,7 @@ divisible by ``N`` (the axis is then its major factor, ``inner = size // N``). A
 (splitting the axis itself) interleaves positions: a barrier. Merging the axis into the
 dimensions before it (``[T, B, H] -> [T * B, H]``, ``hk.BatchApply``) makes it a *middle*
 factor (``AxisLoc.outer``): the chunk is then strided in that dimension, which only the
-rules that never index along it accept (``Rule.minor_factor_ok``).
+rules that never index along it accept (``Rule.middle_factor_ok``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def reshape_loc(src: tuple, dst: tuple, loc: AxisLoc, size: int) -> AxisLoc | No
 
 
 class Reshape(Rule):
-    minor_factor_ok = True
+    middle_factor_ok = True
 
     def propagate(self, eqn: Any, view: Any) -> None:
         if eqn.params.get("dimensions") is not None:
@@ -79,7 +79,7 @@ class BroadcastInDim(Rule):
     """Operand dim ``i`` becomes output dim ``broadcast_dimensions[i]``; other output dims, and
     operand dims of size 1 that grow, are *born* here: at chunk size they are born shorter."""
 
-    minor_factor_ok = True
+    middle_factor_ok = True
 
     def propagate(self, eqn: Any, view: Any) -> None:
         bdims = eqn.params["broadcast_dimensions"]
@@ -102,7 +102,7 @@ class BroadcastInDim(Rule):
 class Permutation(Rule):
     """``transpose``: output dim ``j`` is operand dim ``permutation[j]``."""
 
-    minor_factor_ok = True
+    middle_factor_ok = True
 
     def propagate(self, eqn: Any, view: Any) -> None:
         perm = eqn.params["permutation"]
@@ -117,7 +117,7 @@ class Permutation(Rule):
 class DropDims(Rule):
     """``squeeze``: removes size-1 dimensions, never the axis."""
 
-    minor_factor_ok = True
+    middle_factor_ok = True
 
     def propagate(self, eqn: Any, view: Any) -> None:
         dropped = set(eqn.params["dimensions"])

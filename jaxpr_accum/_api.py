@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpr_accum import _budget, _candidates, _compat, _gradients, _layout, _nnx, _trace
+from jaxpr_accum import _budget, _candidates, _choice, _compat, _layout, _nnx, _trace
 from jaxpr_accum._assemble import build
 from jaxpr_accum._compat import ClosedJaxpr
 from jaxpr_accum._errors import SerializeError
@@ -222,7 +222,7 @@ class SerializedFunction:
         split, usable = _candidates.choose_split(traced, self.settings)
         budget = None
         if self.chunk is not None:
-            grad, reason = _gradients.choose(split, self.grad)
+            grad, reason = _choice.choose(split, self.grad)
             layout = _layout.detect(traced, split, inputs, self.mesh_axis, self.chunk)
         else:
             chosen, grad, reason, layout, budget = self._fit_budget(traced, split, inputs, key)
@@ -244,7 +244,7 @@ class SerializedFunction:
         if cached is not None:
             grad, reason, budget = cached
             return split.at_chunk(budget.chunk), grad, reason, layout_for(budget.chunk), budget
-        grad, reason = _gradients.choose(split, self.grad)
+        grad, reason = _choice.choose(split, self.grad)
         modes = [(grad, reason)]
         if self.grad == "auto" and grad == "fused":
             modes.append(

@@ -2,9 +2,11 @@
 
 ``build(split, grad, accum_dtype, layout)`` returns ``run(*flat_inputs) -> flat_outputs``,
 evaluated under the caller's trace: prologue equations run once on the full inputs, the region
-runs in chunks (``_gradients``), its stacked monoid partials are combined (so JAX
-differentiates the combination), and the epilogue runs on what the region returned. A split
-without a body (an empty axis) runs the program as written.
+runs in chunks (``grad="native"``: the chunk loop with checkpointed bodies, differentiated by
+JAX; otherwise the region primitive with the mode's linearization, ``_region_p``), its
+per-chunk monoid partials are combined (so JAX differentiates the combination), streamed sums
+are combined once the deferred values they need are known, and the epilogue runs on what the
+region returned. A split without a body (an empty axis) runs the program as written.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from typing import Any
 from jax import lax
 
 from jaxpr_accum import _interpret, _stream
-from jaxpr_accum._gradients import make_region
+from jaxpr_accum._fused import FUSED
 from jaxpr_accum._layout import Layout
-from jaxpr_accum._loop import unpack_streams
 from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
+from jaxpr_accum._region import Region
+from jaxpr_accum._region_p import call
+from jaxpr_accum._remat import REMAT
+from jaxpr_accum._signature import Inputs, Outputs
 
 COMBINE: dict[str, Callable] = {
     "sum": lambda x: lax.reduce_sum(x, (0,)),
@@ -30,21 +35,19 @@ COMBINE: dict[str, Callable] = {
     "xor": lambda x: lax.reduce_xor(x, (0,)),
 }
 
+MODES = {"remat": REMAT, "fused": FUSED}
 
-def _streamed_sums(split: Split, streams: list) -> list[tuple[int, Callable]]:
+
+def _streamed_sums(region: Region, out: Outputs) -> list[tuple[int, Callable]]:
     """``(equation index, combine(env))`` of each streamed sum, in program order."""
-    accs, stabilisers = (iter(x) for x in unpack_streams(split, streams))
-    out = []
-    for sink in split.sinks:
-        terms = sink.terms
-        mine = [next(accs) for _ in terms]
-        shifts = [s for s in (next(stabilisers) for _ in terms) if s is not None]
+    pending = []
+    for sink, accs, shifts in region.signature.streams.by_sink(out.streams, out.finals):
 
-        def combine(env: dict, sink: Any = sink, mine: list = mine, shifts: list = shifts) -> None:
-            env[sink.var] = _stream.combine(sink, mine, shifts, env.__getitem__)
+        def combine(env: dict, sink: Any = sink, accs: list = accs, shifts: list = shifts) -> None:
+            env[sink.var] = _stream.combine(sink, accs, shifts, env.__getitem__)
 
-        out.append((sink.index, combine))
-    return sorted(out, key=lambda pair: pair[0])
+        pending.append((sink.index, combine))
+    return sorted(pending, key=lambda pair: pair[0])
 
 
 def build(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Callable:
@@ -56,20 +59,23 @@ def build(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Callable
             return _interpret.eval_jaxpr(jaxpr, flat_inputs)
 
         return as_written
-    region = make_region(split, grad, accum_dtype, layout)
+    region = Region(split, split.chunk, layout, accum_dtype)
+    sig = region.signature
     prologue, epilogue = split.indices(PROLOGUE), split.indices(EPILOGUE)
 
     def run(*flat_inputs: Any) -> list:
         env: dict = dict(zip(jaxpr.invars, flat_inputs, strict=True))
         _interpret.eval_eqns(jaxpr.eqns, env, indices=prologue)
-        inv = [env[v] for v in split.invariants]
-        ch = [env[v] for v, _ in split.chunked]
-        sums, partials, stacked, streams = region(inv, ch)
-        env.update(zip(split.sums, sums, strict=True))
-        for (v, kind), stacked_partials in zip(split.partials, partials, strict=True):
-            env[v] = COMBINE[kind](stacked_partials)
-        env.update(zip((v for v, _ in split.stacked), stacked, strict=True))
-        pending = _streamed_sums(split, streams)
+        inputs = Inputs([env[v] for v in sig.invariants], [env[v] for v, _ in sig.chunked])
+        if grad == "native":
+            out = region.forward(inputs, checkpoint=True)
+        else:
+            out = call(region, MODES[grad], inputs)
+        env.update(zip(sig.sums, out.sums, strict=True))
+        for (v, kind), per_chunk in zip(sig.partials, out.partials, strict=True):
+            env[v] = COMBINE[kind](per_chunk)
+        env.update(zip((v for v, _ in sig.stacked), out.stacked, strict=True))
+        pending = _streamed_sums(region, out)
         for idx in epilogue:
             # a streamed sum is combined once the deferred values it needs are known: they
             # are computed by epilogue equations before its own (in program order)

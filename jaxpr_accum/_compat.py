@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import config as _jax_config
 from jax._src import core as _core
 from jax._src import mesh as _mesh
 from jax._src import source_info_util as _source_info
@@ -122,6 +123,11 @@ def _inlined_calls() -> frozenset:
     return frozenset(p for p in (primitive("jit"), primitive("closed_call")) if p is not None)
 
 
+def is_checkpoint(eqn: JaxprEqn) -> bool:
+    """A ``jax.checkpoint`` / ``jax.remat`` call (``remat2`` in jax 0.10)."""
+    return eqn.primitive is primitive("remat2") or eqn.primitive is primitive("checkpoint")
+
+
 def called_jaxpr(eqn: JaxprEqn) -> Jaxpr | ClosedJaxpr:
     """The body of a call equation (``jit``'s ``jaxpr``, ``closed_call``'s ``call_jaxpr``)."""
     return eqn.params["jaxpr"] if "jaxpr" in eqn.params else eqn.params["call_jaxpr"]
@@ -142,6 +148,11 @@ def dce(closed: ClosedJaxpr) -> ClosedJaxpr:
     """Drop equations whose results are unused (keeps effects, inputs and outputs)."""
     jaxpr, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
     return ClosedJaxpr(jaxpr, closed.consts)
+
+
+def is_custom_vjp_call(eqn: JaxprEqn) -> bool:
+    """A call of a ``jax.custom_vjp`` function."""
+    return eqn.primitive is primitive("custom_vjp_call")
 
 
 def custom_call_body(eqn: JaxprEqn) -> tuple[ClosedJaxpr, int]:
@@ -284,8 +295,13 @@ def placement_key(x: Any) -> tuple:
 
 
 def context_mesh_key() -> tuple:
-    """The context mesh (``jax.set_mesh``), abstract and concrete, as part of a cache key."""
-    return (str(jax.sharding.get_abstract_mesh()), _device_ids(_mesh.get_concrete_mesh()))
+    """The context mesh (``jax.set_mesh``), abstract and concrete, and whether ``shard_map``
+    checks varying manual axes there, as part of a cache key."""
+    return (
+        str(jax.sharding.get_abstract_mesh()),
+        _device_ids(_mesh.get_concrete_mesh()),
+        bool(_jax_config._check_vma.value),
+    )
 
 
 def named_sharding(x: Any) -> Any:
@@ -396,3 +412,108 @@ def is_pure(eqn: JaxprEqn) -> bool:
 
 def new_var(aval: Any) -> Var:
     return _core.Var(aval)
+
+
+# -- the region primitives ---------------------------------------------------------------
+# JAX's rule tables for a primitive of our own (``_region_p``, ``_remat``). The linearization
+# rule (``is_vjp, nonzeros, *primals -> (out, out_nonzeros, residuals, linearized)``) is what
+# ``jax.grad`` / ``jax.linearize`` use (direct linearization); every other transformation
+# uses the JVP, batching and transpose rules.
+
+from jax._src import dispatch as _dispatch  # noqa: E402
+from jax._src.interpreters import ad as _ad  # noqa: E402
+from jax._src.interpreters import batching as _batching  # noqa: E402
+from jax._src.interpreters import mlir as _mlir  # noqa: E402
+
+
+def define_primitive(
+    name: str,
+    *,
+    abstract_eval: Callable,
+    impl: Callable,
+    jvp: Callable,
+    batch: Callable,
+    transpose: Callable | None = None,
+    linearize: Callable | None = None,
+) -> Any:
+    """A multiple-results primitive: ``abstract_eval(*avals, **params) -> (avals, effects)``,
+    ``impl(*args, **params) -> outs`` (lowered through JAX, so any traceable function),
+    ``jvp(primals, tangents, **params)``, ``batch(args, dims, **params) -> (outs, dims)``,
+    ``transpose(cts, *args, **params)``, ``linearize(is_vjp, nonzeros, *primals, **params)``."""
+    p = jax.extend.core.Primitive(name)
+    p.multiple_results = True
+    p.def_impl(functools.partial(_dispatch.apply_primitive, p))
+    p.def_effectful_abstract_eval(abstract_eval)
+    _mlir.register_lowering(p, _mlir.lower_fun(impl, multiple_results=True))
+    _ad.primitive_jvps[p] = jvp
+    _batching.primitive_batchers[p] = batch
+    if transpose is not None:
+        _ad.primitive_transposes[p] = transpose
+    if linearize is not None:
+        _ad.primitive_linearizations[p] = linearize
+    return p
+
+
+def is_zero(t: Any) -> bool:
+    """A symbolic zero tangent or cotangent (``ad.Zero``)."""
+    return type(t) is _ad.Zero
+
+
+def zero_tangent(aval: Any) -> Any:
+    """The symbolic zero tangent of a primal of type ``aval``."""
+    return _ad.Zero(aval.to_tangent_aval())
+
+
+def instantiate(t: Any) -> Any:
+    """A tangent as an array (symbolic zeros made concrete, ``float0`` for integers)."""
+    return _ad.instantiate_zeros(t)
+
+
+def is_undefined_primal(x: Any) -> bool:
+    """A linear input in a transpose rule (its cotangent is wanted)."""
+    return _ad.is_undefined_primal(x)
+
+
+def undefined_aval(x: Any) -> Any:
+    return x.aval
+
+
+def varying_axes(x: Any) -> frozenset:
+    """The manual mesh axes ``x`` varies over inside ``shard_map`` (empty elsewhere)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)  # jax 0.10
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", ()))  # jax 0.9
+
+
+def vary(tree: Any, axes: frozenset) -> Any:
+    """``tree``'s arrays made to vary over ``axes`` too (a no-op cast, ``pvary``), so that a
+    loop carry initialised with constants has the type its updates will have."""
+
+    def cast(x: Any) -> Any:
+        missing = axes - varying_axes(x)
+        return _core.pvary(x, tuple(sorted(missing))) if missing else x
+
+    return jax.tree_util.tree_map(cast, tree)
+
+
+def union_varying(*trees: Any) -> frozenset:
+    """Every manual mesh axis that some array of ``trees`` varies over."""
+    leaves = jax.tree_util.tree_leaves(trees)
+    return frozenset().union(*(varying_axes(x) for x in leaves)) if leaves else frozenset()
+
+
+def trace_aval(x: Any) -> Any:
+    """What to trace a function at for the argument ``x``: a tracer's own abstract value
+    (weak type, and varying manual axes inside ``shard_map``, included), a concrete
+    array's shape and dtype."""
+    if isinstance(x, _core.Tracer):
+        return jax.typeof(x)
+    return jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x))
+
+
+def aval_of(x: Any) -> Any:
+    """The abstract value of an array or tracer (with its varying manual axes inside
+    ``shard_map``)."""
+    return jax.typeof(x)

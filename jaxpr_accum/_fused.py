@@ -1,101 +1,64 @@
-"""The fused gradient mode's forward pass: per chunk, the value and the Jacobian rows of the
-region's gradient-carrying sums with respect to its inputs (one forward and one backward per
-chunk), added up across chunks; the backward pass then only contracts them with the incoming
-cotangent (``_gradients``). Exact where the chunk's pullback is linear in the cotangent."""
+"""The fused gradient mode: the value and the Jacobian rows of the region's gradient-carrying
+sums in one forward pass (``_jacobians``: one forward and one backward per chunk), so that the
+backward pass only contracts them with the incoming cotangent. ``value_and_grad`` then costs
+one forward and one backward, not the extra forward of remat. Exact where the chunk's pullback
+is linear in the cotangent: ``_choice`` refuses regions with a custom VJP, streamed sums or
+outputs other than sums."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
-from jaxpr_accum._compat import Literal
-from jaxpr_accum._conv import canonicalize
-from jaxpr_accum._lattice import AxisLoc
-from jaxpr_accum._loop import ChunkLoop, accumulator_dtype, add_into, join
-from jaxpr_accum._plan import BODY, Split
+from jaxpr_accum import _compat
+from jaxpr_accum._jacobians import gradient_sums
+from jaxpr_accum._region_p import Mode
+from jaxpr_accum._remat import linearize as remat_linearize
+from jaxpr_accum._signature import is_float
 
 
-def gradient_sums(split: Split) -> list[bool]:
-    """Which of the region's sums carry gradients: computed from a floating input of the
-    region through floating values only. A token count made from integer labels, or an
-    accuracy (through ``argmax`` and a comparison), carries none."""
-
-    def is_float(v: Any) -> bool:
-        return jnp.issubdtype(v.aval.dtype, jnp.inexact)
-
-    dependent = {v for v in [*split.invariants, *(v for v, _ in split.chunked)] if is_float(v)}
-    for i in split.indices(BODY):
-        eqn = split.jaxpr.eqns[i]
-        if any(v in dependent for v in eqn.invars if not isinstance(v, Literal)):
-            dependent.update(v for v in eqn.outvars if is_float(v))
-    return [v in dependent for v in split.sums]
-
-
-def jacobian_width(split: Split) -> int:
-    """Entries of the sums whose Jacobian rows the fused mode keeps."""
-    return sum(
-        math.prod(v.aval.shape) for v, g in zip(split.sums, gradient_sums(split), strict=True) if g
-    )
-
-
-def jacobian_row_dtype(split: Split) -> Any:
-    """The dtype of the fused Jacobian rows: the gradient-carrying sums' own, at least f32."""
+def linearize(
+    region: Any, is_vjp: bool, nonzeros: list, primals: list, outputs_of: Callable
+) -> tuple:
+    """The fused mode's linearization: the sums and their Jacobian rows in one pass; the
+    linear function contracts the rows with the tangents, which JAX transposes into the
+    contraction with the cotangents. ``jax.linearize`` (not a VJP) takes the remat rule:
+    Jacobian rows would cost more than the tangents they serve."""
+    if not is_vjp:
+        return remat_linearize(region, is_vjp, nonzeros, primals, outputs_of)
+    sig, split = region.signature, region.split
+    inputs = sig.inputs(primals)
+    perturbed = sig.inputs([nz and is_float(p) for nz, p in zip(nonzeros, primals, strict=True)])
+    sums, jac = region.jacobians(inputs, perturbed)
     flags = gradient_sums(split)
-    dtypes = [v.aval.dtype for v, f in zip(split.sums, flags, strict=True) if f]
-    return jnp.result_type(jnp.float32, *dtypes)
+    residuals = [j for j in jac.flat() if j is not None]
+    avals = [_compat.aval_of(s) for s in sums]
+
+    def linearized(res: list, *tangents: Any) -> list:
+        held = iter(res)
+        rows = None
+        for j, t in zip(jac.flat(), tangents, strict=True):
+            if j is None:
+                continue
+            jr = next(held)
+            t = _compat.instantiate(t).astype(jr.dtype)
+            part = jnp.tensordot(jr, t, axes=t.ndim)
+            rows = part if rows is None else rows + part
+        out, start = [], 0
+        for s, f, a in zip(sig.sums, flags, avals, strict=True):
+            if not f:
+                out.append(_compat.zero_tangent(a))
+                continue
+            n = math.prod(s.aval.shape)
+            piece = rows[start : start + n] if rows is not None else jnp.zeros((n,))
+            out.append(piece.reshape(s.aval.shape).astype(s.aval.dtype))
+            start += n
+        return out
+
+    return sums, [bool(f) for f in flags], residuals, linearized
 
 
-def with_row_dim(loc: AxisLoc) -> AxisLoc:
-    """The axis position once a leading (Jacobian row) dimension is added."""
-    return loc._replace(dim=loc.dim + 1)
-
-
-def jacobians(loop: ChunkLoop, invariants: Sequence, chunked: Sequence) -> tuple:
-    """This shard's sums and the Jacobian rows of the float sums w.r.t. its inputs."""
-    float_sums = [i for i, g in enumerate(gradient_sums(loop.split)) if g]
-    width = jacobian_width(loop.split)
-    row_dtype = jacobian_row_dtype(loop.split)
-    eye = jnp.eye(width, dtype=row_dtype)
-
-    def rows(kk: int, start: Any) -> tuple:
-        chunk = loop.slices(chunked, start, kk)
-        f, primals, _, _ = loop.differentiable(invariants, chunk, kk, start)
-
-        def flat(a: list, b: list) -> tuple:
-            sums = f(a, b)[0][0]
-            return jnp.concatenate([jnp.ravel(sums[i]).astype(row_dtype) for i in float_sums]), sums
-
-        _, pullback, sums = jax.vjp(flat, *primals, has_aux=True)
-        if width == 1:  # no vmap: batching would make the convolutions non-canonical
-            d_inv, d_ch = canonicalize(pullback)(eye[0])
-            return sums, [x[None] for x in d_inv], [x[None] for x in d_ch]
-        return (sums, *canonicalize(jax.vmap(pullback))(eye))
-
-    diff_inv = loop.wanted(invariants, 0)
-    jac = [
-        jnp.zeros(
-            (width, *invariants[i].shape),
-            accumulator_dtype(invariants[i].dtype, loop.accum_dtype),
-        )
-        for i in diff_inv
-    ]
-
-    def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
-        s, d_inv, d_ch = rows(kk, start)
-        return (add_into(carry[0], s), add_into(carry[1], d_inv)), d_ch
-
-    (sums, jac), scanned, rest = loop.over_chunks(step, (loop.zero_sums(), jac))
-    diff_ch = loop.wanted(chunked, 1)
-    jac_ch = [
-        join(
-            None if scanned is None else scanned[j],
-            None if rest is None else rest[j],
-            with_row_dim(loop.chunk_locs[i]),
-        )
-        for j, i in enumerate(diff_ch)
-    ]
-    return sums, jac, jac_ch
+FUSED = Mode("fused", linearize)

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec
 
 from jaxpr_accum import _compat
 from jaxpr_accum._lattice import AxisLoc
-from jaxpr_accum._loop import ChunkLoop, Needed
+from jaxpr_accum._loop import ChunkLoop
 from jaxpr_accum._plan import Split
 
 
@@ -31,8 +31,9 @@ class Layout:
 
     devices = 1
 
-    def loop(self, split: Split, accum_dtype: Any, needed: Needed = None) -> ChunkLoop:
-        return ChunkLoop(split, accum_dtype, split.size, split.chunk, 0, needed)
+    def loop(self, split: Split, signature: Any, accum_dtype: Any, chunk: int) -> ChunkLoop:
+        """The chunk loop of this device (inside ``map``'s function when sharded)."""
+        return ChunkLoop(split, signature, accum_dtype, split.size, chunk, 0)
 
     def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
         return fn
@@ -54,10 +55,10 @@ class ShardedLayout(Layout):
         self.mesh, self.axes = mesh, axes
         self.devices = math.prod(mesh.shape[a] for a in axes)
 
-    def loop(self, split: Split, accum_dtype: Any, needed: Needed = None) -> ChunkLoop:
+    def loop(self, split: Split, signature: Any, accum_dtype: Any, chunk: int) -> ChunkLoop:
         local = split.size // self.devices
         offset = lax.axis_index(self.axes) * local
-        return ChunkLoop(split, accum_dtype, local, split.chunk // self.devices, offset, needed)
+        return ChunkLoop(split, signature, accum_dtype, local, chunk // self.devices, offset)
 
     def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
         return jax.shard_map(

@@ -267,16 +267,10 @@ class _Stages:
         if idx not in self.excluded and self._stream(idx, eqn, reduced):
             return BODY
         if all(stage[v] != EPILOGUE for v in ins if loc((), v) is not None):
-            self.stops.append(
-                Stop(
-                    eqn,
-                    "needs a value reduced over the whole axis; runs after the loop on the "
-                    "stacked values",
-                )
-            )
+            self.stops.append(Stop(eqn, _why_after(inputs_ok, eqn, reduced, loc, used)))
         return EPILOGUE
 
-    def _kind(self, v: Var) -> _stream.Operand:
+    def _kind(self, v: Var, value: Any = None) -> _stream.Operand:
         if v in self.values:
             return self.values[v]
         carries = self.analysis.loc((), v) is not None
@@ -336,6 +330,21 @@ class _Stages:
                 continue
             bad.update(self.producer[v] for v in _vars(eqn.invars) if v in self.values)
         return bad
+
+
+def _why_after(inputs_ok: bool, eqn: JaxprEqn, reduced: dict, loc: Any, used: set) -> str:
+    """Why an equation that carries the axis runs after the loop (it is no barrier)."""
+    if inputs_ok:
+        kept = [
+            v.aval.str_short()
+            for j, v in enumerate(eqn.outvars)
+            if j not in reduced and loc((), v) is None and v in used
+        ]
+        return (
+            f"one of its results ({', '.join(kept)}) is read later but neither carries the axis "
+            "nor reduces it; runs after the loop on the stacked values"
+        )
+    return "needs a value reduced over the whole axis; runs after the loop on the stacked values"
 
 
 def _reduction_kinds(jaxpr: Jaxpr, analysis: Analysis, stages: list[str]) -> dict:

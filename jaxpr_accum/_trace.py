@@ -6,7 +6,9 @@
 2. Trace the function on the dynamic leaves' avals with ``jax.make_jaxpr``.
 3. Inline nested ``jit`` / ``closed_call`` equations (so that a reduction inside a jitted
    helper is visible to the planner), by re-tracing through an interpreter that keeps each
-   equation's source information; then drop dead equations.
+   equation's source information; read the outputs of a ``checkpoint`` or a ``scan`` that
+   only pass an input through (Flax NNX's graph updates hand the layer parameters back this
+   way) from that input instead; then drop dead equations.
 4. Turn the jaxpr's constants into leading inputs: closed-over tracers (parameters closed
    over inside an outer ``jax.grad``) become explicit, differentiable inputs.
 """
@@ -100,7 +102,8 @@ def cache_key(leaves: list, treedef: Any, dynamic: list[bool]) -> Any:
             aval = jax.typeof(leaf) if isinstance(leaf, jax.core.Tracer) else None
             shape, dtype = np.shape(leaf), jax.numpy.result_type(leaf)
             weak = getattr(aval, "weak_type", False)
-            parts.append(("dyn", shape, str(dtype), weak, _compat.placement_key(leaf)))
+            varying = _compat.varying_axes(leaf) if aval is not None else frozenset()
+            parts.append(("dyn", shape, str(dtype), weak, varying, _compat.placement_key(leaf)))
         else:
             try:
                 hash(leaf)
@@ -131,13 +134,9 @@ def trace(fun: Callable, leaves: list, treedef: Any, dynamic: list[bool], ranges
         out_store.append(out_tree)
         return out_leaves
 
-    dyn_avals = [
-        jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x))
-        for x, d in zip(leaves, dynamic, strict=True)
-        if d
-    ]
+    dyn_avals = [_compat.trace_aval(x) for x, d in zip(leaves, dynamic, strict=True) if d]
     closed = jax.make_jaxpr(flat_fun)(*dyn_avals)
-    closed = _compat.dce(private_constants(inline_calls(closed)))
+    closed = _compat.dce(forward_passthroughs(private_constants(inline_calls(closed))))
     jaxpr, consts = _compat.constvars_to_invars(closed)
     args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
     return Traced(jaxpr, consts, out_store[0], ranges, leaf_names(fun, args, kwargs))
@@ -147,10 +146,69 @@ def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
     """The same program with every nested ``jit`` / ``closed_call`` inlined."""
     if not _interpret.has_calls(closed):
         return closed
-    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+    avals = [v.aval for v in closed.jaxpr.invars]
     return jax.make_jaxpr(lambda *a: _interpret.eval_jaxpr(closed, a, _interpret.inlining()))(
         *avals
     )
+
+
+def _passed_input(jaxpr: Any, v: Any) -> int | None:
+    """The index of the input of ``jaxpr`` that output ``v`` is, unchanged, through nested
+    ``checkpoint`` calls; None if it is computed."""
+    for _ in range(16):
+        if v in jaxpr.invars:
+            return jaxpr.invars.index(v)
+        eqn = next((e for e in jaxpr.eqns if v in e.outvars), None)
+        if eqn is None or not _compat.is_checkpoint(eqn):
+            return None
+        inner = _compat.open_jaxpr(eqn.params["jaxpr"])
+        i = _passed_input(inner, inner.outvars[eqn.outvars.index(v)])
+        if i is None or isinstance(eqn.invars[i], _compat.Literal):
+            return None
+        v = eqn.invars[i]
+    return None
+
+
+def _passthrough_sources(eqn: Any) -> dict:
+    """``{output index: operand}`` for the outputs of a top-level ``checkpoint`` or ``scan``
+    that are one of its operands unchanged (a scan's carried value that is never updated,
+    or its per-step output that is its per-step input)."""
+    if _compat.is_checkpoint(eqn):
+        inner = _compat.open_jaxpr(eqn.params["jaxpr"])
+        found = {j: _passed_input(inner, v) for j, v in enumerate(inner.outvars)}
+        return {j: eqn.invars[i] for j, i in found.items() if i is not None}
+    if eqn.primitive is not _compat.primitive("scan"):
+        return {}
+    p = eqn.params
+    nc, ncarry, body = p["num_consts"], p["num_carry"], p["jaxpr"].jaxpr
+    out = {}
+    for j, v in enumerate(body.outvars):
+        i = _passed_input(body, v)
+        if i is None:
+            continue
+        if j < ncarry and i == nc + j:  # a carry that comes back unchanged
+            out[j] = eqn.invars[i]
+        elif j >= ncarry and i >= nc + ncarry:  # a per-step input returned as is
+            out[j] = eqn.invars[i]
+    return out
+
+
+def forward_passthroughs(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """The same program where readers of a passed-through output read its source."""
+    rename: dict = {}
+    for eqn in closed.jaxpr.eqns:
+        for j, src in _passthrough_sources(eqn).items():
+            if not isinstance(eqn.outvars[j], _compat.DropVar):
+                rename[eqn.outvars[j]] = rename.get(src, src)
+    if not rename:
+        return closed
+    jaxpr = closed.jaxpr
+
+    def fix(vs: Any) -> list:
+        return [rename.get(v, v) if not isinstance(v, _compat.Literal) else v for v in vs]
+
+    eqns = [e.replace(invars=fix(e.invars)) for e in jaxpr.eqns]
+    return closed.replace(jaxpr=jaxpr.replace(eqns=eqns, outvars=fix(jaxpr.outvars)))
 
 
 def private_constants(closed: ClosedJaxpr) -> ClosedJaxpr:

@@ -143,10 +143,8 @@ def test_threefry_counter_layout_matches_jax_random_bits(shape, dim, inner, k, b
 
 GOLDEN = """
 { lambda ; a:f32[3,2] b:f32[10,3]. let
-    c:f32[] = custom_vjp_call[
-      name=region
-      bwd=bwd
-      call_jaxpr={ lambda ; d:f32[3,2] e:f32[10,3]. let
+    c:f32[] = serialized_region[
+      jaxpr={ lambda ; d:f32[3,2] e:f32[10,3]. let
           f:i32[2] = iota[dimension=0 dtype=int32 shape=(2,) sharding=None] 
           g:f32[] = scan[
             jaxpr={ lambda ; h:f32[10,3] i:f32[3,2] j:f32[] k:i32[]. let
@@ -180,8 +178,8 @@ GOLDEN = """
           z:f32[] = reduce_sum[axes=(0, 1) out_sharding=None] y
           ba:f32[] = add g z
         in (ba,) }
-      fwd=fwd
-      symbolic_zeros=True
+      mode=remat
+      region=Region(axis=10, chunk=4)
     ] a b
     bb:f32[] = div c 20.0:f32[]
   in (bb,) }

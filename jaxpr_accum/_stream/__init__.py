@@ -45,7 +45,8 @@ from jaxpr_accum._stream.online import (
     merge_devices,
     origin,
 )
-from jaxpr_accum._stream.rules import DEFERRED, apply, emit, operands
+from jaxpr_accum._stream.layout import StreamLayout
+from jaxpr_accum._stream.rules import DEFERRED, apply, emitter, operands
 from jaxpr_accum._stream.terms import (
     Deferred,
     Emitter,
@@ -65,13 +66,14 @@ __all__ = [
     "Operand",
     "Plain",
     "Sink",
+    "StreamLayout",
     "Streamed",
     "accumulate",
     "apply",
     "chunk_cotangent",
     "combine",
     "describe",
-    "emit",
+    "emitter",
     "merge_devices",
     "operands",
     "origin",

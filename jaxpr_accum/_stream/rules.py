@@ -270,14 +270,20 @@ def _kept_dims(before: tuple, after: tuple) -> dict[int, int]:
     return found
 
 
-def operands(eqn: Any, kind_of: Callable[[Any], Operand]) -> list[Operand]:
-    """The equation's operands; scalar literals are float coefficients."""
+def operands(eqn: Any, kind_of: Callable[[Any, Any], Operand], values: Any = None) -> list[Operand]:
+    """The equation's operands: a literal is a float coefficient (a scalar) or a plain array,
+    a variable is what ``kind_of(var, value)`` says (``values``: the operands' values in the
+    loop, None at plan time)."""
     ops: list[Operand] = []
-    for v in eqn.invars:
-        if isinstance(v, Literal) and np.ndim(v.val) == 0:
-            ops.append(Plain(float(v.val)))
+    for i, v in enumerate(eqn.invars):
+        value = None if values is None else values[i]
+        if isinstance(v, Literal):
+            if np.iscomplexobj(v.val):
+                raise NotStreamable("a complex constant")
+            scalar = np.ndim(v.val) == 0
+            ops.append(Plain(float(v.val) if scalar else None if values is None else value))
         else:
-            ops.append(kind_of(v))
+            ops.append(kind_of(v, value))
     return ops
 
 
@@ -295,29 +301,33 @@ def apply(em: Emitter, ops: list[Operand], axis_dim: int | None) -> Streamed:
 DEFERRED = object()  # in the loop's environment: a value that is only known after the loop
 
 
-def emit(eqn: Any, r: Any, invals: list) -> list:
-    """Streamed equation ``eqn`` of the loop body at chunk size (``r``: its ``EqnResize``)."""
-    given = dict(zip(eqn.invars, invals, strict=True))
+def emitter(deferred: frozenset) -> Callable:
+    """``emit(eqn, r, invals)`` for the streamed equations of a loop body whose values
+    reduced over the whole axis are ``deferred``: they are read as ``Deferred`` whatever the
+    environment holds (the body may compute their per-chunk partial for another output)."""
 
-    def kind_of(v: Any) -> Operand:
-        x = given[v]
-        if x is DEFERRED:
+    def kind_of(v: Any, x: Any) -> Operand:
+        if v in deferred:
             return Deferred(v)
         return x if isinstance(x, Streamed) else Plain(x)
 
-    rule = rule_for(eqn.primitive)
+    def emit(eqn: Any, r: Any, invals: list) -> list:
+        rule = rule_for(eqn.primitive)
 
-    def bind(ops: list, params: dict | None) -> Any:
-        if params is not None:
-            return _compat.bind(eqn, ops, params)[0]
-        return rule.resize(eqn, r, ops)[0]
+        def bind(ops: list, params: dict | None) -> Any:
+            if params is not None:
+                return _compat.bind(eqn, ops, params)[0]
+            return rule.resize(eqn, r, ops)[0]
 
-    loc = r.out_locs[0]
-    em = Emitter(
-        eqn,
-        loc is None,
-        bind,
-        [r.chunk_shape(v) for v in eqn.invars],
-        r.chunk_shape(eqn.outvars[0]),
-    )
-    return [apply(em, operands(eqn, kind_of), None if loc is None else loc.dim)]
+        loc = r.out_locs[0]
+        em = Emitter(
+            eqn,
+            loc is None,
+            bind,
+            [r.chunk_shape(v) for v in eqn.invars],
+            r.chunk_shape(eqn.outvars[0]),
+        )
+        ops = operands(eqn, kind_of, invals)
+        return [apply(em, ops, None if loc is None else loc.dim)]
+
+    return emit

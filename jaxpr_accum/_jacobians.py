@@ -1,0 +1,108 @@
+"""The fused mode's forward loop on one device: per chunk, the value and the Jacobian rows of
+the region's gradient-carrying sums with respect to its inputs (one forward and one backward
+per chunk), added up across chunks (``_fused`` contracts them with the cotangent)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxpr_accum._compat import Literal
+from jaxpr_accum._conv import canonicalize
+from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._loop import ChunkLoop, accumulator_dtype, add_into, join, wanted
+from jaxpr_accum._plan import BODY, Split
+from jaxpr_accum._signature import Inputs
+
+
+def gradient_sums(split: Split) -> list[bool]:
+    """Which of the region's sums carry gradients: computed from a floating input of the
+    region through floating values only. A token count made from integer labels, or an
+    accuracy (through ``argmax`` and a comparison), carries none."""
+
+    def is_float(v: Any) -> bool:
+        return jnp.issubdtype(v.aval.dtype, jnp.inexact)
+
+    dependent = {v for v in [*split.invariants, *(v for v, _ in split.chunked)] if is_float(v)}
+    for i in split.indices(BODY):
+        eqn = split.jaxpr.eqns[i]
+        if any(v in dependent for v in eqn.invars if not isinstance(v, Literal)):
+            dependent.update(v for v in eqn.outvars if is_float(v))
+    return [v in dependent for v in split.sums]
+
+
+def jacobian_width(split: Split) -> int:
+    """Entries of the sums whose Jacobian rows the fused mode keeps."""
+    return sum(
+        math.prod(v.aval.shape) for v, g in zip(split.sums, gradient_sums(split), strict=True) if g
+    )
+
+
+def jacobian_row_dtype(split: Split) -> Any:
+    """The dtype of the fused Jacobian rows: the gradient-carrying sums' own, at least f32."""
+    flags = gradient_sums(split)
+    dtypes = [v.aval.dtype for v, f in zip(split.sums, flags, strict=True) if f]
+    return jnp.result_type(jnp.float32, *dtypes)
+
+
+def with_row_dim(loc: AxisLoc) -> AxisLoc:
+    """The axis position once a leading (Jacobian row) dimension is added."""
+    return loc._replace(dim=loc.dim + 1)
+
+
+def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list, Inputs]:
+    """This shard's sums (accumulator dtypes) and the Jacobian rows of the gradient-carrying
+    sums with respect to the perturbed floating inputs (``Inputs`` of arrays, None where not
+    differentiated): ``[width, *input.shape]``, invariant ones summed over chunks."""
+    float_sums = [i for i, g in enumerate(gradient_sums(loop.split)) if g]
+    width = jacobian_width(loop.split)
+    row_dtype = jacobian_row_dtype(loop.split)
+    eye = jnp.eye(width, dtype=row_dtype)
+    diff = Inputs(
+        wanted(inputs.invariants, perturbed.invariants), wanted(inputs.chunked, perturbed.chunked)
+    )
+
+    def rows(kk: int, start: Any) -> tuple:
+        f, primals = loop.differentiable(loop.chunk_inputs(inputs, start, kk), kk, start, diff)
+
+        def flat(a: list, b: list) -> tuple:
+            sums = f(a, b).sums
+            return jnp.concatenate([jnp.ravel(sums[i]).astype(row_dtype) for i in float_sums]), sums
+
+        _, pullback, sums = jax.vjp(flat, *primals, has_aux=True)
+        if width == 1:  # no vmap: batching would make the convolutions non-canonical
+            d_inv, d_ch = canonicalize(pullback)(eye[0])
+            return sums, [x[None] for x in d_inv], [x[None] for x in d_ch]
+        return (sums, *canonicalize(jax.vmap(pullback))(eye))
+
+    jac = [
+        jnp.zeros(
+            (width, *inputs.invariants[i].shape),
+            accumulator_dtype(inputs.invariants[i].dtype, loop.accum_dtype),
+        )
+        for i in diff.invariants
+    ]
+
+    def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
+        s, d_inv, d_ch = rows(kk, start)
+        return (add_into(carry[0], s), add_into(carry[1], d_inv)), d_ch
+
+    (sums, jac), scanned, rest = loop.over_chunks(step, (loop.zero_sums(), jac), reads=inputs)
+    jac_ch = [
+        join(
+            None if scanned is None else scanned[j],
+            None if rest is None else rest[j],
+            with_row_dim(loop.chunk_locs[i]),
+        )
+        for j, i in enumerate(diff.chunked)
+    ]
+    out = Inputs([None] * len(inputs.invariants), [None] * len(inputs.chunked))
+    for i, x in zip(diff.invariants, jac, strict=True):
+        out.invariants[i] = x
+    for i, x in zip(diff.chunked, jac_ch, strict=True):
+        out.chunked[i] = x
+    return sums, out
+

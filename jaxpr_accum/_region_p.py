@@ -1,0 +1,94 @@
+"""The region as one JAX primitive, ``serialized_region``, whose rules run it in chunks.
+
+``call(region, mode, inputs)`` binds the primitive on the region's flat inputs. Its
+parameters are the ``Region`` (``_region``), the gradient ``Mode`` and the forward pass as a
+jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop). Its rules:
+
+- evaluation and lowering: the forward pass, the chunk loop without checkpoints;
+- **linearization** (``jax.grad``, ``jax.vjp``, ``jax.linearize``): the mode's own rule
+  (``_remat``: a linear primitive whose transpose is the chunked backward; ``_fused``: the
+  Jacobian rows computed in the forward pass);
+- **JVP** (``jax.jvp``, ``jax.jacfwd``, and linearization where JAX goes through the JVP, as
+  inside ``jax.checkpoint``): ``jax.jvp`` of the forward pass with each chunk's body
+  checkpointed, which is chunked in both the primal and the tangent;
+- **batching** (``jax.vmap`` over any argument): ``jax.vmap`` of that same checkpointed
+  forward pass.
+
+Why this is exact by construction: the JVP and batching rules are JAX's own transformations
+of a plain JAX program (the chunk loop), which computes the original's values; JAX then
+differentiates or batches further whatever it gets. Only the linearization rules are
+hand-written, and they are only used where the region's inputs are linearized directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jaxpr_accum import _compat
+from jaxpr_accum._region import Region
+from jaxpr_accum._signature import Inputs, Outputs
+
+
+class Mode:
+    """A gradient mode's linearization rule, ``linearize(region, is_vjp, nonzeros, primals,
+    outputs_of) -> (outputs, output nonzeros, residuals, linearized)`` (see
+    ``_compat.define_primitive``); ``outputs_of(primals)`` binds the primitive again."""
+
+    def __init__(self, name: str, linearize: Callable):
+        self.name, self.linearize = name, linearize
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def call(region: Region, mode: Mode, inputs: Inputs) -> Outputs:
+    """The region's outputs on ``inputs``, through the primitive."""
+    flat = inputs.flat()
+    jaxpr = region.forward_jaxpr([_compat.aval_of(x) for x in flat])
+    outs = region_p.bind(*flat, region=region, mode=mode, jaxpr=jaxpr)
+    return region.signature.outputs(outs)
+
+
+def _checkpointed(region: Region) -> Callable:
+    def forward(*flat: Any) -> list:
+        return region.forward(region.signature.inputs(flat), checkpoint=True).flat()
+
+    return forward
+
+
+def _abstract_eval(*avals: Any, region: Region, mode: Mode, jaxpr: Any) -> tuple:
+    return list(jaxpr.out_avals), jaxpr.effects
+
+
+def _impl(*flat: Any, region: Region, mode: Mode, jaxpr: Any) -> list:
+    return jax.extend.core.jaxpr_as_fun(jaxpr)(*flat)
+
+
+def _jvp(primals: list, tangents: list, *, region: Region, mode: Mode, jaxpr: Any) -> tuple:
+    tangents = [_compat.instantiate(t) for t in tangents]
+    return jax.jvp(_checkpointed(region), tuple(primals), tuple(tangents))
+
+
+def _batch(args: list, dims: list, *, region: Region, mode: Mode, jaxpr: Any) -> tuple:
+    outs = jax.vmap(_checkpointed(region), in_axes=tuple(dims))(*args)
+    return outs, [0] * len(outs)
+
+
+def _linearize(is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: Mode, jaxpr: Any):
+    def outputs_of(flat: list) -> list:
+        return region_p.bind(*flat, region=region, mode=mode, jaxpr=jaxpr)
+
+    return mode.linearize(region, is_vjp, list(nonzeros), list(primals), outputs_of)
+
+
+region_p = _compat.define_primitive(
+    "serialized_region",
+    abstract_eval=_abstract_eval,
+    impl=_impl,
+    jvp=_jvp,
+    batch=_batch,
+    linearize=_linearize,
+)

@@ -1,44 +1,86 @@
-"""``serialize_axis`` and ``SerializedFunction``: argument checks, the plan cache, dispatch.
+"""``serialize_axis`` and ``SerializedFunction``: the plan cache and dispatch.
 
 Settings are validated once, at decoration (``_settings``); what depends on the call
-(``argnums`` / ``axis`` against the actual arguments, equal sizes across leaves, concrete
-shapes) is checked at the first call with those shapes, before anything is traced. Each
-distinct call signature (avals, placements and static leaves) is traced, planned
-(``_candidates``, ``_gradients``, ``_layout``; with ``memory=``, the chunk search of
-``_budget``, whose choice is cached per signature even where the trace is not) and built
-(``_assemble``) once, like ``jax.jit``; a function that closes over tracers of an enclosing
-transformation is re-traced on each call. Flax NNX graph nodes among the arguments are handled
-by one dispatch helper (``_nnx``). The public methods are JAX API boundaries: an error raised
+(``argnums`` / ``axis`` / ``in_axes`` against the actual arguments, equal sizes, concrete
+shapes) is checked at the first call with those shapes, before anything is traced
+(``_arguments``). Each distinct call signature (avals, placements and static leaves) is traced,
+planned (``_candidates``, ``_choice``, ``_layout``; with ``memory=``, the chunk search of
+``_budget``, whose choice is cached per signature even where the trace is not), built
+(``_assemble``) and validated once, like ``jax.jit``, in attempts from the widest plan to the
+original unchunked (``_fallback``); a function that closes over tracers of an enclosing
+transformation is re-traced on each call. The plan cache is LRU-bounded (``CACHE_SIZE``
+signatures per function). Flax NNX graph nodes among the arguments are handled by one
+dispatch helper (``_nnx``). The public methods are JAX API boundaries: an error raised
 through them shows the user's frames only (``JAX_TRACEBACK_FILTERING=off`` shows all).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from jaxpr_accum import _budget, _candidates, _choice, _compat, _layout, _nnx, _trace
+from jaxpr_accum import (
+    _arguments,
+    _budget,
+    _candidates,
+    _choice,
+    _compat,
+    _fallback,
+    _interpret,
+    _layout,
+    _nnx,
+    _trace,
+)
 from jaxpr_accum._assemble import build
 from jaxpr_accum._compat import ClosedJaxpr
-from jaxpr_accum._errors import SerializeError
 from jaxpr_accum._plan import Split
 from jaxpr_accum._report import Plan
 from jaxpr_accum._settings import SETTING_NAMES, Settings
 
+CACHE_SIZE = 64  # call signatures whose plans a SerializedFunction keeps (least recent out)
+
+
+class _LRU(collections.OrderedDict):
+    """A dict that keeps the ``size`` most recently used entries."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            return default
+        self.move_to_end(key)
+        return self[key]
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
 
 class _Prepared:
-    """One call signature's trace, plan and runnable program."""
+    """One call signature's trace, plan and runnable program (``split`` None: the original
+    runs unchunked, ``_fallback``)."""
 
-    def __init__(self, traced: _trace.Traced, split: Split, plan: Plan, run: Callable):
+    def __init__(self, traced: _trace.Traced, split: Split | None, plan: Plan, run: Callable):
         self.traced, self.split, self.plan = traced, split, plan
         self.run = run
         self.jitted = jax.jit(run)
         self.warned = False
+
+    @classmethod
+    def unchunked(cls, traced: _trace.Traced, why: str) -> _Prepared:
+        def as_written(*flat: Any) -> list:
+            return _interpret.eval_jaxpr(traced.jaxpr, flat)
+
+        return cls(traced, None, Plan.unchunked(why), as_written)
 
 
 def _setting(name: str) -> property:
@@ -73,8 +115,8 @@ class SerializedFunction:
             raise TypeError(f"`fun` must be callable, got {fun!r}")
         object.__setattr__(self, "settings", settings)
         object.__setattr__(self, "original", fun)
-        object.__setattr__(self, "_cache", {})
-        object.__setattr__(self, "_chunks", {})  # memory=: signature -> the search's choice
+        object.__setattr__(self, "_cache", _LRU(CACHE_SIZE))
+        object.__setattr__(self, "_chunks", _LRU(CACHE_SIZE))  # memory=: the search's choice
         object.__setattr__(self, "_pure", None)
         functools.update_wrapper(self, fun)
 
@@ -95,10 +137,17 @@ class SerializedFunction:
             _nnx.write_back(args, kwargs, new_states, new_kw)
             return out
         prepared, inputs = self._prepare(args, kwargs)
-        if prepared.plan.warning and not prepared.warned and prepared.split.size:
+        split = prepared.split
+        if prepared.plan.warning and not prepared.warned and split is not None and split.size:
             prepared.warned = True
             warnings.warn(f"{self!r}: {prepared.plan.warning}", UserWarning, stacklevel=2)
-        outs = prepared.jitted(*inputs)
+        try:
+            outs = prepared.jitted(*inputs)
+        except Exception as error:
+            if split is None or _fallback.strict():
+                raise
+            _fallback.warn(_fallback.at_call(error))
+            return self.original(*args, **kwargs)
         return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
 
     @_compat.api_boundary
@@ -144,95 +193,59 @@ class SerializedFunction:
         return pure, states, kw_states
 
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[_Prepared, list]:
-        leaves, treedef, dynamic, ranges = _trace.split_arguments(args, kwargs)
-        dyn = [x for x, d in zip(leaves, dynamic, strict=True) if d]
-        key = _trace.cache_key(leaves, treedef, dynamic)
+        call = _arguments.flatten(args, kwargs)
+        key = _arguments.cache_key(call)
         prepared = self._cache.get(key) if key is not None else None
         if prepared is None:
-            _check_concrete_shapes(args, kwargs)
-            seed_axes = self._seed_axes(args, dyn, dynamic, ranges)
-            traced = _trace.trace(self.original, leaves, treedef, dynamic, ranges)
-            traced.seed_axes = seed_axes
-            prepared = self._plan(traced, [*traced.consts, *dyn], key)
+            _arguments.check_concrete_shapes(call)
+            seeds = _arguments.seed_axes(self.settings, call)
+            traced = _trace.trace(self.original, call, seeds)
+            prepared = self._plan(traced, [*traced.consts, *call.dyn], key)
             if key is not None and not traced.has_tracer_consts:
-                self._cache[key] = prepared
-            inputs = [*traced.consts, *dyn]
-        else:
-            inputs = [*prepared.traced.consts, *dyn]
-        return prepared, inputs
+                self._cache.put(key, prepared)
+        return prepared, [*prepared.traced.consts, *call.dyn]
 
-    def _seed_axes(self, args: tuple, dyn: list, dynamic: list, ranges: list) -> list | None:
-        """The serialized axis of each dynamic leaf (None: not serialized) when ``argnums`` or
-        ``in_axes`` names it, checked against the call; None for ``size=`` / automatic."""
-        if self.argnums is not None:
-            self._check_argnums(args, dyn, ranges)
-            named = {i for a in self.argnums for i in ranges[a % len(args)]}
-            return [self.axis if i in named else None for i in range(len(dyn))]
-        if self.in_axes is None:
-            return None
-        per_leaf = _compat.flatten_in_axes(self.in_axes, args)  # one per leaf of args
-        axes = [ax for ax, d in zip(per_leaf, dynamic, strict=False) if d]
-        axes += [None] * (len(dyn) - len(axes))  # keyword arguments are not serialized
-        paths = [p for p, leaf in jax.tree_util.tree_flatten_with_path(args)[0]]
-        paths = [p for p, d in zip(paths, dynamic, strict=False) if d]
-        sizes: dict[int, list[str]] = {}
-        for x, ax, path in zip(dyn, axes, paths, strict=False):
-            if ax is None:
-                continue
-            shape, where = jnp.shape(x), f"args{jax.tree_util.keystr(path)}"
-            if not -len(shape) <= ax < len(shape):
-                raise ValueError(f"`in_axes` {ax} is out of range for {where} with shape {shape}")
-            sizes.setdefault(shape[ax], []).append(where)
-        if not sizes:
-            raise ValueError(f"`in_axes` {self.in_axes!r} names no array leaf of the arguments")
-        if len(sizes) > 1:
-            detail = "; ".join(f"size {n}: {', '.join(w)}" for n, w in sizes.items())
-            raise ValueError(f"the leaves named by `in_axes` differ in size: {detail}")
-        return axes
+    def _plan(self, traced: _trace.Traced, inputs: list, key: Any) -> _Prepared:
+        """The widest plan that plans, builds and validates (``_fallback``)."""
 
-    def _check_argnums(self, args: tuple, dyn: list, ranges: list) -> None:
-        assert self.argnums is not None and self.axis is not None  # checked at decoration
-        argnums, axis = self.argnums, self.axis
-        n = len(args)
-        for a in argnums:
-            if not -n <= a < n:
-                raise ValueError(
-                    f"`argnums` {a} is out of range for a call with {n} positional argument(s)"
-                )
-        sizes: dict[int, list[str]] = {}
-        for a in argnums:
-            leaf_ids = ranges[a % n]
-            if not leaf_ids:
-                raise ValueError(f"`argnums` {a}: argument {a} has no array leaves to serialize")
-            for i in leaf_ids:
-                shape = jnp.shape(dyn[i])
-                if not -len(shape) <= axis < len(shape):
-                    raise ValueError(
-                        f"`axis` {axis} is out of range for a leaf of argument {a} "
-                        f"with shape {shape}"
-                    )
-                sizes.setdefault(shape[axis], []).append(f"argument {a} leaf {shape}")
-        if len(sizes) > 1:
-            detail = "; ".join(f"size {n}: {', '.join(w)}" for n, w in sizes.items())
-            raise ValueError(
-                f"the leaves named by `argnums` differ in size at `axis` {self.axis}: {detail}"
-            )
+        def attempt(stream: bool, grad: str) -> Callable[[], _Prepared]:
+            return lambda: self._attempt(traced, inputs, key, stream, grad)
 
-    def _plan(self, traced: _trace.Traced, inputs: list, key: Any = None) -> _Prepared:
-        split, usable = _candidates.choose_split(traced, self.settings)
+        attempts = [("the plan as chosen", attempt(True, self.grad))]
+        attempts.append(("the plan without streamed normalisers", attempt(False, self.grad)))
+        if self.grad != "native":
+            attempts.append(("the plan with native gradients", attempt(False, "native")))
+        return _fallback.first_that_works(attempts, lambda why: _Prepared.unchunked(traced, why))
+
+    def _attempt(
+        self, traced: _trace.Traced, inputs: list, key: Any, stream: bool, requested: str
+    ) -> _Prepared:
+        stage = _fallback.stage
+        with stage("planning"):
+            split, usable = _candidates.choose_split(traced, self.settings, stream)
         budget = None
         if self.chunk is not None:
-            grad, reason = _choice.choose(split, self.grad)
+            with stage("choosing the gradient mode"):
+                grad, reason = _choice.choose(split, requested)
             layout = _layout.detect(traced, split, inputs, self.mesh_axis, self.chunk)
         else:
-            chosen, grad, reason, layout, budget = self._fit_budget(traced, split, inputs, key)
+            with stage("the memory budget search"):
+                chosen, grad, reason, layout, budget = self._fit_budget(
+                    traced, split, inputs, key, requested
+                )
             usable = [chosen if c is split else c for c in usable]
             split = chosen
+        with stage("building"):
+            run = build(split, grad, self.accum_dtype, layout)
+        with stage("tracing the forward and backward passes"):
+            _fallback.validate(run, inputs, lambda *xs: _interpret.eval_jaxpr(traced.jaxpr, xs))
         plan = Plan.from_split(split, usable, grad, reason, layout)
         plan.budget = budget
-        return _Prepared(traced, split, plan, build(split, grad, self.accum_dtype, layout))
+        return _Prepared(traced, split, plan, run)
 
-    def _fit_budget(self, traced: _trace.Traced, split: Split, inputs: list, key: Any) -> tuple:
+    def _fit_budget(
+        self, traced: _trace.Traced, split: Split, inputs: list, key: Any, requested: str
+    ) -> tuple:
         """``(split at the chosen chunk, grad, why, layout, Budget)`` for ``memory=``: the
         search of ``_budget``, once per call signature (later calls, and calls under ``jit``
         or ``grad`` with the same avals, reuse its choice)."""
@@ -244,9 +257,9 @@ class SerializedFunction:
         if cached is not None:
             grad, reason, budget = cached
             return split.at_chunk(budget.chunk), grad, reason, layout_for(budget.chunk), budget
-        grad, reason = _choice.choose(split, self.grad)
+        grad, reason = _choice.choose(split, requested)
         modes = [(grad, reason)]
-        if self.grad == "auto" and grad == "fused":
+        if requested == "auto" and grad == "fused":
             modes.append(
                 ("remat", "auto: fused applies, but its parameter-sized Jacobian accumulator "
                  "does not fit the memory budget at any chunk")
@@ -258,7 +271,7 @@ class SerializedFunction:
             split, modes, self.accum_dtype, layout_for, inputs, diff, limit, self.memory
         )
         if key is not None:
-            self._chunks[key] = (grad, reason, budget)
+            self._chunks.put(key, (grad, reason, budget))
         return chosen, grad, reason, layout, budget
 
 
@@ -305,16 +318,3 @@ def _float_arguments(traced: _trace.Traced, inputs: list) -> list[int]:
     """Indices in ``inputs`` of the floating arguments (closed-over constants excluded)."""
     nc = traced.n_consts
     return [i for i, x in enumerate(inputs) if i >= nc and _budget.is_float(x)]
-
-
-def _check_concrete_shapes(args: tuple, kwargs: dict) -> None:
-    """Symbolic dimensions (``jax.export`` shape polymorphism) cannot be chunked."""
-    paths = jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
-    for path, leaf in paths:
-        shape = getattr(leaf, "shape", ())
-        if _trace.is_dynamic(leaf) and not all(isinstance(d, int) for d in shape):
-            raise SerializeError(
-                f"{_trace.describe_argument(path)} has the symbolic shape {shape}; "
-                "serialize_axis plans chunks for concrete sizes. Export the function at a "
-                "concrete batch size, or export the original (unserialized) function."
-            )

@@ -49,7 +49,7 @@ import numpy as np
 from jaxpr_accum import _compat, _interpret
 from jaxpr_accum._assemble import build
 from jaxpr_accum._cost import format_bytes, nbytes
-from jaxpr_accum._errors import SerializeError
+from jaxpr_accum._errors import ArgumentError, SerializeError
 from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
 
 MAX_COMPILES = 6  # per gradient mode
@@ -101,7 +101,7 @@ def resolve(memory: int | float, device: Any = None) -> int:
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     limit = (stats or {}).get("bytes_limit")
     if not limit:
-        raise ValueError(
+        raise ArgumentError(
             f"`memory={memory!r}` is a fraction of the device's memory limit, but "
             f"{device.platform} device {device.id} reports none (`device.memory_stats()` has "
             "no 'bytes_limit'); pass the budget in bytes instead, e.g. memory='2 GiB'"

@@ -24,8 +24,9 @@ from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._plan import Split, make_split
 
 
-def choose_split(traced: Any, settings: Any) -> tuple[Split, list[Split]]:
-    """``(chosen split, usable candidates)`` for a traced call under ``settings``."""
+def choose_split(traced: Any, settings: Any, stream: bool = True) -> tuple[Split, list[Split]]:
+    """``(chosen split, usable candidates)`` for a traced call under ``settings``
+    (``stream=False``: without streamed normalisers)."""
     jaxpr, nc = traced.jaxpr, traced.n_consts
     names = input_names(traced)
     # With ``memory=`` the chunk is chosen later: candidates are planned at chunk 1.
@@ -40,14 +41,14 @@ def choose_split(traced: Any, settings: Any) -> tuple[Split, list[Split]]:
         analysis = Analysis(jaxpr, n).run(seeds)
         where = sorted({f"{names[v]} at axis {loc.dim}" for v, loc in seeds})
         born = _listed(where)
-        candidates = [make_split(jaxpr, analysis, chunk, born)]
+        candidates = [make_split(jaxpr, analysis, chunk, born, stream)]
         what = (
             f"`argnums` {settings.argnums}"
             if settings.argnums is not None
             else f"`in_axes` {settings.in_axes!r}"
         )
     else:
-        candidates = find_candidates(jaxpr, chunk, axis, size, names)
+        candidates = find_candidates(jaxpr, chunk, axis, size, names, stream)
         what = (
             f"an axis of size {size}"
             if size is not None
@@ -119,7 +120,12 @@ def origins(jaxpr: Jaxpr) -> list[Var]:
 
 
 def find_candidates(
-    jaxpr: Jaxpr, chunk: int, axis: int | None, size: int | None, arg_names: dict
+    jaxpr: Jaxpr,
+    chunk: int,
+    axis: int | None,
+    size: int | None,
+    arg_names: dict,
+    stream: bool = True,
 ) -> list[Split]:
     """Plans for every distinct candidate axis, in order of birth."""
     values = origins(jaxpr)
@@ -144,7 +150,7 @@ def find_candidates(
             if axis is not None and first_loc != AxisLoc(d):
                 continue
             born = describe_origin(jaxpr, first, first_loc.dim, arg_names)
-            splits.append(make_split(jaxpr, analysis, chunk, born))
+            splits.append(make_split(jaxpr, analysis, chunk, born, stream))
     return splits
 
 

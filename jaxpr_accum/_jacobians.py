@@ -105,4 +105,3 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
     for i, x in zip(diff.chunked, jac_ch, strict=True):
         out.chunked[i] = x
     return sums, out
-

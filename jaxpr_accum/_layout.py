@@ -21,6 +21,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from jaxpr_accum import _compat
+from jaxpr_accum._errors import ArgumentError
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._loop import ChunkLoop
 from jaxpr_accum._plan import Split
@@ -102,13 +103,13 @@ def detect(
     if context.axis_names:
         mesh = context
     if mesh is None:
-        raise ValueError(
+        raise ArgumentError(
             f"`mesh_axis` {axes} needs a mesh: call under `jax.set_mesh(mesh)` or pass "
             "inputs sharded with a `NamedSharding`"
         )
     missing = [a for a in axes if a not in mesh.axis_names]
     if missing:
-        raise ValueError(
+        raise ArgumentError(
             f"`mesh_axis` names {missing}, which the mesh does not have "
             f"(its axes: {tuple(mesh.axis_names)})"
         )
@@ -117,13 +118,13 @@ def detect(
     if d == 1:
         return Layout()
     if split.size % d:
-        raise ValueError(
+        raise ArgumentError(
             f"the serialized axis has size {split.size}, which {d} shards over {axes} do not divide"
         )
     if chunk % d:
         lower, upper = chunk // d * d, (chunk // d + 1) * d
         nearest = f"{lower} and {upper}" if lower else f"{upper} (the smallest)"
-        raise ValueError(
+        raise ArgumentError(
             f"`chunk` {chunk} must be a multiple of the {d} shards of mesh axis "
             f"{axes}; the nearest valid chunk sizes are {nearest}"
         )

@@ -88,7 +88,13 @@ class ChunkLoop:
     """The chunked region on one device: ``size`` positions from global position ``offset``."""
 
     def __init__(
-        self, split: Split, signature: Signature, accum_dtype: Any, size: int, chunk: int, offset: Any
+        self,
+        split: Split,
+        signature: Signature,
+        accum_dtype: Any,
+        size: int,
+        chunk: int,
+        offset: Any,
     ):
         self.split, self.signature, self.accum_dtype = split, signature, accum_dtype
         self.size, self.chunk, self.offset = size, chunk, offset
@@ -254,7 +260,9 @@ class ChunkLoop:
         flags = self.signature.differentiable()
 
         def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
-            f, primals = self.differentiable(self.chunk_inputs(inputs, start, kk), kk, start, needed)
+            f, primals = self.differentiable(
+                self.chunk_inputs(inputs, start, kk), kk, start, needed
+            )
             t_ch = self.slices(tangents.chunked, start, kk)
             dots = (
                 [tangents.invariants[i] for i in needed.invariants],

@@ -111,11 +111,15 @@ def _vars(vs: Any) -> list[Var]:
     return [v for v in vs if isinstance(v, Var) and not isinstance(v, Literal)]
 
 
-def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split:
-    """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis: all prologue)."""
+def make_split(
+    jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str, stream: bool = True
+) -> Split:
+    """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis: all prologue);
+    ``stream=False``: no equation is streamed (``_fallback``'s narrower plan)."""
     if analysis.size == 0:
         analysis = Analysis(jaxpr, 0)  # nothing to chunk: no equation is treated as touching
     loc = analysis.loc
+    order = {v: i for i, v in enumerate(_defined_in_order(jaxpr))}
     used: set = set(_vars(jaxpr.outvars))
     for eqn in jaxpr.eqns:
         used.update(_vars(eqn.invars))
@@ -126,7 +130,7 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split
     excluded: set[int] = set()
     unstacked: set[int] = set()
     while True:
-        draft = _Stages(jaxpr, analysis, used, excluded, unstacked)
+        draft = _Stages(jaxpr, analysis, used, excluded, unstacked, stream)
         misused = draft.misused()
         if misused:
             excluded |= misused
@@ -154,6 +158,8 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str) -> Split
     for idx, s in enumerate(stages):
         if s == EPILOGUE:
             read_after.extend(_vars(jaxpr.eqns[idx].invars))
+    # the combination of streamed sums reads the deferred values after the loop too
+    read_after.extend(sorted(draft.deferred, key=lambda v: order[v]))
     sums: list[Var] = []
     partials: list[tuple[Var, str]] = []
     stacked: list[tuple[Var, AxisLoc]] = []
@@ -207,9 +213,15 @@ class _Stages:
     tried where an equation reads a value reduced over the whole axis, except ``excluded``."""
 
     def __init__(
-        self, jaxpr: Jaxpr, analysis: Analysis, used: set, excluded: set[int], unstacked: set[int]
+        self,
+        jaxpr: Jaxpr,
+        analysis: Analysis,
+        used: set,
+        excluded: set[int],
+        unstacked: set[int],
+        stream: bool,
     ):
-        self.jaxpr, self.analysis, self.excluded = jaxpr, analysis, excluded
+        self.jaxpr, self.analysis, self.excluded, self.stream = jaxpr, analysis, excluded, stream
         self.unstacked = unstacked
         self.stage: dict = {v: PROLOGUE for v in jaxpr.invars}
         self.stages: list[str] = []
@@ -264,7 +276,7 @@ class _Stages:
                     Stop(eqn, f"reduces the axis ({', '.join(reduced.values())})")
                 )
             return BODY
-        if idx not in self.excluded and self._stream(idx, eqn, reduced):
+        if self.stream and idx not in self.excluded and self._stream(idx, eqn, reduced):
             return BODY
         if all(stage[v] != EPILOGUE for v in ins if loc((), v) is not None):
             self.stops.append(Stop(eqn, _why_after(inputs_ok, eqn, reduced, loc, used)))
@@ -345,6 +357,10 @@ def _why_after(inputs_ok: bool, eqn: JaxprEqn, reduced: dict, loc: Any, used: se
             "nor reduces it; runs after the loop on the stacked values"
         )
     return "needs a value reduced over the whole axis; runs after the loop on the stacked values"
+
+
+def _defined_in_order(jaxpr: Jaxpr) -> list[Var]:
+    return [*jaxpr.invars, *(v for e in jaxpr.eqns for v in e.outvars)]
 
 
 def _reduction_kinds(jaxpr: Jaxpr, analysis: Analysis, stages: list[str]) -> dict:

@@ -43,7 +43,9 @@ class Region:
         self.signature = Signature.of(split)
         spec = layout.spec
         sig = self.signature
-        self.input_specs = Inputs([spec(None) for _ in sig.invariants], [spec(loc) for loc in sig.chunk_locs])
+        self.input_specs = Inputs(
+            [spec(None) for _ in sig.invariants], [spec(loc) for loc in sig.chunk_locs]
+        )
         self.output_specs = Outputs(
             [spec(None) for _ in sig.sums],
             [spec(AxisLoc(0)) for _ in sig.partials],
@@ -107,7 +109,9 @@ class Region:
             out = self.loop().tangents(Inputs(inv, ch), given, sig.streams.finals_per_term(finals))
             dtypes = [d for d, f in zip(sig.sum_dtypes(), flags.sums, strict=True) if f]
             sums = [layout.reduce(s).astype(d) for s, d in zip(out.sums, dtypes, strict=True)]
-            return Outputs(sums, out.partials, out.stacked, [layout.reduce(a) for a in out.streams], [])
+            return Outputs(
+                sums, out.partials, out.stacked, [layout.reduce(a) for a in out.streams], []
+            )
 
         out_specs = Outputs(*(_select(g, f) for g, f in zip(self.output_specs, flags, strict=True)))
         fn = layout.map(
@@ -137,7 +141,9 @@ class Region:
         )
 
         def local(inv: list, ch: list, given: Outputs, finals: list) -> tuple:
-            full = Outputs(*(_spread(g, p, n) for g, p, n in zip(given, present, sig.sizes(), strict=True)))
+            full = Outputs(
+                *(_spread(g, p, n) for g, p, n in zip(given, present, sig.sizes(), strict=True))
+            )
             grads = backward(
                 self.loop(), Inputs(inv, ch), full, sig.streams.finals_per_term(finals), perturbed
             )
@@ -147,7 +153,9 @@ class Region:
             )
 
         given = Outputs(*(_pick(g, p) for g, p in zip(cts, present, strict=True)))
-        given_specs = Outputs(*(_pick(g, p) for g, p in zip(self.output_specs, present, strict=True)))
+        given_specs = Outputs(
+            *(_pick(g, p) for g, p in zip(self.output_specs, present, strict=True))
+        )
         fn = layout.map(
             local,
             (*self.input_specs, given_specs, [spec(None)] * sig.streams.n_finals),
@@ -175,9 +183,7 @@ class Region:
 
         def local(inv: list, ch: list) -> tuple:
             sums, jac = jacobians(self.loop(), Inputs(inv, ch), perturbed)
-            sums = [
-                layout.reduce(s).astype(d) for s, d in zip(sums, sig.sum_dtypes(), strict=True)
-            ]
+            sums = [layout.reduce(s).astype(d) for s, d in zip(sums, sig.sum_dtypes(), strict=True)]
             return (
                 sums,
                 [layout.reduce(jac.invariants[i]) for i in diff.invariants],
@@ -208,9 +214,9 @@ class Region:
         key = (tuple(avals), _compat.context_mesh_key())
         if key not in self._jaxprs:
             sig = self.signature
-            self._jaxprs[key] = jax.make_jaxpr(
-                lambda *flat: self.forward(sig.inputs(flat)).flat()
-            )(*avals)
+            self._jaxprs[key] = jax.make_jaxpr(lambda *flat: self.forward(sig.inputs(flat)).flat())(
+                *avals
+            )
         return self._jaxprs[key]
 
     def flat(self, pass_: Callable, **kw: Any) -> Callable:

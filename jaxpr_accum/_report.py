@@ -84,6 +84,28 @@ class Plan:
             warning=split.not_worth_it(),
         )
 
+    @classmethod
+    def unchunked(cls, why: str) -> Plan:
+        """The plan of a call that runs the original function as written (``_fallback``)."""
+        return cls(
+            axis_size=0,
+            chunk=0,
+            born="(nothing is chunked)",
+            grad="none",
+            grad_reason="the original function runs unchunked",
+            n_chunks=0,
+            remainder=0,
+            reduced_at=[],
+            counts={PROLOGUE: 0, BODY: 0, EPILOGUE: 0},
+            stacked=[],
+            accumulated=[],
+            stops=[],
+            hoisted=[],
+            candidates=[],
+            layout="as written",
+            warning=why,
+        )
+
     def __str__(self) -> str:
         lines = [] if self.warning is None else [f"note: {self.warning}"]
         lines += [

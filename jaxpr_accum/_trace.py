@@ -1,9 +1,8 @@
 """Tracing: pytrees in, one flat top-level jaxpr out.
 
-1. Flatten ``(args, kwargs)``. Array leaves (JAX and NumPy arrays, tracers) are dynamic;
-   every other leaf (Python numbers, strings, ``None``, callables) is static, as if named in
-   ``static_argnums``, and is part of the cache key.
-2. Trace the function on the dynamic leaves' avals with ``jax.make_jaxpr``.
+1. Take the flattened call (``_arguments``: array leaves are dynamic, the others static).
+2. Trace the function on the dynamic leaves' avals with ``jax.make_jaxpr`` (a tracer's own
+   aval: weak types and, inside ``shard_map``, varying manual axes, as the original sees).
 3. Inline nested ``jit`` / ``closed_call`` equations (so that a reduction inside a jitted
    helper is visible to the planner), by re-tracing through an interpreter that keeps each
    equation's source information; read the outputs of a ``checkpoint`` or a ``scan`` that
@@ -15,20 +14,14 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 
-from jaxpr_accum import _compat, _interpret
+from jaxpr_accum import _arguments, _compat, _interpret
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr
-
-
-def is_dynamic(leaf: Any) -> bool:
-    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.core.Tracer))
 
 
 @dataclass
@@ -51,69 +44,9 @@ class Traced:
         return any(isinstance(c, jax.core.Tracer) for c in self.consts)
 
 
-def split_arguments(args: tuple, kwargs: dict) -> tuple[list, Any, list[bool], list[range]]:
-    """Flatten a call's arguments; returns leaves, treedef, dynamic mask, per-arg ranges."""
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    dynamic = [is_dynamic(x) for x in leaves]
-    ranges, start = [], 0
-    for arg in args:
-        arg_leaves = jax.tree_util.tree_leaves(arg)
-        n_dyn = sum(is_dynamic(x) for x in arg_leaves)
-        ranges.append(range(start, start + n_dyn))
-        start += n_dyn
-    return leaves, treedef, dynamic, ranges
-
-
-def leaf_names(fun: Callable, args: tuple, kwargs: dict) -> list[str]:
-    """A name per dynamic leaf of ``(args, kwargs)``: the parameter's name (from ``fun``'s
-    signature, else ``argument i``) and ``jax.tree_util.keystr`` of the path inside it."""
-    try:
-        params = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    names = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
-        if not is_dynamic(leaf):
-            continue
-        where, first, rest = path[0], path[1], jax.tree_util.keystr(tuple(path[2:]))
-        if getattr(where, "idx", 0) == 0:
-            i = first.idx
-            base = positional[i] if i < len(positional) else f"argument {i}"
-        else:
-            base = str(first.key)
-        names.append(base + rest)
-    return names
-
-
-def describe_argument(path: tuple) -> str:
-    """``argument 1['w']`` / ``keyword argument 'x'`` for a path into ``(args, kwargs)``."""
-    where, name, rest = path[0], path[1], jax.tree_util.keystr(tuple(path[2:]))
-    if getattr(where, "idx", 0) == 0:
-        return f"argument {name.idx}{rest}"
-    return f"keyword argument {name.key!r}{rest}"
-
-
-def cache_key(leaves: list, treedef: Any, dynamic: list[bool]) -> Any:
-    """Hashable key of a call's avals and static leaves, or None if a static leaf is unhashable."""
-    parts: list = [treedef, _compat.context_mesh_key()]
-    for leaf, dyn in zip(leaves, dynamic, strict=True):
-        if dyn:
-            aval = jax.typeof(leaf) if isinstance(leaf, jax.core.Tracer) else None
-            shape, dtype = np.shape(leaf), jax.numpy.result_type(leaf)
-            weak = getattr(aval, "weak_type", False)
-            varying = _compat.varying_axes(leaf) if aval is not None else frozenset()
-            parts.append(("dyn", shape, str(dtype), weak, varying, _compat.placement_key(leaf)))
-        else:
-            try:
-                hash(leaf)
-            except TypeError:
-                return None
-            parts.append(("static", type(leaf), leaf))
-    return tuple(parts)
-
-
-def trace(fun: Callable, leaves: list, treedef: Any, dynamic: list[bool], ranges: list) -> Traced:
+def trace(fun: Callable, call: _arguments.Call, seed_axes: list | None = None) -> Traced:
+    """``fun`` traced at ``call``'s dynamic leaves (the static ones fixed)."""
+    leaves, treedef, dynamic = call.leaves, call.treedef, call.dynamic
     out_store: list = []
 
     def flat_fun(*dyn_leaves: Any) -> list:
@@ -123,7 +56,7 @@ def trace(fun: Callable, leaves: list, treedef: Any, dynamic: list[bool], ranges
         out = fun(*args, **kwargs)
         paths, out_tree = jax.tree_util.tree_flatten_with_path(out)
         for path, leaf in paths:
-            if not (is_dynamic(leaf) or isinstance(leaf, (bool, int, float, complex))):
+            if not (_arguments.is_dynamic(leaf) or isinstance(leaf, (bool, int, float, complex))):
                 name = getattr(fun, "__name__", repr(fun))
                 raise TypeError(
                     f"`{name}` returned a {type(leaf).__name__} at output"
@@ -138,8 +71,8 @@ def trace(fun: Callable, leaves: list, treedef: Any, dynamic: list[bool], ranges
     closed = jax.make_jaxpr(flat_fun)(*dyn_avals)
     closed = _compat.dce(forward_passthroughs(private_constants(inline_calls(closed))))
     jaxpr, consts = _compat.constvars_to_invars(closed)
-    args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-    return Traced(jaxpr, consts, out_store[0], ranges, leaf_names(fun, args, kwargs))
+    names = _arguments.leaf_names(fun, call)
+    return Traced(jaxpr, consts, out_store[0], call.ranges, names, seed_axes)
 
 
 def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
@@ -186,9 +119,9 @@ def _passthrough_sources(eqn: Any) -> dict:
         i = _passed_input(body, v)
         if i is None:
             continue
-        if j < ncarry and i == nc + j:  # a carry that comes back unchanged
-            out[j] = eqn.invars[i]
-        elif j >= ncarry and i >= nc + ncarry:  # a per-step input returned as is
+        if (
+            j < ncarry and i == nc + j or j >= ncarry and i >= nc + ncarry
+        ):  # a carry that comes back unchanged
             out[j] = eqn.invars[i]
     return out
 

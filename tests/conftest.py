@@ -21,6 +21,8 @@ import os
 # Everything on one CPU device, set before JAX is imported anywhere.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+# Every internal fallback is an error in the project's own tests (``_fallback``).
+os.environ.setdefault("JAXPR_ACCUM_STRICT", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

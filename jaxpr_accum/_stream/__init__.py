@@ -36,6 +36,7 @@ Where a program is outside the table (``log`` of a streamed value, a ``select``,
 varying along a dimension that is summed), ``_plan`` keeps it after the loop, as before.
 """
 
+from jaxpr_accum._stream.layout import StreamLayout
 from jaxpr_accum._stream.online import (
     Sink,
     accumulate,
@@ -45,7 +46,6 @@ from jaxpr_accum._stream.online import (
     merge_devices,
     origin,
 )
-from jaxpr_accum._stream.layout import StreamLayout
 from jaxpr_accum._stream.rules import DEFERRED, apply, emitter, operands
 from jaxpr_accum._stream.terms import (
     Deferred,

@@ -94,6 +94,24 @@ def _mul(em: Emitter, ops: list, axis: Any) -> Streamed:
     return result(em, terms)
 
 
+@_rule("square")
+def _square(em: Emitter, ops: list, axis: Any) -> Streamed:
+    op = _one_streamed(ops)
+    return _mul(em, [op, op], axis)
+
+
+@_rule("integer_pow")
+def _integer_pow(em: Emitter, ops: list, axis: Any) -> Streamed:
+    """A small positive power, as repeated products (each multiplies the term count)."""
+    y = em.eqn.params["y"]
+    if not 1 <= y <= 3:
+        raise NotStreamable(f"a power {y} of a streamed value")
+    op = out = _one_streamed(ops)
+    for _ in range(y - 1):
+        out = _mul(em, [out, op], axis)
+    return out
+
+
 @_rule("div")
 def _div(em: Emitter, ops: list, axis: Any) -> Streamed:
     out = em.eqn.outvars[0]

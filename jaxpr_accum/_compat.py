@@ -68,12 +68,6 @@ def _fit_shardings(params: dict[str, Any]) -> dict[str, Any]:
     return params if fitted is None else fitted
 
 
-def in_manual_context() -> bool:
-    """Whether we are tracing inside ``shard_map`` (some context mesh axis is manual)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return any(t == jax.sharding.AxisType.Manual for t in getattr(mesh, "axis_types", ()))
-
-
 def bind(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | None = None) -> list:
     """Re-emit ``eqn`` on ``invals`` (optionally with new params), keeping its source info."""
     params = _fit_shardings(eqn.params if params is None else params)
@@ -320,17 +314,6 @@ def explicit_axes(mesh: Any, names: Sequence[str]) -> bool:
     return all(types.get(n) == jax.sharding.AxisType.Explicit for n in names)
 
 
-def is_symbolic_zero(ct: Any) -> bool:
-    return isinstance(ct, jax.custom_derivatives.SymbolicZero)
-
-
-def instantiate(ct: Any) -> Any:
-    """A cotangent as an array: symbolic zeros (``custom_vjp(symbolic_zeros=True)``) as zeros."""
-    if isinstance(ct, jax.custom_derivatives.SymbolicZero):
-        return jax.numpy.zeros(ct.aval.shape, ct.aval.dtype)
-    return ct
-
-
 def flatten_in_axes(in_axes: Any, args: tuple) -> list:
     """``in_axes`` (``jax.vmap``'s prefix semantics) broadcast to one entry per leaf of
     ``args``; a ``ValueError`` that shows both trees when it is not a prefix."""
@@ -377,11 +360,6 @@ def primitives(names: str) -> frozenset:
     if missing:
         raise ValueError(f"no primitives named {missing} in JAX {jax.__version__}")
     return frozenset(found.values())
-
-
-def all_primitives() -> list[Any]:
-    """Every primitive object of the installed JAX (for coverage checks)."""
-    return list(_primitives_by_name().values())
 
 
 def shape_of(v: Var) -> tuple[int, ...]:

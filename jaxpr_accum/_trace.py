@@ -119,9 +119,9 @@ def _passthrough_sources(eqn: Any) -> dict:
         i = _passed_input(body, v)
         if i is None:
             continue
-        if (
-            j < ncarry and i == nc + j or j >= ncarry and i >= nc + ncarry
-        ):  # a carry that comes back unchanged
+        carried = j < ncarry and i == nc + j  # a carry that comes back unchanged
+        per_step = j >= ncarry and i >= nc + ncarry  # a per-step input returned as is
+        if carried or per_step:
             out[j] = eqn.invars[i]
     return out
 

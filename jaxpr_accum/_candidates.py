@@ -162,7 +162,9 @@ def nothing_chunkable(splits: list[Split], what: str) -> SerializeError:
     lines = [f"nothing can be chunked along {what}."]
     for split in splits:
         lines.append(f"axis of size {split.size} born at {split.born}:")
-        lines.extend(f"  stopped by {stop}" for stop in split.stops[:3])
+        # the stops that forced others first: a retreat names its cause
+        stops = sorted(split.stops, key=lambda stop: stop.cause is not None)
+        lines.extend(f"  stopped by {stop}" for stop in stops[:3])
         if not split.stops:
             lines.append("  no equation carries it per chunk")
     return SerializeError("\n".join(lines))

@@ -45,9 +45,15 @@ class Stop:
 
     eqn: JaxprEqn
     reason: str
+    cause: Stop | None = None  # the stop that made this one retreat, where it is not its own
 
     def __str__(self) -> str:
         return f"`{self.eqn.primitive.name}` at {_compat.source_line(self.eqn)}: {self.reason}"
+
+    @property
+    def root(self) -> Stop:
+        """The stop that forced this one (itself when nothing else did)."""
+        return self if self.cause is None else self.cause.root
 
 
 @dataclasses.dataclass
@@ -128,7 +134,7 @@ def make_split(
     # and the region ends before a value that holds the axis as a middle factor would have to
     # be stacked (``unstackable``); both only move equations out of the loop, so this ends.
     excluded: set[int] = set()
-    unstacked: set[int] = set()
+    unstacked: dict[int, Stop] = {}  # equation -> the stop that needs its result whole
     while True:
         draft = _Stages(jaxpr, analysis, used, excluded, unstacked, stream)
         misused = draft.misused()
@@ -138,7 +144,7 @@ def make_split(
         unstackable = draft.unstackable()
         if not unstackable:
             break
-        unstacked |= unstackable
+        unstacked.update(unstackable)
     stage, stages = draft.stage, draft.stages
 
     invariants: list[Var] = []
@@ -218,7 +224,7 @@ class _Stages:
         analysis: Analysis,
         used: set,
         excluded: set[int],
-        unstacked: set[int],
+        unstacked: dict[int, Stop],
         stream: bool,
     ):
         self.jaxpr, self.analysis, self.excluded, self.stream = jaxpr, analysis, excluded, stream
@@ -255,7 +261,9 @@ class _Stages:
             self.stops.append(Stop(*blocked))
             return EPILOGUE
         if idx in self.unstacked:
-            self.stops.append(Stop(eqn, _MIDDLE_FACTOR + "it cannot be stacked per chunk"))
+            root = self.unstacked[idx].root
+            why = f"it cannot be stacked per chunk, and {_named(root.eqn)} needs it whole"
+            self.stops.append(Stop(eqn, _MIDDLE_FACTOR + why, root))
             return EPILOGUE
         if any(stage[v] == PROLOGUE and is_middle_factor(loc((), v)) for v in ins):
             self.stops.append(Stop(eqn, _MIDDLE_INPUT))
@@ -319,19 +327,29 @@ class _Stages:
             self.producer[eqn.outvars[0]] = idx
         return True
 
-    def unstackable(self) -> set[int]:
+    def unstackable(self) -> dict[int, Stop]:
         """Body equations whose result holds the axis as a middle factor and is read after
-        the loop: stacking chunks of it would interleave them wrongly."""
-        after = set(_vars(self.jaxpr.outvars))
+        the loop (stacking chunks of it would interleave them wrongly), each with the stop of
+        the first equation after the loop that reads it."""
+        reader: dict = {}
         for idx, eqn in enumerate(self.jaxpr.eqns):
             if self.stages[idx] == EPILOGUE:
-                after.update(_vars(eqn.invars))
-        return {
-            idx
-            for idx, eqn in enumerate(self.jaxpr.eqns)
-            if self.stages[idx] == BODY
-            and any(v in after and is_middle_factor(self.analysis.loc((), v)) for v in eqn.outvars)
-        }
+                for v in _vars(eqn.invars):
+                    reader.setdefault(v, idx)
+        stop_of = {id(stop.eqn): stop for stop in self.stops}
+        found = {}
+        for idx, eqn in enumerate(self.jaxpr.eqns):
+            if self.stages[idx] != BODY:
+                continue
+            for v in eqn.outvars:
+                if not is_middle_factor(self.analysis.loc((), v)):
+                    continue
+                if v in reader:
+                    user = self.jaxpr.eqns[reader[v]]
+                    found[idx] = stop_of.get(id(user)) or Stop(user, "runs after the loop")
+                elif v in _vars(self.jaxpr.outvars):
+                    found[idx] = Stop(eqn, "an output of the function")
+        return found
 
     def misused(self) -> set[int]:
         """Streamed equations whose result is read by anything but another streamed
@@ -371,6 +389,10 @@ def _reduction_kinds(jaxpr: Jaxpr, analysis: Analysis, stages: list[str]) -> dic
         for j, kind in analysis.reductions.get(((), idx), {}).items():
             kinds[jaxpr.eqns[idx].outvars[j]] = kind
     return kinds
+
+
+def _named(eqn: JaxprEqn) -> str:
+    return f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}"
 
 
 _MIDDLE_FACTOR = "its result holds the axis as a middle factor of a merged dimension: "

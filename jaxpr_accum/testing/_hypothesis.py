@@ -22,7 +22,13 @@ from jaxpr_accum.testing._compare import (
     _is_key,
     _real_dtype,
 )
-from jaxpr_accum.testing._oracle import _assert_one, _check_serialized, _Reference, _variant
+from jaxpr_accum.testing._oracle import (
+    _assert_one,
+    _check_serialized,
+    _Reference,
+    _variant,
+    assert_in_contexts,
+)
 
 #: Every gradient mode that ``check`` tries by default.
 MODES = ("remat", "fused", "native")
@@ -225,6 +231,7 @@ def check(
     max_examples: int = 8,
     modes: Iterable[str] = MODES,
     rtol: Tolerance = None,
+    vmap: bool = True,
     **kwargs: Any,
 ) -> None:
     """Check ``sf`` against ``sf.original`` on inputs and chunk sizes drawn by Hypothesis.
@@ -236,6 +243,8 @@ def check(
     ``"auto"`` would, and is skipped when that fallback is already checked). On failure,
     Hypothesis shrinks to the smallest counterexample it finds and raises its
     ``AssertionError``, with the drawn example in the notes.
+
+    ``vmap``: also compare under ``jax.vmap`` (see :func:`assert_matches_original`).
 
     A plain function: call it inside any test. Uses the active Hypothesis settings profile,
     with ``max_examples`` and no deadline. Needs Hypothesis (``pip install
@@ -262,7 +271,9 @@ def check(
             if effective in checked:
                 continue  # e.g. fused fell back to remat, which is checked already
             checked.add(effective)
-            _assert_one(variant, drawn_args, drawn_kwargs, rtol, ref)
+            (assert_in_contexts if vmap else _assert_one)(
+                variant, drawn_args, drawn_kwargs, rtol, ref
+            )
 
     @hypothesis.settings(
         max_examples=max_examples,

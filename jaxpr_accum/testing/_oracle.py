@@ -29,6 +29,7 @@ from jaxpr_accum.testing._compare import (
     _Mismatch,
 )
 from jaxpr_accum.testing._noise import with_rounding_noise
+from jaxpr_accum.testing._vmap import contexts
 
 # --------------------------------------------------------------------------------------------
 # Running a function and its original on the same arguments
@@ -271,11 +272,12 @@ def _assert_one(
     rtol: Tolerance,
     ref: _Reference | None = None,
     seed: int = 0,
+    where: str = "",
 ) -> None:
     ref = ref or _Reference(sf.original, args, kwargs, seed)
     s = ref.split
     with warnings.catch_warnings():
-        if _is_variant(sf):  # the user's own function warns as usual; copies made here do not
+        if _is_variant(getattr(sf, "sf", sf)):  # the user's function warns; copies do not
             warnings.simplefilter("ignore", UserWarning)
         plain, out, state, got_ct = _runner(sf, s, True, seed)(s.diff, s.dyn)
 
@@ -304,7 +306,23 @@ def _assert_one(
     failed = compare(None) and compare(ref.noise())
     if failed:
         what, mismatch = failed
-        raise AssertionError(mismatch.message(what, [_plan_line(sf, args, kwargs)]))
+        raise AssertionError(mismatch.message(what + where, [_plan_line(sf, args, kwargs)]))
+
+
+def assert_in_contexts(
+    sf: Any, args: tuple, kwargs: dict, rtol: Tolerance, ref: _Reference | None = None
+) -> None:
+    """``_assert_one`` as called, then under each ``jax.vmap`` context (``_vmap``)."""
+    _assert_one(sf, args, kwargs, rtol, ref)
+    if _nnx.has_graph_nodes(tuple(args), dict(kwargs)):
+        return  # Flax NNX objects are not arrays to batch
+    for context in contexts(sf, tuple(args)):
+        batched = context.batch(tuple(args))
+        try:
+            reference = _Reference(context.original, batched, kwargs)
+        except Exception:  # the original itself does not run under this vmap: nothing to compare
+            continue
+        _assert_one(context, batched, kwargs, rtol, reference, where=f" {context.what}")
 
 
 def assert_matches_original(
@@ -313,6 +331,7 @@ def assert_matches_original(
     rtol: Tolerance = None,
     modes: Iterable[str] | None = None,
     chunks: Iterable[int] | None = None,
+    vmap: bool = True,
     **kwargs: Any,
 ) -> None:
     """Assert that ``sf(*args, **kwargs)`` and its derivatives equal ``sf.original``'s.
@@ -335,13 +354,18 @@ def assert_matches_original(
     ``chunks``: chunk sizes; the check then runs on a copy of ``sf`` for each combination
     (``sf``'s own mode or chunk where one of them is not given).
 
+    ``vmap``: also compare both under ``jax.vmap``, over an extra leading axis of the chunked
+    arguments and over each unchunked argument with a floating leaf (the parameters, a
+    temperature), each batched with a second, different copy of itself.
+
     Raises ``AssertionError`` naming the first leaf that differs by its pytree path (for
     example ``gradient at args[0]['params']['Dense_0']['kernel']``), its worst error and
     where it is, and the plan's gradient mode and chunk.
     """
     _check_serialized(sf)
+    check = assert_in_contexts if vmap else _assert_one
     if modes is None and chunks is None:
-        _assert_one(sf, args, kwargs, rtol)
+        check(sf, args, kwargs, rtol)
         return
     plan = sf.explain(*args, **kwargs)
     modes = [sf.grad] if modes is None else list(modes)
@@ -350,4 +374,4 @@ def assert_matches_original(
     for chunk in chunks:
         for mode in modes:
             variant = _variant(sf, mode, int(chunk), plan.axis_size)
-            _assert_one(variant, args, kwargs, rtol, ref)
+            check(variant, args, kwargs, rtol, ref)

@@ -15,8 +15,7 @@ through them shows the user's frames only (``JAX_TRACEBACK_FILTERING=off`` shows
 from __future__ import annotations
 
 import functools
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -25,10 +24,11 @@ import jax.numpy as jnp
 from jaxpr_accum import _budget, _candidates, _compat, _gradients, _layout, _nnx, _trace
 from jaxpr_accum._assemble import build
 from jaxpr_accum._compat import ClosedJaxpr
-from jaxpr_accum._errors import SerializeError
+from jaxpr_accum._errors import SerializeError, warn
 from jaxpr_accum._plan import Split
 from jaxpr_accum._report import Plan
 from jaxpr_accum._settings import SETTING_NAMES, Settings
+from jaxpr_accum._sweep import Sweep, measure_sweep
 
 
 class _Prepared:
@@ -97,7 +97,7 @@ class SerializedFunction:
         prepared, inputs = self._prepare(args, kwargs)
         if prepared.plan.warning and not prepared.warned and prepared.split.size:
             prepared.warned = True
-            warnings.warn(f"{self!r}: {prepared.plan.warning}", UserWarning, stacklevel=2)
+            warn(f"{self!r}: {prepared.plan.warning}")
         outs = prepared.jitted(*inputs)
         return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
 
@@ -122,6 +122,26 @@ class SerializedFunction:
             return nnx[0].jaxpr(*nnx[1], **nnx[2])
         prepared, inputs = self._prepare(args, kwargs)
         return jax.make_jaxpr(prepared.run)(*inputs)
+
+    @_compat.api_boundary
+    def sweep(
+        self,
+        *args: Any,
+        chunks: int | Sequence[int] | None = None,
+        grads: str | Sequence[str] = ("auto",),
+        argnums: int | Sequence[int] = 0,
+        repeats: int = 3,
+        progress: bool | None = None,
+    ) -> Sweep:
+        """Measure the original and each ``(chunk, grad)`` pair side by side: XLA temp bytes
+        of ``jax.jit(jax.value_and_grad(g, argnums))``, the median time of ``repeats``
+        interleaved calls, the largest relative gradient error (see ``_sweep``).
+        ``chunks=None``: powers of two up to the axis size, and the axis size. ``progress``:
+        a line per step on stderr (None: when stderr is a terminal)."""
+        return measure_sweep(
+            self, args, chunks=chunks, grads=grads, argnums=argnums, repeats=repeats,
+            progress=progress,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         name = getattr(self.original, "__name__", self.original)

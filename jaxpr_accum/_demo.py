@@ -305,7 +305,7 @@ def run_demo(
     print(f"parameters: {n_params} ({fmt_bytes(4 * n_params)})")
 
     t0 = time.perf_counter()
-    sf = ja.serialize_axis(loss, chunk=chunks[0])
+    sf = ja.serialize_axis(loss, chunk=chunks[0])  # the axis is found, as in the seed
     sweep = measure_sweep(
         sf, args, chunks=chunks, grads=grads, repeats=repeats, time_budget_s=time_budget_s,
         check_precision="highest",

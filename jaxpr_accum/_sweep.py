@@ -29,20 +29,16 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from html import escape
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxpr_accum import _html
+from jaxpr_accum import _sweep_view
 from jaxpr_accum._budget import scalar_of
-from jaxpr_accum._cost import format_bytes
 from jaxpr_accum._errors import PlanWarning
 from jaxpr_accum._settings import GRAD_MODES, Settings
-
-PLOT_EXTRA = "pip install 'jaxpr-accum[plot]'"
 
 
 @dataclasses.dataclass
@@ -52,9 +48,12 @@ class Sweep:
     ``rows``: dicts with ``chunk`` and ``grad`` (None for the original), ``mode`` (the gradient
     mode the plan took, which ``"auto"`` resolves), ``temp_bytes``, ``time_s`` (median),
     ``memory_ratio`` and ``time_ratio`` (to the original's), ``max_rel_err`` (the gradients'
-    largest per-leaf relative difference from the original's), ``value_rel_err``, ``warning``
-    (the plan's, if it is not expected to save memory) and ``error`` (None, or why the row has
-    no numbers). ``str(sweep)`` is a table; ``sweep.plot()`` draws memory and time by chunk.
+    largest per-leaf relative difference from the original's), ``value_rel_err``, ``axis``
+    (the axis the plan chunks; the original's row: ``sf``'s), ``warning`` (the plan's, if it is
+    not expected to save memory) and ``error`` (None, or why the row has no numbers).
+    ``str(sweep)`` is a table, with notes on rows that failed or chunk another axis than
+    ``sf``'s (automatic mode at a chunk as long as the axis); ``sweep.plot()`` draws memory and
+    time by chunk.
     """
 
     rows: list[dict[str, Any]]
@@ -64,136 +63,17 @@ class Sweep:
     repeats: int
 
     def __str__(self) -> str:
-        head = (
-            f"jaxpr_accum sweep of {self.name}: axis of size {self.axis_size}, "
-            f"value_and_grad with respect to argnums {self.argnums}, median of {self.repeats} "
-            f"interleaved repeat{'s' if self.repeats != 1 else ''}"
-        )
-        cells = [_cells(r) for r in self.rows]
-        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(COLUMNS)]
-
-        def line(cs: Sequence[str]) -> str:
-            return "  ".join(
-                c.ljust(w) if i < 2 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(cs, widths, strict=True))
-            ).rstrip()
-
-        lines = [head, line(COLUMNS), "  ".join("-" * w for w in widths), *map(line, cells)]
-        lines += [f"{_label(r)}: {r['error']}" for r in self.rows if r["error"]]
-        return "\n".join(lines)
+        return _sweep_view.text(self)
 
     def _repr_html_(self) -> str:
-        def row(cells: Sequence[str], tag: str = "td") -> str:
-            tds = (_html.cell(c, tag, "left" if i < 2 else "right") for i, c in enumerate(cells))
-            return f"<tr>{''.join(tds)}</tr>"
-
-        caption = (
-            f"jaxpr_accum sweep of {self.name}: axis of size {self.axis_size}, value_and_grad "
-            f"with respect to argnums {self.argnums}, median of {self.repeats} interleaved "
-            f"repeat{'s' if self.repeats != 1 else ''}; ratios to the original's"
-        )
-        notes = [f"{_label(r)}: {r['error']}" for r in self.rows if r["error"]]
-        notes += [f"{_label(r)}: {r['warning']}" for r in self.rows if r["warning"]]
-        return (
-            f'<div><table {_html.TABLE}><caption style="caption-side: top; text-align: left">'
-            f"{escape(caption)}</caption><thead>{row(COLUMNS, 'th')}</thead><tbody>"
-            + "".join(row(_cells(r)) for r in self.rows)
-            + f"</tbody></table>{_html.items('notes', notes)}</div>"
-        )
+        return _sweep_view.html(self)
 
     def plot(self, path: str | None = None) -> Any:
         """A matplotlib ``Figure``: temp memory and time against the chunk, one line per
-        gradient mode, the original's as a dashed horizontal line; with ``path``, also written
-        there as a PNG. Needs matplotlib (``pip install 'jaxpr-accum[plot]'``)."""
-        try:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
-        except ImportError as e:
-            raise ImportError(f"Sweep.plot needs matplotlib: {PLOT_EXTRA}") from e
-        fig = Figure(figsize=(10, 4), layout="constrained")
-        FigureCanvasAgg(fig)  # Agg: draws to memory and files, never to a window
-        ax_mem, ax_time = fig.subplots(1, 2)
-        original, rows = self.rows[0], self.rows[1:]
-        mem_unit, mem_scale = _unit(self.rows, "temp_bytes", _BYTE_UNITS)
-        time_unit, time_scale = _unit(self.rows, "time_s", _TIME_UNITS)
-        panels = (
-            (ax_mem, "temp_bytes", mem_scale, f"XLA temp memory of value_and_grad ({mem_unit})"),
-            (ax_time, "time_s", time_scale, f"median time of value_and_grad ({time_unit})"),
-        )
-        chunks = sorted({r["chunk"] for r in rows})
-        for ax, key, scale, title in panels:
-            for grad in dict.fromkeys(r["grad"] for r in rows):
-                pts = [(r["chunk"], r[key]) for r in rows if r["grad"] == grad]
-                pts = [(c, v * scale) for c, v in pts if v is not None]
-                if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", label=f"grad={grad}")
-            if original[key] is not None:
-                ax.axhline(original[key] * scale, color="k", ls="--", lw=1, label="original")
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(chunks, [str(c) for c in chunks])
-            ax.set_xlabel(f"chunk (axis of size {self.axis_size})")
-            ax.set_title(title, fontsize=10)
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
-        ax_mem.legend(fontsize=9)
-        fig.suptitle(f"jaxpr_accum sweep of {self.name}", fontsize=11)
-        if path is not None:
-            fig.savefig(path, dpi=100)
-        return fig
-
-
-_BYTE_UNITS = (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10), ("B", 1.0))
-_TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6))
-
-
-def _unit(rows: list[dict[str, Any]], key: str, units: tuple) -> tuple[str, float]:
-    """The largest unit that the largest value of ``key`` reaches, and the factor to it."""
-    top = max((r[key] for r in rows if r[key] is not None), default=0)
-    name, size = next(((n, u) for n, u in units if top >= u), units[-1])
-    return name, 1.0 / size
-
-
-COLUMNS = (
-    "chunk", "grad", "temp memory", "memory ratio", "time", "time ratio", "value err", "grad err"
-)  # fmt: skip
-
-
-def _label(row: dict[str, Any]) -> str:
-    return "original" if row["chunk"] is None else f"chunk {row['chunk']} ({row['grad']})"
-
-
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
-
-
-def _err(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1e}"
-
-
-def _cells(r: dict[str, Any]) -> list[str]:
-    if r["chunk"] is None:
-        return ["original", "-", _bytes(r["temp_bytes"]), "1", _time(r["time_s"]), "1", "-", "-"]
-    grad = r["grad"] if r["mode"] in (None, r["grad"]) else f"{r['grad']} ({r['mode']})"
-    if r["error"]:
-        return [str(r["chunk"]), grad, "error", "-", "-", "-", "-", "-"]
-    return [
-        str(r["chunk"]),
-        grad,
-        _bytes(r["temp_bytes"]),
-        _ratio(r["memory_ratio"]),
-        _time(r["time_s"]),
-        _ratio(r["time_ratio"]),
-        _err(r["value_rel_err"]),
-        _err(r["max_rel_err"]),
-    ]
-
-
-def _bytes(n: int | None) -> str:
-    return "n/a" if n is None else format_bytes(n)
-
-
-def _time(t: float | None) -> str:
-    return "-" if t is None else f"{t * 1e3:.2f} ms"
+        gradient mode, the original's as a dashed horizontal line (time on a log scale where it
+        spreads over more than 10x); with ``path``, also written there as a PNG. Needs
+        matplotlib: ``pip install 'jaxpr-accum[plot]'``."""
+        return _sweep_view.plot(self, path)
 
 
 # -- arguments ---------------------------------------------------------------------------------
@@ -285,96 +165,114 @@ def measure_sweep(
     nums = check_argnums(argnums, args)
     if chunks is not None:
         check_chunks(chunks, 1)  # bad arguments fail before anything is traced
+    dynamic = [i for i, a in enumerate(args) if _has_arrays(a)]
+    if any(i not in dynamic for i in nums):
+        raise ValueError(f"`argnums` {argnums!r} names an argument with no array leaves")
     if progress is None:
         progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
     say = _Progress(progress)
 
-    axis_size = sf.explain(*args).axis_size
-    sizes = check_chunks(chunks, axis_size)
-    dynamic = [i for i, a in enumerate(args) if _has_arrays(a)]
-    static = [i for i in nums if i not in dynamic]
-    if static:
-        raise ValueError(f"`argnums` {static[0]} names an argument with no array leaves")
-    dyn_args = [args[i] for i in dynamic]
+    plan = sf.explain(*args)
     diff = tuple(dynamic.index(i) for i in nums)
-    diff_arg: int | tuple[int, ...] = diff[0] if isinstance(argnums, int) else diff
-
-    def closed(f: Callable) -> Callable:
-        def scalar(*dyn: Any) -> Any:
-            full = list(args)
-            for i, x in zip(dynamic, dyn, strict=True):
-                full[i] = x
-            return scalar_of(jax.tree.leaves(f(*full)))
-
-        return scalar
-
+    program = _Program(args, dynamic, diff[0] if isinstance(argnums, int) else diff)
+    entries = [(_row(None, None) | {"axis": _axis(plan)}, sf.original)]
     fields = {f.name: getattr(sf.settings, f.name) for f in dataclasses.fields(Settings)}
-    entries: list[tuple[dict[str, Any], Any]] = [(_row(None, None), sf.original)]
     for g in modes:
-        for c in sizes:
+        for c in check_chunks(chunks, plan.axis_size):
             settings = Settings.validated(**{**fields, "chunk": c, "grad": g, "memory": None})
             entries.append((_row(c, g), type(sf)(sf.original, settings)))
 
-    name = getattr(sf.original, "__name__", repr(sf.original))
-    compiled: list[Any] = []
-    results: list[Any] = []
-    rounds: list[float] = []
+    compiled, results, first_calls = [], [], []
     for step, (row, f) in enumerate(entries):
-        say(f"[{step + 1}/{len(entries)}] compiling and checking {_label(row)}")
-        exe: Any = None
+        say(f"[{step + 1}/{len(entries)}] compiling and checking {_sweep_view.label(row)}")
         try:
-            with warnings.catch_warnings():
-                if row["chunk"] is not None:
-                    warnings.simplefilter("ignore", PlanWarning)
-                    plan = f.explain(*args)
-                    row["mode"], row["warning"] = plan.grad, plan.warning
-                fn = jax.jit(jax.value_and_grad(closed(f), argnums=diff_arg))
-                exe = fn.lower(*dyn_args).compile()
-                t0 = time.perf_counter()
-                out = jax.block_until_ready(exe(*dyn_args))
-                rounds.append(time.perf_counter() - t0)
-                if check_precision is not None and jax.default_backend() != "cpu":
-                    with jax.default_matmul_precision(check_precision):
-                        fn = jax.jit(jax.value_and_grad(closed(f), argnums=diff_arg))
-                        out = fn.lower(*dyn_args).compile()(*dyn_args)
+            exe, out, seconds = program.compile_and_check(row, f, check_precision)
         except Exception as e:
             if row["chunk"] is None:
                 raise
             row["error"] = f"{type(e).__name__}: {e}"
-            exe = out = None
+            exe, out, seconds = None, None, 0.0
         stats = None if exe is None else exe.memory_analysis()
         row["temp_bytes"] = None if stats is None else int(stats.temp_size_in_bytes)
         compiled.append(exe)
         results.append(out)
+        first_calls.append(seconds)
 
-    if time_budget_s is not None and sum(rounds) > 0:
-        repeats = max(1, min(repeats, int(time_budget_s / sum(rounds))))
+    if time_budget_s is not None and sum(first_calls) > 0:
+        repeats = max(1, min(repeats, int(time_budget_s / sum(first_calls))))
     times: list[list[float]] = [[] for _ in entries]
     for r in range(repeats):
         say(f"timing round {r + 1}/{repeats} ({len(entries)} functions)")
         for exe, ts in zip(compiled, times, strict=True):
             if exe is not None:
-                t0 = time.perf_counter()
-                jax.block_until_ready(exe(*dyn_args))
-                ts.append(time.perf_counter() - t0)
+                ts.append(program.time(exe))
 
     base, (v0, g0) = entries[0][0], results[0]
     for (row, _), out, ts in zip(entries, results, times, strict=True):
-        row["time_s"] = statistics.median(ts) if ts else None
-        if out is None:
-            continue
-        row["memory_ratio"] = _div(row["temp_bytes"], base["temp_bytes"])
-        row["time_ratio"] = _div(row["time_s"], base["time_s"])
-        row["value_rel_err"] = _difference(out[0], v0)
-        row["max_rel_err"] = _difference(out[1], g0)
-    return Sweep([row for row, _ in entries], name, axis_size, nums, repeats)
+        if out is not None:
+            row["time_s"] = statistics.median(ts)
+            row["memory_ratio"] = _div(row["temp_bytes"], base["temp_bytes"])
+            row["time_ratio"] = _div(row["time_s"], base["time_s"])
+            row["value_rel_err"] = _difference(out[0], v0)
+            row["max_rel_err"] = _difference(out[1], g0)
+    name = getattr(sf.original, "__name__", repr(sf.original))
+    return Sweep([row for row, _ in entries], name, plan.axis_size, nums, repeats)
+
+
+class _Program:
+    """``jax.jit(jax.value_and_grad(g, argnums))`` of a function at the sweep's arguments,
+    the arguments without array leaves closed over."""
+
+    def __init__(self, args: tuple, dynamic: list[int], argnums: int | tuple[int, ...]):
+        self.args, self.dynamic, self.argnums = args, dynamic, argnums
+        self.dyn_args = [args[i] for i in dynamic]
+
+    def scalar(self, f: Callable) -> Callable:
+        def g(*dyn: Any) -> Any:
+            full = list(self.args)
+            for i, x in zip(self.dynamic, dyn, strict=True):
+                full[i] = x
+            return scalar_of(jax.tree.leaves(f(*full)))
+
+        return g
+
+    def compile(self, f: Callable) -> Any:
+        fn = jax.jit(jax.value_and_grad(self.scalar(f), argnums=self.argnums))
+        return fn.lower(*self.dyn_args).compile()
+
+    def time(self, exe: Any) -> float:
+        t0 = time.perf_counter()
+        jax.block_until_ready(exe(*self.dyn_args))
+        return time.perf_counter() - t0
+
+    def compile_and_check(self, row: dict, f: Any, precision: str | None) -> tuple:
+        """``(compiled, (value, gradients) of its first call, that call's seconds)``; for a
+        copy, the row gets its plan's mode, axis and warning (the copy's own ``PlanWarning``
+        is not issued: the row carries it)."""
+        with warnings.catch_warnings():
+            if row["chunk"] is not None:
+                warnings.simplefilter("ignore", PlanWarning)
+                plan = f.explain(*self.args)
+                row["mode"], row["warning"], row["axis"] = plan.grad, plan.warning, _axis(plan)
+            exe = self.compile(f)
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(exe(*self.dyn_args))
+            seconds = time.perf_counter() - t0
+            if precision is not None and jax.default_backend() != "cpu":
+                with jax.default_matmul_precision(precision):
+                    out = self.compile(f)(*self.dyn_args)
+        return exe, out, seconds
 
 
 def _row(chunk: int | None, grad: str | None) -> dict[str, Any]:
     return dict.fromkeys(
         ("temp_bytes", "time_s", "memory_ratio", "time_ratio", "max_rel_err", "value_rel_err"),
         None,
-    ) | {"chunk": chunk, "grad": grad, "mode": None, "warning": None, "error": None}
+    ) | {"chunk": chunk, "grad": grad, "mode": None, "axis": None, "warning": None, "error": None}
+
+
+def _axis(plan: Any) -> str:
+    return f"size {plan.axis_size} born at {plan.born}"
 
 
 def _div(a: float | None, b: float | None) -> float | None:

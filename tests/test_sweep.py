@@ -8,6 +8,7 @@ import dataclasses
 import io
 import re
 import sys
+from html import escape
 
 import jax
 import jax.numpy as jnp
@@ -137,6 +138,17 @@ def _fake(name: str = "loss") -> ja.Sweep:
     return ja.Sweep(rows, name, 4, (0,), 1)
 
 
+def test_a_copy_that_chunks_another_axis_is_noted():
+    sweep = _fake()
+    for r in sweep.rows:
+        r["axis"] = "size 4 born at x at axis 0"
+    assert "another axis" not in str(sweep)
+    sweep.rows[3]["axis"] = "size 16 born at w at axis 1"
+    (note,) = [ln for ln in str(sweep).splitlines() if "another axis" in ln]
+    assert note.startswith("chunk 4 (auto): chunks another axis, size 16 born at w at axis 1")
+    assert "another axis, size 16" in sweep._repr_html_()
+
+
 def test_html_is_a_table_with_everything_escaped():
     html = _fake("<script>&")._repr_html_()
     assert html.count("<tr>") == 1 + 7 and "<table" in html
@@ -158,7 +170,17 @@ def test_plot_draws_memory_and_time_by_chunk_and_writes_a_png(tmp_path):
         assert list(lines["grad=auto"].get_ydata()) == pytest.approx(values)
         assert len(set(lines["original"].get_ydata())) == 1  # a horizontal line
     assert "(KiB)" in mem.get_title() and "(ms)" in tim.get_title()
+    assert mem.get_yscale() == tim.get_yscale() == "linear"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_has_a_log_scale_for_a_spread_over_10x():
+    sweep = _fake()
+    sweep.rows[-1]["time_s"] = 1.0  # 500x the original's
+    sweep.rows[-1]["temp_bytes"] = 10**6  # memory stays linear: a spread is its point
+    mem, tim = sweep.plot().axes
+    assert (mem.get_yscale(), tim.get_yscale()) == ("linear", "log")
+    assert "(s)" in tim.get_title()
 
 
 def test_plot_without_matplotlib_names_the_extra(monkeypatch):
@@ -222,3 +244,39 @@ def test_bad_arguments_are_named(kwargs, error, match):
     sf = ja.serialize_axis(loss, chunk=2, argnums=1)
     with pytest.raises(error, match=match):
         sf.sweep(W, X, **kwargs)
+
+
+# -- Plan._repr_html_ ----------------------------------------------------------------------------
+
+
+def stops_at_a_transpose(x):
+    return jnp.sum(jnp.tanh(x + x.T)) + jnp.sum(jnp.sin(x))  # the region stops at `add`
+
+
+def test_plan_html_shows_the_plan_at_a_glance():
+    plan = ja.serialize_axis(stops_at_a_transpose, chunk=4, argnums=0).explain(jnp.ones((10, 10)))
+    html = plan._repr_html_()
+    line = stops_at_a_transpose.__code__.co_firstlineno + 1
+    assert plan.stops and plan.warning, str(plan)
+    for shown in (
+        "size 10, born at x at axis 0",
+        "4 (3 chunks, the last of 2)",
+        f"remat: {plan.grad_reason}",
+        "0 hoisted, 3 chunked, 4 after the loop",
+        "estimated saving",
+        "-164 B (costs memory)",
+        f"test_sweep.py:{line}",
+        "the region stopped at (1)",
+        "note: this plan is not expected to save memory",
+    ):
+        assert escape(shown) in html, (shown, html)
+
+
+def test_plan_html_escapes_everything():
+    plan = ja.serialize_axis(stops_at_a_transpose, chunk=4, argnums=0).explain(jnp.ones((10, 10)))
+    odd = dataclasses.replace(
+        plan, warning="<b>w&</b>", born="<i>x</i>", stops=["<script>s</script>"]
+    )
+    html = odd._repr_html_()
+    assert "<b>" not in html and "<i>" not in html and "<script>" not in html
+    assert "&lt;b&gt;w&amp;&lt;/b&gt;" in html and "&lt;script&gt;s&lt;/script&gt;" in html

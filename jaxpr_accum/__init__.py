@@ -6,9 +6,18 @@ explicit cotangent accumulation. Same values, same gradients; memory that scales
 """
 
 from jaxpr_accum._api import SerializedFunction, serialize_axis
-from jaxpr_accum._errors import SerializeError
+from jaxpr_accum._errors import PlanWarning, SerializeError
 from jaxpr_accum._report import Plan
 from jaxpr_accum._rules import register_rule
+from jaxpr_accum._sweep import Sweep
 
-__all__ = ["Plan", "SerializeError", "SerializedFunction", "register_rule", "serialize_axis"]
+__all__ = [
+    "Plan",
+    "PlanWarning",
+    "SerializeError",
+    "SerializedFunction",
+    "Sweep",
+    "register_rule",
+    "serialize_axis",
+]
 __version__ = "0.1.0"

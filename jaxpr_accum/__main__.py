@@ -16,6 +16,14 @@ def _chunk_list(text: str) -> tuple[int, ...]:
     return chunks
 
 
+def _mode_list(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    allowed = ("auto", "remat", "fused", "native")
+    if not modes or any(m not in allowed for m in modes):
+        raise argparse.ArgumentTypeError(f"expected modes among {', '.join(allowed)}, got {text!r}")
+    return modes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxpr_accum")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +46,15 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=None, help="interleaved timing repeats (default 3)"
     )
     demo.add_argument(
+        "--grads",
+        type=_mode_list,
+        default=("auto",),
+        help="comma-separated gradient modes to sweep (auto, remat, fused, native; default auto)",
+    )
+    demo.add_argument(
+        "--plot", default=None, metavar="PATH", help="write the sweep's figure there (PNG)"
+    )
+    demo.add_argument(
         "--time-budget",
         type=float,
         default=20.0,
@@ -54,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             chunks=args.chunks,
             repeats=args.repeats,
             time_budget_s=args.time_budget,
+            grads=args.grads,
+            plot=args.plot,
         )
     parser.error(f"unknown command {args.command!r}")
     return 2

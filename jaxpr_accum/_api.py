@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import collections
 import functools
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -38,9 +37,11 @@ from jaxpr_accum import (
 )
 from jaxpr_accum._assemble import build
 from jaxpr_accum._compat import ClosedJaxpr
+from jaxpr_accum._errors import warn
 from jaxpr_accum._plan import Split
 from jaxpr_accum._report import Plan
 from jaxpr_accum._settings import SETTING_NAMES, Settings
+from jaxpr_accum._sweep import Sweep, measure_sweep
 
 CACHE_SIZE = 64  # call signatures whose plans a SerializedFunction keeps (least recent out)
 
@@ -140,13 +141,13 @@ class SerializedFunction:
         split = prepared.split
         if prepared.plan.warning and not prepared.warned and split is not None and split.size:
             prepared.warned = True
-            warnings.warn(f"{self!r}: {prepared.plan.warning}", UserWarning, stacklevel=2)
+            warn(f"{self!r}: {prepared.plan.warning}")
         try:
             outs = prepared.jitted(*inputs)
         except Exception as error:
             if split is None or _fallback.strict():
                 raise
-            _fallback.warn(_fallback.at_call(error))
+            warn(_fallback.at_call(error))
             return self.original(*args, **kwargs)
         return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
 
@@ -171,6 +172,26 @@ class SerializedFunction:
             return nnx[0].jaxpr(*nnx[1], **nnx[2])
         prepared, inputs = self._prepare(args, kwargs)
         return jax.make_jaxpr(prepared.run)(*inputs)
+
+    @_compat.api_boundary
+    def sweep(
+        self,
+        *args: Any,
+        chunks: int | Sequence[int] | None = None,
+        grads: str | Sequence[str] = ("auto",),
+        argnums: int | Sequence[int] = 0,
+        repeats: int = 3,
+        progress: bool | None = None,
+    ) -> Sweep:
+        """Measure the original and each ``(chunk, grad)`` pair side by side: XLA temp bytes
+        of ``jax.jit(jax.value_and_grad(g, argnums))``, the median time of ``repeats``
+        interleaved calls, the largest relative gradient error (see ``_sweep``).
+        ``chunks=None``: powers of two up to the axis size, and the axis size. ``progress``:
+        a line per step on stderr (None: when stderr is a terminal)."""
+        return measure_sweep(
+            self, args, chunks=chunks, grads=grads, argnums=argnums, repeats=repeats,
+            progress=progress,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         name = getattr(self.original, "__name__", self.original)

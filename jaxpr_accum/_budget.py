@@ -125,15 +125,21 @@ def is_float(x: Any) -> bool:
     return bool(jnp.issubdtype(getattr(x, "dtype", x), jnp.inexact))
 
 
+def scalar_of(outputs: Sequence[Any]) -> Any:
+    """The scalar whose ``value_and_grad`` is measured: the one real scalar floating output
+    itself, else the float32 sum of every floating output's (real part's) entries."""
+    outs = [o for o in outputs if is_float(o)]
+    if len(outs) == 1 and jnp.ndim(outs[0]) == 0 and not jnp.iscomplexobj(outs[0]):
+        return outs[0]
+    return sum((jnp.sum(jnp.real(o)).astype(jnp.float32) for o in outs), jnp.float32(0))
+
+
 def temp_bytes(run: Callable, inputs: list, diff: list[int]) -> int:
     """XLA temp bytes of ``value_and_grad`` of ``run``'s floating outputs (summed) with
     respect to the inputs at ``diff`` (the forward alone when there are none)."""
 
     def scalar(*xs: Any) -> Any:
-        outs = [o for o in run(*xs) if is_float(o)]
-        if len(outs) == 1 and jnp.ndim(outs[0]) == 0 and not jnp.iscomplexobj(outs[0]):
-            return outs[0]
-        return sum((jnp.sum(jnp.real(o)).astype(jnp.float32) for o in outs), jnp.float32(0))
+        return scalar_of(run(*xs))
 
     fn = jax.value_and_grad(scalar, argnums=tuple(diff)) if diff else scalar
     stats = jax.jit(fn).lower(*[abstract(x) for x in inputs]).compile().memory_analysis()

@@ -28,7 +28,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import jax
@@ -277,13 +276,17 @@ def run_demo(
     chunks: Sequence[int] | None = None,
     repeats: int | None = None,
     time_budget_s: float = 20.0,
+    grads: Sequence[str] = ("auto",),
+    plot: str | None = None,
 ) -> int:
     """Run the demo; return the process exit code (0: every chunk size was exact).
 
-    ``repeats`` is lowered (to no fewer than 1) when one round of calls would not fit
-    ``time_budget_s`` that many times.
+    The table is ``SerializedFunction.sweep``'s: the original and each chunk in each of
+    ``grads``. ``repeats`` is lowered (to no fewer than 1) when that many rounds of calls would
+    not fit ``time_budget_s``. ``plot``: a path to write the sweep's figure to (PNG).
     """
     import jaxpr_accum as ja
+    from jaxpr_accum._sweep import measure_sweep
 
     cfg = QUICK_SEED1 if quick else Seed1Config()
     if chunks is None:
@@ -302,86 +305,66 @@ def run_demo(
     print(f"parameters: {n_params} ({fmt_bytes(4 * n_params)})")
 
     t0 = time.perf_counter()
-    base = compile_value_and_grad(loss, args)
-    base_temp = temp_bytes_of(base)
-    thunks: dict[str, Callable[[], Any]] = {"original": partial(base, *args)}
-    serialized: dict[str, Any] = {}
-    compiled: dict[str, Any] = {}
-    errors: dict[str, str] = {}
-    variants: dict[str, dict[str, Any]] = {f"chunk={k}": {"chunk": k} for k in chunks}
-    if base_temp:  # the budget row: the chunk chosen for 40% of the original's memory
-        variants[f"memory={fmt_bytes(int(0.4 * base_temp))}"] = {"memory": int(0.4 * base_temp)}
-    for k, settings in variants.items():
-        sf = ja.serialize_axis(loss, **settings)
-        try:
-            compiled[k] = compile_value_and_grad(sf, args)
-        except Exception as e:  # report and carry on with the other chunk sizes
-            errors[k] = f"{type(e).__name__}: {e}"
-            continue
-        serialized[k] = sf
-        thunks[k] = partial(compiled[k], *args)
-    print(f"compiled in {time.perf_counter() - t0:.1f} s")
-
-    # Exactness first: these calls also warm up every compiled function before timing.
-    diffs: dict[int, tuple[float, float]] = {}
-    t0 = time.perf_counter()
-    for k, sf in list(serialized.items()):
-        try:
-            diffs[k] = compare_exact(loss, sf, args, compiled=(base, compiled[k]))
-        except Exception as e:
-            errors[k] = f"{type(e).__name__}: {e}"
-            del serialized[k], thunks[k]
-    # One round of calls costs about what the exactness pass cost; stay within the time budget.
-    round_s = time.perf_counter() - t0
-    if round_s > 0 and repeats > 1:
-        repeats = max(1, min(repeats, int(time_budget_s / round_s)))
-
-    print(f"timing {repeats} interleaved repeat(s) of each compiled value_and_grad")
-    medians = time_interleaved(thunks, repeats=repeats, warmup=0)
-
-    rows = [["original", fmt_bytes(base_temp), "1.00", "1.00", "-", "-"]]
-    ok = True
-    for k in variants:
-        if k in errors:
-            ok = False
-            rows.append([k, "error", "-", "-", "-", "-"])
-            continue
-        vdiff, gdiff = diffs[k]
-        exact = vdiff <= EXACT_RTOL and gdiff <= EXACT_RTOL
-        ok &= exact
-        temp = temp_bytes_of(compiled[k])
-        mem_ratio = f"{temp / base_temp:.3f}" if temp is not None and base_temp else "n/a"
-        time_ratio = f"{medians[k] / medians['original']:.2f}"
-        budget = serialized[k].explain(*args).budget if k.startswith("memory=") else None
-        rows.append(
-            [
-                k if budget is None else f"{k} (chunk {budget.chunk})",
-                fmt_bytes(temp),
-                mem_ratio,
-                time_ratio,
-                f"{vdiff:.1e}",
-                f"{gdiff:.1e}" + ("" if exact else " FAIL"),
-            ]
-        )
-    print()
-    print_table(
-        ["variant", "temp memory", "mem ratio", "time ratio", "value diff", "max grad diff"], rows
-    )
+    sf = ja.serialize_axis(loss, chunk=chunks[0])  # the axis is found, as in the seed
+    sweep = measure_sweep(
+        sf, args, chunks=chunks, grads=grads, repeats=repeats, time_budget_s=time_budget_s,
+        check_precision="highest",
+    )  # fmt: skip
+    print(f"compiled, checked and timed in {time.perf_counter() - t0:.1f} s\n")
+    print(sweep)
+    original, rows = sweep.rows[0], sweep.rows[1:]
+    bad = [
+        r
+        for r in rows
+        if r["error"] or not (r["value_rel_err"] <= EXACT_RTOL and r["max_rel_err"] <= EXACT_RTOL)
+    ]
     print(
-        f"(original value_and_grad: {medians['original'] * 1e3:.1f} ms median; "
-        f"diffs are relative to the original's magnitude, tolerance {EXACT_RTOL:g})"
+        f"(original value_and_grad: {original['time_s'] * 1e3:.1f} ms median; "
+        f"errs are relative to the original's magnitude, tolerance {EXACT_RTOL:g}: "
+        + ("all within)" if not bad else f"{len(bad)} FAIL)")
     )
-    for k, msg in errors.items():
-        print(f"\n{k} failed: {msg}")
+    for r in bad:
+        why = r["error"] or "differs from the original"
+        print(f"FAIL: chunk {r['chunk']} ({r['grad']}): {why}")
+    ok = not bad
 
-    if serialized:
-        k_explain = "chunk=4" if "chunk=4" in serialized else next(iter(serialized))
-        print(f"\nsf.explain(...) for {k_explain}:\n")
-        try:
-            print(str(serialized[k_explain].explain(*args)))
-        except Exception as e:
-            ok = False
-            print(f"explain failed: {type(e).__name__}: {e}")
+    base = original["temp_bytes"]
+    if base:  # the budget row: the chunk chosen for 40% of the original's memory
+        ok &= _budget_line(loss, args, int(0.4 * base), rows)
 
+    k = 4 if 4 in chunks else chunks[0]
+    print(f"\nsf.explain(...) for chunk={k}:\n")
+    try:
+        print(str(ja.serialize_axis(loss, chunk=k, grad=grads[0]).explain(*args)))
+    except Exception as e:
+        ok = False
+        print(f"explain failed: {type(e).__name__}: {e}")
+
+    if plot is not None:
+        sweep.plot(plot)
+        print(f"\nplot written to {plot}")
     print("\nresult:", "OK" if ok else "FAILED")
     return 0 if ok else 1
+
+
+def _budget_line(loss: Callable[..., Any], args: tuple, limit: int, rows: list) -> bool:
+    """Print the chunk ``memory=limit`` chooses and its measured memory; check it exactly
+    unless the sweep measured the same program. Whether it is exact."""
+    import jaxpr_accum as ja
+
+    try:
+        sf = ja.serialize_axis(loss, memory=limit)
+        budget = sf.explain(*args).budget
+        swept = any(r["chunk"] == budget.chunk and r["mode"] == budget.grad for r in rows)
+        vdiff, gdiff = (0.0, 0.0) if swept else compare_exact(loss, sf, args)
+    except Exception as e:
+        print(f"\nmemory={fmt_bytes(limit)} failed: {type(e).__name__}: {e}")
+        return False
+    exact = vdiff <= EXACT_RTOL and gdiff <= EXACT_RTOL
+    print(
+        f"\nmemory={fmt_bytes(limit)} (40% of the original's) chooses chunk {budget.chunk} "
+        f"({budget.grad}), measured {fmt_bytes(budget.measured)}"
+        + ("" if swept else f"; value err {vdiff:.1e}, grad err {gdiff:.1e}")
+        + ("" if exact else " FAIL")
+    )
+    return exact

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -31,7 +30,7 @@ import jax
 import numpy as np
 
 from jaxpr_accum import _compat
-from jaxpr_accum._errors import ArgumentError, SerializeError
+from jaxpr_accum._errors import ArgumentError, SerializeError, warn
 from jaxpr_accum._signature import is_float
 
 STRICT_VARIABLE = "JAXPR_ACCUM_STRICT"
@@ -101,10 +100,6 @@ def _message(failures: list[str], instead: str) -> str:
 def at_call(error: BaseException) -> str:
     """The warning for a call whose built program failed to trace although it validated."""
     return _message([describe(error)], "the original function, unchunked, for this call")
-
-
-def warn(message: str) -> None:
-    warnings.warn(message, UserWarning, stacklevel=4)
 
 
 def validate(run: Callable, inputs: Sequence, original: Callable) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxpr_accum import _compat, _layout, _stream
+from jaxpr_accum import _compat, _html, _layout, _stream
 from jaxpr_accum._cost import format_bytes, nbytes
 from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, Split
 
@@ -105,6 +105,9 @@ class Plan:
             layout="as written",
             warning=why,
         )
+
+    def _repr_html_(self) -> str:
+        return _html.plan_html(self)
 
     def __str__(self) -> str:
         lines = [] if self.warning is None else [f"note: {self.warning}"]

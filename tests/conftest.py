@@ -5,7 +5,9 @@ is the fast tier (``-m 'not slow and not integration'`` in ``addopts``); ``-m sl
 the full parametrisation matrices, the models and long property runs; ``-m integration``
 runs what starts subprocesses (examples, docs snippets, multi-device and multi-process
 checks); ``-m ''`` runs everything. A test is in exactly one tier: marking it both ``slow``
-and ``integration`` is an error, so that running the three tiers runs every test once.
+and ``integration`` is an error, so that running the three tiers runs every test once. In the
+default tier a ``jaxpr_accum.PlanWarning`` that the test neither asserts nor filters is an
+error.
 
 Profiles (select with ``HYPOTHESIS_PROFILE=<name>``; default ``ci``):
 
@@ -51,6 +53,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 TIERS = ("slow", "integration")
+PLAN_WARNINGS_ARE_ERRORS = "error::jaxpr_accum.PlanWarning"
 #: Test files that run whole example models (minutes on 2 cores) and carry no marker of their
 #: own yet: the slow tier. (A marker in the file itself is better; then drop it from here.)
 SLOW_FILES = ("test_docs_testing_examples.py",)
@@ -133,6 +136,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         listed = item.path.name in SLOW_FILES or any(t in item.nodeid for t in SLOW_TESTS)
         if listed and not any(item.get_closest_marker(t) for t in TIERS):
             item.add_marker(pytest.mark.slow)
+        if not any(item.get_closest_marker(t) for t in TIERS):
+            # The default tier shows no warning that no test expects: a PlanWarning is an
+            # error unless the test asserts it (pytest.warns) or filters it itself (its own
+            # filterwarnings marks and catch_warnings blocks take precedence over this one).
+            item.add_marker(pytest.mark.filterwarnings(PLAN_WARNINGS_ARE_ERRORS), append=False)
     both = [item.nodeid for item in items if all(item.get_closest_marker(t) for t in TIERS)]
     if both:
         raise pytest.UsageError(

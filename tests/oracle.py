@@ -27,6 +27,11 @@ from jax.extend.core import ClosedJaxpr, Jaxpr
 
 from jaxpr_accum import testing as ja_testing
 
+#: ``pytest.mark.filterwarnings(NOT_WORTH_IT)``: for a test whose toy program the cost model
+#: expects to save no memory, where the first call's ``PlanWarning`` is incidental to what the
+#: test checks (the default tier makes any other ``PlanWarning`` an error: ``conftest.py``).
+NOT_WORTH_IT = "ignore:.*not expected to save memory:jaxpr_accum.PlanWarning"
+
 # Tolerances keyed by dtype, per leaf, relative to the leaf's own magnitude floored at 1e-3 of
 # the largest leaf's (the rule of ``jaxpr_accum.testing``, which does the comparing).
 _TOL_16BIT = 2e-2

@@ -104,7 +104,7 @@ def test_a_call_that_fails_after_validating_runs_the_original(monkeypatch):
     sf(W, X)
     (prepared,) = sf._cache.values()
     prepared.jitted = _raise
-    with pytest.warns(UserWarning, match="internal error.*for this call"):
+    with pytest.warns(ja.PlanWarning, match="internal error.*for this call"):
         got = sf(W, X)
     assert_tree_close(got, mlp(W, X))
 

@@ -109,8 +109,8 @@ def test_merged_axis_stops_where_positions_would_mix(name, mode):
     fn, reason = STOPPED[name]
     args = _args(1)
     sf = ja.serialize_axis(fn, chunk=5, argnums=2, axis=1, grad=mode)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings():  # a region that stops early may not save memory: incidental
+        warnings.simplefilter("ignore", ja.PlanWarning)
         plan = sf.explain(*args)
         assert any(reason in s for s in plan.stops), str(plan)
         assert_matches_original(fn, sf, *args)
@@ -120,8 +120,8 @@ def test_merged_axis_stops_where_positions_would_mix(name, mode):
 def test_a_merged_input_is_not_sliced(mode):
     args = (*_args(2), jnp.asarray(np.random.RandomState(3).normal(size=(T * B, V)), jnp.float32))
     sf = ja.serialize_axis(merged_input, chunk=5, argnums=2, axis=1, grad=mode)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings():  # a region that stops early may not save memory: incidental
+        warnings.simplefilter("ignore", ja.PlanWarning)
         plan = sf.explain(*args)
         assert any("middle factor" in s for s in plan.stops), str(plan)
         assert_matches_original(merged_input, sf, *args)

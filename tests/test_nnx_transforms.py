@@ -69,7 +69,7 @@ def nested_loss(layers, x, y):
     """scan over remat over vmap (per example) over a layer."""
 
     def body(h, layer):
-        return nnx.vmap(lambda l, hi: jnp.tanh(l(hi)), in_axes=(None, 0))(layer, h)
+        return nnx.vmap(lambda lyr, hi: jnp.tanh(lyr(hi)), in_axes=(None, 0))(layer, h)
 
     body = nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(nnx.remat(body))
     return jnp.mean((body(x, layers)[:, :2] - y) ** 2)

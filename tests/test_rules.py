@@ -14,6 +14,8 @@ non-divisor: full chunks and a remainder); the other parametrisations are ``slow
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.extend.core
 import jax.numpy as jnp
@@ -27,6 +29,7 @@ import jaxpr_accum as ja
 from .oracle import assert_matches_original
 
 N = 10
+NOT_WORTH_IT = "(?s).*not expected to save memory"  # the PlanWarning of a plan that saves nothing
 GRADS = ["remat", "native"]
 CHUNKS = [3, 5]
 
@@ -62,7 +65,11 @@ def check(
         assert plan.counts["body"] > 0, f"nothing chunked:\n{plan}"
     if expect_whole:
         assert not plan.stops, str(plan)
-    assert_matches_original(f, sf, *args, argnums=diff_argnums, rtol=rtol)
+    with warnings.catch_warnings():
+        # Toy sizes (N = 10, a few features): the cost model may expect no saving and the first
+        # call then warns. Incidental here: what is tested is the rule, by exactness.
+        warnings.filterwarnings("ignore", NOT_WORTH_IT, ja.PlanWarning)
+        assert_matches_original(f, sf, *args, argnums=diff_argnums, rtol=rtol)
     return plan
 
 

@@ -60,7 +60,9 @@ GRAD_MODES = ("auto", "remat", "fused", "native")
 
 # Where the region stops at the normaliser, it stacks the logits back to full size and warns
 # that it does not expect to save memory: expected here, where exactness is the subject.
-pytestmark = pytest.mark.filterwarnings("ignore:.*not expected to save memory:UserWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*not expected to save memory:jaxpr_accum.PlanWarning"
+)
 
 # --------------------------------------------------------------------------------------------
 # What the plan says

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_accum import _nnx
+from jaxpr_accum._errors import PlanWarning
 from jaxpr_accum.testing._compare import (
     Tolerance,
     _argument_label,
@@ -278,7 +279,7 @@ def _assert_one(
     s = ref.split
     with warnings.catch_warnings():
         if _is_variant(getattr(sf, "sf", sf)):  # the user's function warns; copies do not
-            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", PlanWarning)
         plain, out, state, got_ct = _runner(sf, s, True, seed)(s.diff, s.dyn)
 
     def output(path: tuple) -> str:

@@ -1,0 +1,300 @@
+"""``SerializedFunction.sweep``: the original and every ``(chunk, grad)`` pair, side by side.
+
+Each function measured is the original, ``sf.original``, or a copy of ``sf`` with one chunk and
+one gradient mode and the rest of ``sf``'s settings (``Settings`` with ``chunk`` and ``grad``
+replaced, ``memory`` dropped). For each, ``jax.jit(jax.value_and_grad(g, argnums))`` is
+lowered at the arguments and compiled once, where ``g`` reduces the function's floating
+outputs to a scalar as the memory budget does (``_budget.scalar_of``). Then:
+
+- memory: XLA's temp bytes of that compiled program (``memory_analysis()``; None where the
+  backend does not report it);
+- error: its first call (also the warm-up) gives value and gradients, compared with the
+  original's by ``jaxpr_accum.testing.tree_difference``: the largest difference over every
+  leaf, relative to that leaf's own magnitude (``inf`` where the trees differ in structure);
+- time: ``repeats`` rounds, each calling every compiled program once in the same order (so
+  drift, other processes and thermal state hit all of them alike), each call timed to
+  ``block_until_ready``; the median per function.
+
+Arguments with no array leaves (static Python values) are closed over, not traced. A copy
+that fails to compile or run is a row with its ``error`` and no numbers; the original failing
+is an error of the sweep itself. The copies' own ``PlanWarning`` (a chunk as large as the
+axis is not expected to save memory) is not issued: each row carries its plan's ``warning``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxpr_accum import _sweep_view
+from jaxpr_accum._budget import scalar_of
+from jaxpr_accum._errors import PlanWarning
+from jaxpr_accum._settings import GRAD_MODES, Settings
+
+
+@dataclasses.dataclass
+class Sweep:
+    """What ``SerializedFunction.sweep`` measured: one row per function, the original first.
+
+    ``rows``: dicts with ``chunk`` and ``grad`` (None for the original), ``mode`` (the gradient
+    mode the plan took, which ``"auto"`` resolves), ``temp_bytes``, ``time_s`` (median),
+    ``memory_ratio`` and ``time_ratio`` (to the original's), ``max_rel_err`` (the gradients'
+    largest per-leaf relative difference from the original's), ``value_rel_err``, ``axis``
+    (the axis the plan chunks; the original's row: ``sf``'s), ``warning`` (the plan's, if it is
+    not expected to save memory) and ``error`` (None, or why the row has no numbers).
+    ``str(sweep)`` is a table, with notes on rows that failed or chunk another axis than
+    ``sf``'s (automatic mode at a chunk as long as the axis); ``sweep.plot()`` draws memory and
+    time by chunk.
+    """
+
+    rows: list[dict[str, Any]]
+    name: str
+    axis_size: int
+    argnums: tuple[int, ...]
+    repeats: int
+
+    def __str__(self) -> str:
+        return _sweep_view.text(self)
+
+    def _repr_html_(self) -> str:
+        return _sweep_view.html(self)
+
+    def plot(self, path: str | None = None) -> Any:
+        """A matplotlib ``Figure``: temp memory and time against the chunk, one line per
+        gradient mode, the original's as a dashed horizontal line (time on a log scale where it
+        spreads over more than 10x); with ``path``, also written there as a PNG. Needs
+        matplotlib: ``pip install 'jaxpr-accum[plot]'``."""
+        return _sweep_view.plot(self, path)
+
+
+# -- arguments ---------------------------------------------------------------------------------
+
+
+def check_chunks(chunks: Any, axis_size: int) -> list[int]:
+    """The chunks to measure, ascending: ``chunks``, or powers of two up to the axis size and
+    the axis size itself."""
+    if chunks is None:
+        n = max(axis_size, 1)
+        return sorted({*(2**i for i in range(n.bit_length()) if 2**i <= n), n})
+    items = [chunks] if hasattr(chunks, "__index__") else chunks
+    if isinstance(items, str) or not isinstance(items, Iterable):
+        raise TypeError(f"`chunks` must be None, an int or a sequence of ints, got {chunks!r}")
+    out = []
+    for c in items:
+        if isinstance(c, bool) or not hasattr(c, "__index__"):
+            raise TypeError(f"`chunks` must hold positive ints, got {c!r} in {chunks!r}")
+        if operator.index(c) < 1:
+            raise ValueError(f"`chunks` must hold positive ints, got {c!r} in {chunks!r}")
+        out.append(operator.index(c))
+    if not out:
+        raise ValueError("`chunks` is empty: pass at least one chunk size, or None")
+    return sorted(set(out))
+
+
+def check_grads(grads: Any) -> list[str]:
+    items = [grads] if isinstance(grads, str) else grads
+    if not isinstance(items, Iterable):
+        raise TypeError(f"`grads` must be a sequence of gradient modes, got {grads!r}")
+    out = list(dict.fromkeys(items))
+    bad = [g for g in out if g not in GRAD_MODES]
+    if bad:
+        raise ValueError(
+            f"`grads` must hold gradient modes among {', '.join(map(repr, GRAD_MODES))}; got "
+            f"{bad[0]!r}"
+        )
+    if not out:
+        raise ValueError(f"`grads` is empty: pass at least one of {GRAD_MODES}")
+    return out
+
+
+def check_argnums(argnums: Any, args: tuple) -> tuple[int, ...]:
+    nums = argnums if isinstance(argnums, (tuple, list)) else (argnums,)
+    if not nums:
+        raise ValueError("`argnums` must name at least one argument")
+    out = []
+    for a in nums:
+        if isinstance(a, bool) or not isinstance(a, int):
+            raise TypeError(f"`argnums` must be an int or a tuple of ints, got {argnums!r}")
+        if not -len(args) <= a < len(args):
+            raise ValueError(
+                f"`argnums` {a} is out of range for a sweep with {len(args)} positional argument(s)"
+            )
+        out.append(a % len(args))
+    return tuple(out)
+
+
+def _has_arrays(x: Any) -> bool:
+    return any(isinstance(leaf, (jax.Array, np.ndarray, np.generic)) for leaf in jax.tree.leaves(x))
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+
+def measure_sweep(
+    sf: Any,
+    args: tuple,
+    *,
+    chunks: Any = None,
+    grads: Any = ("auto",),
+    argnums: Any = 0,
+    repeats: int = 3,
+    progress: bool | None = None,
+    time_budget_s: float | None = None,
+    check_precision: str | None = None,
+) -> Sweep:
+    """``sf.sweep(*args, ...)``. For the demo: ``time_budget_s``, fewer repeats where that
+    many rounds would take longer than this, judged by the warm-up round; ``check_precision``,
+    off CPU the values and gradients compared are those of programs compiled again at that
+    matmul precision (``"highest"``: no TF32 rounding to drown the differences checked)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int):
+        raise TypeError(f"`repeats` must be an int >= 1, got {repeats!r}")
+    if repeats < 1:
+        raise ValueError(f"`repeats` must be >= 1, got {repeats}")
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"`progress` must be None, True or False, got {progress!r}")
+    modes = check_grads(grads)
+    nums = check_argnums(argnums, args)
+    if chunks is not None:
+        check_chunks(chunks, 1)  # bad arguments fail before anything is traced
+    dynamic = [i for i, a in enumerate(args) if _has_arrays(a)]
+    if any(i not in dynamic for i in nums):
+        raise ValueError(f"`argnums` {argnums!r} names an argument with no array leaves")
+    if progress is None:
+        progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    say = _Progress(progress)
+
+    plan = sf.explain(*args)
+    diff = tuple(dynamic.index(i) for i in nums)
+    program = _Program(args, dynamic, diff[0] if isinstance(argnums, int) else diff)
+    entries = [(_row(None, None) | {"axis": _axis(plan)}, sf.original)]
+    fields = {f.name: getattr(sf.settings, f.name) for f in dataclasses.fields(Settings)}
+    for g in modes:
+        for c in check_chunks(chunks, plan.axis_size):
+            settings = Settings.validated(**{**fields, "chunk": c, "grad": g, "memory": None})
+            entries.append((_row(c, g), type(sf)(sf.original, settings)))
+
+    compiled, results, first_calls = [], [], []
+    for step, (row, f) in enumerate(entries):
+        say(f"[{step + 1}/{len(entries)}] compiling and checking {_sweep_view.label(row)}")
+        try:
+            exe, out, seconds = program.compile_and_check(row, f, check_precision)
+        except Exception as e:
+            if row["chunk"] is None:
+                raise
+            row["error"] = f"{type(e).__name__}: {e}"
+            exe, out, seconds = None, None, 0.0
+        stats = None if exe is None else exe.memory_analysis()
+        row["temp_bytes"] = None if stats is None else int(stats.temp_size_in_bytes)
+        compiled.append(exe)
+        results.append(out)
+        first_calls.append(seconds)
+
+    if time_budget_s is not None and sum(first_calls) > 0:
+        repeats = max(1, min(repeats, int(time_budget_s / sum(first_calls))))
+    times: list[list[float]] = [[] for _ in entries]
+    for r in range(repeats):
+        say(f"timing round {r + 1}/{repeats} ({len(entries)} functions)")
+        for exe, ts in zip(compiled, times, strict=True):
+            if exe is not None:
+                ts.append(program.time(exe))
+
+    base, (v0, g0) = entries[0][0], results[0]
+    for (row, _), out, ts in zip(entries, results, times, strict=True):
+        if out is not None:
+            row["time_s"] = statistics.median(ts)
+            row["memory_ratio"] = _div(row["temp_bytes"], base["temp_bytes"])
+            row["time_ratio"] = _div(row["time_s"], base["time_s"])
+            row["value_rel_err"] = _difference(out[0], v0)
+            row["max_rel_err"] = _difference(out[1], g0)
+    name = getattr(sf.original, "__name__", repr(sf.original))
+    return Sweep([row for row, _ in entries], name, plan.axis_size, nums, repeats)
+
+
+class _Program:
+    """``jax.jit(jax.value_and_grad(g, argnums))`` of a function at the sweep's arguments,
+    the arguments without array leaves closed over."""
+
+    def __init__(self, args: tuple, dynamic: list[int], argnums: int | tuple[int, ...]):
+        self.args, self.dynamic, self.argnums = args, dynamic, argnums
+        self.dyn_args = [args[i] for i in dynamic]
+
+    def scalar(self, f: Callable) -> Callable:
+        def g(*dyn: Any) -> Any:
+            full = list(self.args)
+            for i, x in zip(self.dynamic, dyn, strict=True):
+                full[i] = x
+            return scalar_of(jax.tree.leaves(f(*full)))
+
+        return g
+
+    def compile(self, f: Callable) -> Any:
+        fn = jax.jit(jax.value_and_grad(self.scalar(f), argnums=self.argnums))
+        return fn.lower(*self.dyn_args).compile()
+
+    def time(self, exe: Any) -> float:
+        t0 = time.perf_counter()
+        jax.block_until_ready(exe(*self.dyn_args))
+        return time.perf_counter() - t0
+
+    def compile_and_check(self, row: dict, f: Any, precision: str | None) -> tuple:
+        """``(compiled, (value, gradients) of its first call, that call's seconds)``; for a
+        copy, the row gets its plan's mode, axis and warning (the copy's own ``PlanWarning``
+        is not issued: the row carries it)."""
+        with warnings.catch_warnings():
+            if row["chunk"] is not None:
+                warnings.simplefilter("ignore", PlanWarning)
+                plan = f.explain(*self.args)
+                row["mode"], row["warning"], row["axis"] = plan.grad, plan.warning, _axis(plan)
+            exe = self.compile(f)
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(exe(*self.dyn_args))
+            seconds = time.perf_counter() - t0
+            if precision is not None and jax.default_backend() != "cpu":
+                with jax.default_matmul_precision(precision):
+                    out = self.compile(f)(*self.dyn_args)
+        return exe, out, seconds
+
+
+def _row(chunk: int | None, grad: str | None) -> dict[str, Any]:
+    return dict.fromkeys(
+        ("temp_bytes", "time_s", "memory_ratio", "time_ratio", "max_rel_err", "value_rel_err"),
+        None,
+    ) | {"chunk": chunk, "grad": grad, "mode": None, "axis": None, "warning": None, "error": None}
+
+
+def _axis(plan: Any) -> str:
+    return f"size {plan.axis_size} born at {plan.born}"
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _difference(got: Any, ref: Any) -> float:
+    from jaxpr_accum.testing import tree_difference
+
+    try:
+        return float(tree_difference(got, ref).max_rel)
+    except AssertionError:  # the trees differ in structure, shapes or dtypes
+        return float("inf")
+
+
+class _Progress:
+    """One line per step on stderr, when on."""
+
+    def __init__(self, on: bool):
+        self.on, self.t0 = on, time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.on:
+            took = time.perf_counter() - self.t0
+            print(f"jaxpr_accum sweep [{took:6.1f} s] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,136 @@
+"""``jaxpr_accum.PlanWarning``: public, a ``UserWarning``, the only category the library issues,
+and attributed to the line of the user's code that called into the library, also through
+``jax.jit`` and ``jax.grad``, so that Python's filters and "once per location" work."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxpr_accum as ja
+from jaxpr_accum import _errors
+
+X = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
+NOT_WORTH_IT = "not expected to save memory"
+
+
+def loss(x):
+    return jnp.sum(jnp.sin(x) ** 2)
+
+
+def whole_axis():
+    """A function whose plan warns at its first call: one chunk holds the whole axis."""
+    return ja.serialize_axis(loss, chunk=4, argnums=0)
+
+
+def here() -> int:
+    """The line number of the caller's next line."""
+    frame = inspect.currentframe()
+    assert frame is not None and frame.f_back is not None
+    return frame.f_back.f_lineno + 1
+
+
+def test_plan_warning_is_a_public_user_warning():
+    assert "PlanWarning" in ja.__all__
+    assert issubclass(ja.PlanWarning, UserWarning)
+    assert ja.PlanWarning is _errors.PlanWarning
+    assert not issubclass(ja.PlanWarning, DeprecationWarning)
+
+
+def _record(call) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [w for w in caught if issubclass(w.category, ja.PlanWarning)]
+
+
+@pytest.mark.parametrize("how", ["direct", "jit", "grad", "jit of a user function"])
+def test_the_warning_points_at_the_callers_line(how):
+    sf = whole_axis()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if how == "direct":
+            line = here()
+            sf(X)
+        elif how == "jit":
+            line = here()
+            jax.jit(sf)(X)
+        elif how == "grad":
+            line = here()
+            jax.grad(sf)(X)
+        else:
+            line = here()
+            jax.jit(lambda x: 2.0 * sf(x))(X)
+    (w,) = caught  # exactly one warning, and it is ours
+    assert w.category is ja.PlanWarning
+    assert NOT_WORTH_IT in str(w.message)
+    assert w.filename == __file__, (w.filename, how)
+    assert w.lineno == line, (w.lineno, line, how)
+
+
+def test_ignoring_the_category_silences_it():
+    sf = whole_axis()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=ja.PlanWarning)
+        sf(X)
+        jax.grad(whole_axis())(X)
+    assert caught == []
+
+
+def test_pytest_warns_sees_it():
+    with pytest.warns(ja.PlanWarning, match=NOT_WORTH_IT) as record:
+        whole_axis()(X)
+    assert [w.filename for w in record] == [__file__]
+
+
+def test_once_per_location_uses_the_callers_registry():
+    """The "default" action shows a warning once per (message, category, module, line): two
+    calls from one line warn once, a call from another line warns again."""
+
+    def call_twice_from_one_line():
+        for _ in range(2):
+            whole_axis()(X)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        warnings.simplefilter("default")
+        globals().pop("__warningregistry__", None)
+        call_twice_from_one_line()
+        assert len(caught) == 1, [str(w.message) for w in caught]
+        whole_axis()(X)  # another line
+        assert len(caught) == 2
+    assert {w.filename for w in caught} == {__file__}
+
+
+def test_the_stack_walk_skips_the_library_and_jax():
+    """``_errors.warn`` called from a frame of this file: attributed to this file's line."""
+    line = here()
+    (w,) = _record(lambda: _errors.warn("a message"))
+    assert (w.filename, w.lineno, w.category) == (__file__, line, ja.PlanWarning)
+    assert _errors._internal("jaxpr_accum._api") and _errors._internal("jax._src.api")
+    assert _errors._internal("flax.linen.module") and not _errors._internal("jaxpr_accumulate")
+    assert not _errors._internal("tests.test_warnings") and not _errors._internal("jaxtyping")
+
+
+def test_every_warning_of_the_package_goes_through_the_helper():
+    """No ``warnings.warn`` / ``warn_explicit`` call in the package except the helper's own."""
+    package = Path(ja.__file__).parent
+    calls = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("warn", "warn_explicit")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "warnings"
+            ):
+                calls.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert len(calls) == 1 and calls[0].startswith("_errors.py:"), calls

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxpr_accum import _compat
 from jaxpr_accum._compat import Literal
 from jaxpr_accum._conv import canonicalize
 from jaxpr_accum._lattice import AxisLoc
@@ -72,11 +73,12 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
             sums = f(a, b).sums
             return jnp.concatenate([jnp.ravel(sums[i]).astype(row_dtype) for i in float_sums]), sums
 
-        _, pullback, sums = jax.vjp(flat, *primals, has_aux=True)
+        rows_out, pullback, sums = jax.vjp(flat, *primals, has_aux=True)
+        basis = _compat.vary(eye, _compat.varying_axes(rows_out))  # the rows' type (shard_map)
         if width == 1:  # no vmap: batching would make the convolutions non-canonical
-            d_inv, d_ch = canonicalize(pullback)(eye[0])
+            d_inv, d_ch = canonicalize(pullback)(basis[0])
             return sums, [x[None] for x in d_inv], [x[None] for x in d_ch]
-        return (sums, *canonicalize(jax.vmap(pullback))(eye))
+        return (sums, *canonicalize(jax.vmap(pullback))(basis))
 
     jac = [
         jnp.zeros(

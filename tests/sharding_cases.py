@@ -536,6 +536,55 @@ CASES["reuse-one-then-sharded"] = lambda: case_reuse("one")
 CASES["reuse-sharded-then-one"] = lambda: case_reuse("sharded")
 
 
+def case_shard_map_inside() -> dict[str, Any]:
+    """A serialized function called inside ``jax.shard_map`` (per-shard microbatching), with
+    ``check_vma`` on (the default) and off, in every mode: ``shared/repros/r15``. The oracle
+    is the original under the same ``shard_map``; the loss is a plain MLP and a softmax
+    pooling over the (per-shard) batch, which is streamed."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
+    rs = np.random.RandomState(0)
+    w = jnp.asarray(rs.normal(size=(4, 3)) / 2, jnp.float32)
+    x = jnp.asarray(rs.normal(size=(64, 4)), jnp.float32)
+
+    def mlp(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    def pooled(w, x):
+        h = x @ w
+        return jnp.sum(jax.nn.softmax(h[:, 0]) * jnp.tanh(h[:, 1]))
+
+    def step(g: Callable, check_vma: bool) -> Callable:
+        def per_shard(w, x):
+            value, grads = jax.value_and_grad(g, argnums=(0, 1))(w, x)
+            return jax.lax.pmean(value, "d"), jax.lax.pmean(grads[0], "d"), grads[1]
+
+        return jax.jit(
+            jax.shard_map(
+                per_shard,
+                mesh=mesh,
+                in_specs=(P(), P("d")),
+                out_specs=(P(), P(), P("d")),
+                check_vma=check_vma,
+            )
+        )
+
+    facts: dict[str, Any] = {}
+    for name, loss in (("mlp", mlp), ("pooled", pooled)):
+        for check_vma in (True, False):
+            ref = step(loss, check_vma)(w, x)
+            for grad in ("auto", "remat", "fused", "native"):
+                key = f"{name}-{grad}-check_vma={check_vma}"
+                sf = ja.serialize_axis(loss, chunk=3, argnums=1, grad=grad)
+                try:
+                    facts[key] = {"err": rel_err(step(sf, check_vma)(w, x), ref)}
+                except Exception as e:
+                    facts[key] = {"raised": f"{type(e).__name__}: {str(e)[:400]}"}
+    return facts
+
+
+CASES["shard_map_inside"] = case_shard_map_inside
+
+
 def main(names: list[str]) -> None:
     for name in names or list(CASES):
         try:

@@ -208,3 +208,12 @@ def test_one_function_on_unsharded_and_sharded_inputs(results: dict, name: str) 
         assert "raised" not in got, f"{which} call after the other: {got['raised']}"
         assert got["err"] <= RTOL, f"{which}: error {got['err']:.3e}"
         assert got["layout"].startswith(layout), f"{which}: layout {got['layout']!r}"
+
+
+def test_serialized_inside_shard_map(results: dict) -> None:
+    """r15: per-shard microbatching inside ``jax.shard_map`` (``check_vma`` on and off, every
+    mode), against the original under the same ``shard_map``."""
+    facts = results["shard_map_inside"]
+    assert len(facts) == 16, facts
+    bad = {k: v for k, v in facts.items() if "raised" in v or v["err"] > RTOL}
+    assert not bad, bad

@@ -14,6 +14,11 @@ step, by that candidate) and the saving measured: XLA's temp bytes of
 summary counts the candidates whose estimate has the sign of the measured saving, among those
 that change memory by more than 1 KiB, and per case whether the chosen axis is within 10% of
 the best measured one.
+
+History: with 124 candidate axes over 26 models, the estimate of ``_cost`` (materialised
+intermediates only, less what the loop adds) has the right sign for 95% of the axes that
+change memory by more than 1 KiB; the model before it (every axis-carrying intermediate)
+was right for 75% and overestimated the savings of the chosen axes 2 to 20 times.
 """
 
 from __future__ import annotations
@@ -47,24 +52,24 @@ def measure_case(c: rm.Case) -> list[dict]:
     choose = _candidates.choose_split
     seen: dict = {}
 
-    def record(traced, settings):
-        seen["chosen"], seen["usable"] = choose(traced, settings)
+    def record(traced, settings, stream=True):
+        seen["chosen"], seen["usable"] = choose(traced, settings, stream)
         return seen["chosen"], seen["usable"]
 
     rows = []
     try:
         _candidates.choose_split = record
         ja.serialize_axis(loss, **kwargs).explain(*args)
-        for split in seen["usable"][:MOST]:
-            _candidates.choose_split = lambda traced, settings, s=split: (s, seen["usable"])
+        for cand in seen["usable"][:MOST]:
+            _candidates.choose_split = lambda *_, c=cand: (c, seen["usable"])
             temp = rm.temp_bytes(ja.serialize_axis(loss, **kwargs), args, diff)
             rows.append(
                 {
                     "case": c.name,
-                    "born": split.born,
-                    "size": split.size,
-                    "chosen": split is seen["chosen"],
-                    "estimate": split.saved,
+                    "born": cand.split.born,
+                    "size": cand.split.size,
+                    "chosen": cand is seen["chosen"],
+                    "estimate": cand.net_saving,
                     "measured": original - temp,
                 }
             )

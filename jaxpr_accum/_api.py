@@ -17,6 +17,7 @@ through them shows the user's frames only (``JAX_TRACEBACK_FILTERING=off`` shows
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,6 +38,7 @@ from jaxpr_accum import (
 )
 from jaxpr_accum._assemble import build
 from jaxpr_accum._compat import ClosedJaxpr
+from jaxpr_accum._cost import Candidate
 from jaxpr_accum._errors import warn
 from jaxpr_accum._plan import Split
 from jaxpr_accum._report import Plan
@@ -160,9 +162,11 @@ class SerializedFunction:
         budget = prepared.plan.budget
         if budget is not None and budget.original is None:  # compiled once, when asked
             traced = prepared.traced
-            budget.original = _budget.original_memory(
+            original = _budget.original_memory(
                 traced.jaxpr, inputs, _float_arguments(traced, inputs)
             )
+            budget = dataclasses.replace(budget, original=original)
+            prepared.plan = dataclasses.replace(prepared.plan, budget=budget)
         return prepared.plan
 
     @_compat.api_boundary
@@ -243,42 +247,42 @@ class SerializedFunction:
     ) -> _Prepared:
         stage = _fallback.stage
         with stage("planning"):
-            split, usable = _candidates.choose_split(traced, self.settings, stream)
+            chosen, usable = _candidates.choose_split(traced, self.settings, stream)
         budget = None
         if self.chunk is not None:
             with stage("choosing the gradient mode"):
-                grad, reason = _choice.choose(split, requested)
-            layout = _layout.detect(traced, split, inputs, self.mesh_axis, self.chunk)
+                grad, reason = _choice.choose(chosen, requested)
+            layout = _layout.detect(traced, chosen.split, inputs, self.mesh_axis, self.chunk)
         else:
             with stage("the memory budget search"):
-                chosen, grad, reason, layout, budget = self._fit_budget(
-                    traced, split, inputs, key, requested
+                fitted, grad, reason, layout, budget = self._fit_budget(
+                    traced, chosen, inputs, key, requested
                 )
-            usable = [chosen if c is split else c for c in usable]
-            split = chosen
+            usable = [fitted if c is chosen else c for c in usable]
+            chosen = fitted
         with stage("building"):
-            run = build(split, grad, self.accum_dtype, layout)
+            run = build(chosen.split, chosen.chunk, grad, self.accum_dtype, layout)
         with stage("tracing the forward and backward passes"):
             _fallback.validate(run, inputs, lambda *xs: _interpret.eval_jaxpr(traced.jaxpr, xs))
-        plan = Plan.from_split(split, usable, grad, reason, layout)
-        plan.budget = budget
-        return _Prepared(traced, split, plan, run)
+        plan = Plan.from_candidate(chosen, usable, grad, reason, layout, budget)
+        return _Prepared(traced, chosen.split, plan, run)
 
     def _fit_budget(
-        self, traced: _trace.Traced, split: Split, inputs: list, key: Any, requested: str
+        self, traced: _trace.Traced, candidate: Candidate, inputs: list, key: Any, requested: str
     ) -> tuple:
-        """``(split at the chosen chunk, grad, why, layout, Budget)`` for ``memory=``: the
-        search of ``_budget``, once per call signature (later calls, and calls under ``jit``
-        or ``grad`` with the same avals, reuse its choice)."""
+        """``(the candidate at the chosen chunk, grad, why, layout, Budget)`` for
+        ``memory=``: the search of ``_budget``, once per call signature (later calls, and
+        calls under ``jit`` or ``grad`` with the same avals, reuse its choice)."""
 
         def layout_for(k: int) -> _layout.Layout:
-            return _layout.detect(traced, split, inputs, self.mesh_axis, k)
+            return _layout.detect(traced, candidate.split, inputs, self.mesh_axis, k)
 
         cached = self._chunks.get(key) if key is not None else None
         if cached is not None:
             grad, reason, budget = cached
-            return split.at_chunk(budget.chunk), grad, reason, layout_for(budget.chunk), budget
-        grad, reason = _choice.choose(split, requested)
+            k = budget.chunk
+            return candidate.at(k), grad, reason, layout_for(k), budget
+        grad, reason = _choice.choose(candidate, requested)
         modes = [(grad, reason)]
         if requested == "auto" and grad == "fused":
             modes.append(
@@ -289,7 +293,7 @@ class SerializedFunction:
         limit = _budget.resolve(self.memory)
         diff = _float_arguments(traced, inputs)
         chosen, grad, reason, layout, budget = _budget.choose_chunk(
-            split, modes, self.accum_dtype, layout_for, inputs, diff, limit, self.memory
+            candidate, modes, self.accum_dtype, layout_for, inputs, diff, limit, self.memory
         )
         if key is not None:
             self._chunks.put(key, (grad, reason, budget))

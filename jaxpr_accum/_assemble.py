@@ -1,6 +1,6 @@
 """Assembly: the whole program, the prologue, then the chunked region, then the epilogue.
 
-``build(split, grad, accum_dtype, layout)`` returns ``run(*flat_inputs) -> flat_outputs``,
+``build(split, chunk, grad, accum_dtype, layout)`` returns ``run(*flat_inputs) -> flat_outputs``,
 evaluated under the caller's trace: prologue equations run once on the full inputs, the region
 runs in chunks (``grad="native"``: the chunk loop with checkpointed bodies, differentiated by
 JAX; otherwise the region primitive with the mode's linearization, ``_region_p``), its
@@ -50,7 +50,7 @@ def _streamed_sums(region: Region, out: Outputs) -> list[tuple[int, Callable]]:
     return sorted(pending, key=lambda pair: pair[0])
 
 
-def build(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Callable:
+def build(split: Split, chunk: int, grad: str, accum_dtype: Any, layout: Layout) -> Callable:
     """``run(*flat_inputs) -> flat outputs`` for the whole program."""
     jaxpr = split.jaxpr
     if not split.has_body:  # an empty axis: the program as written
@@ -59,7 +59,7 @@ def build(split: Split, grad: str, accum_dtype: Any, layout: Layout) -> Callable
             return _interpret.eval_jaxpr(jaxpr, flat_inputs)
 
         return as_written
-    region = Region(split, split.chunk, layout, accum_dtype)
+    region = Region(split, chunk, layout, accum_dtype)
     sig = region.signature
     prologue, epilogue = split.indices(PROLOGUE), split.indices(EPILOGUE)
 

@@ -27,7 +27,7 @@ The search, in units of the per-device chunk ``c`` (chunk ``= c * devices``) on 
 
 Invariants: the chosen chunk was itself compiled and measured within the budget (never only
 predicted); every chunk measured over the budget is larger than the chosen one; the axis
-analysis and the stages are computed once (``Split.at_chunk`` only rescales the estimate).
+analysis and the stages are computed once (``Candidate.at`` only rescales the estimate).
 Fused is kept whenever it fits at some chunk: it saves one forward pass per chunk, which a
 larger remat chunk does not buy back. The result would be wrong only if memory were not
 monotone in the chunk between ``lo`` and ``hi`` (a larger chunk that fits could be missed;
@@ -48,7 +48,7 @@ import numpy as np
 
 from jaxpr_accum import _compat, _interpret
 from jaxpr_accum._assemble import build
-from jaxpr_accum._cost import format_bytes, nbytes
+from jaxpr_accum._cost import Candidate, format_bytes, nbytes
 from jaxpr_accum._errors import ArgumentError, SerializeError
 from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
 
@@ -56,7 +56,7 @@ MAX_COMPILES = 6  # per gradient mode
 FIT_TOLERANCE = 0.1
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Budget:
     """What the search did, for ``explain``."""
 
@@ -219,7 +219,7 @@ class _Search:
 
 
 def choose_chunk(
-    split: Split,
+    candidate: Candidate,
     modes: list[tuple[str, str]],
     accum_dtype: Any,
     layout_for: Callable[[int], Any],
@@ -228,12 +228,13 @@ def choose_chunk(
     limit: int,
     requested: Any,
 ) -> tuple[Split, str, str, Any, Budget]:
-    """``(split at the chosen chunk, grad mode, why, layout, Budget)``.
+    """``(the candidate at the chosen chunk, grad mode, why, layout, Budget)``.
 
     ``modes``: the gradient modes to try in order, with the reason of each; ``layout_for``:
     the layout at a chunk (``_layout.detect``).
     """
     t0 = time.perf_counter()
+    split = candidate.split
     devices = layout_for(split.size).devices
     n = max(1, split.size // devices)
     tried: list[tuple[str, int, int]] = []
@@ -242,8 +243,7 @@ def choose_chunk(
 
         def measure(c: int, mode: str = mode) -> int:
             k = c * devices
-            at = split.at_chunk(k)
-            m = temp_bytes(build(at, mode, accum_dtype, layout_for(k)), inputs, diff)
+            m = temp_bytes(build(split, k, mode, accum_dtype, layout_for(k)), inputs, diff)
             tried.append((mode, k, m))
             return m
 
@@ -262,7 +262,7 @@ def choose_chunk(
                 model=search.fit(),
                 seconds=time.perf_counter() - t0,
             )
-            return split.at_chunk(k), mode, why, layout_for(k), budget
+            return candidate.at(k), mode, why, layout_for(k), budget
     raise impossible(split, tried, limit, devices)
 
 

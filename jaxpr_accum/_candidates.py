@@ -4,32 +4,35 @@ With ``argnums``, position ``axis`` of every array leaf of those arguments is se
 split is made. Otherwise each dimension of an input or intermediate value (at position
 ``axis``, or any with ``axis=None``) whose size qualifies (equal to ``size``; else longer than
 ``chunk``) starts an analysis; values already reached by an earlier candidate are skipped.
-The usable candidate whose split saves the most (``Split.saved``: the bytes its chunking
-keeps per chunk instead of at full size, less the stacked outputs and the accumulators the
-loop adds) is chosen (ties: the larger axis, then the one born first); ``explain`` lists the
-others. No usable candidate is a ``SerializeError`` that names, per candidate, where its
-region stopped.
+Each split is a ``Candidate`` at the chunk (``_cost``); the usable one that saves the most
+(``Candidate.net_saving``: the bytes its chunking keeps per chunk instead of at full size,
+less the stacked outputs and the accumulators the loop adds) is chosen (ties: the larger
+axis, then the one born first); ``explain`` lists the others. No usable candidate is a
+``SerializeError`` that names, per candidate, where its region stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, Var
-from jaxpr_accum._cost import format_bytes
+from jaxpr_accum._cost import Candidate, format_bytes
 from jaxpr_accum._errors import SerializeError
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._plan import Split, make_split
 
 
-def choose_split(traced: Any, settings: Any, stream: bool = True) -> tuple[Split, list[Split]]:
-    """``(chosen split, usable candidates)`` for a traced call under ``settings``
-    (``stream=False``: without streamed normalisers)."""
+def choose_split(
+    traced: Any, settings: Any, stream: bool = True
+) -> tuple[Candidate, list[Candidate]]:
+    """``(chosen candidate, usable candidates)`` for a traced call under ``settings``
+    (``stream=False``: without streamed normalisers). With ``memory=`` the chunk is chosen
+    later: candidates are compared at chunk 1."""
     jaxpr, nc = traced.jaxpr, traced.n_consts
     names = input_names(traced)
-    # With ``memory=`` the chunk is chosen later: candidates are planned at chunk 1.
     chunk, axis, size = settings.chunk or 1, settings.axis, settings.size
     if traced.seed_axes is not None:  # argnums / in_axes name the axis of input leaves
         seeds = [
@@ -41,7 +44,7 @@ def choose_split(traced: Any, settings: Any, stream: bool = True) -> tuple[Split
         analysis = Analysis(jaxpr, n).run(seeds)
         where = sorted({f"{names[v]} at axis {loc.dim}" for v, loc in seeds})
         born = _listed(where)
-        candidates = [make_split(jaxpr, analysis, chunk, born, stream)]
+        candidates = [make_split(jaxpr, analysis, born, stream)]
         what = (
             f"`argnums` {settings.argnums}"
             if settings.argnums is not None
@@ -62,28 +65,34 @@ def choose_split(traced: Any, settings: Any, stream: bool = True) -> tuple[Split
                 else "pass `argnums=` or `size=` to name it"
             )
             raise SerializeError(f"found no {what[3:]} {where}; {hint}")
-    usable = [c for c in candidates if c.usable]
+    usable = [Candidate(c, chunk) for c in candidates if c.usable]
     if not usable:
         raise nothing_chunkable(candidates, what)
     chosen = choose(usable)
-    if traced.seed_axes is None and size is None and axis is not None and chosen.saved <= 0:
-        chosen.advice = _elsewhere(jaxpr, chunk, names, usable)
+    if traced.seed_axes is None and size is None and axis is not None and chosen.net_saving <= 0:
+        advised = dataclasses.replace(chosen, advice=_elsewhere(jaxpr, chunk, names, usable))
+        usable = [advised if c is chosen else c for c in usable]
+        chosen = advised
     return chosen, usable
 
 
-def _elsewhere(jaxpr: Jaxpr, chunk: int, names: dict, considered: list[Split]) -> str:
+def _elsewhere(jaxpr: Jaxpr, chunk: int, names: dict, considered: list[Candidate]) -> str:
     """Advice for an automatic choice that saves nothing at position ``axis``: the best axis
     born at another position (a time-major batch), if that one is expected to save memory."""
-    seen = {c.born for c in considered}
-    others = [c for c in find_candidates(jaxpr, chunk, None, None, names) if c.usable]
-    others = [c for c in others if c.born not in seen and c.saved > 0]
+    seen = {c.split.born for c in considered}
+    others = [
+        Candidate(s, chunk)
+        for s in find_candidates(jaxpr, chunk, None, None, names)
+        if s.usable and s.born not in seen
+    ]
+    others = [c for c in others if c.net_saving > 0]
     if not others:
         return ""
     best = choose(others)
     return (
-        f"; the axis of size {best.size} at {best.born} is expected to save "
-        f"{format_bytes(best.saved)}: pass `axis=None` to consider every position, or name it "
-        "with `argnums`/`axis` or `in_axes`"
+        f"; the axis of size {best.split.size} at {best.split.born} is expected to save "
+        f"{format_bytes(best.net_saving)}: pass `axis=None` to consider every position, or "
+        "name it with `argnums`/`axis` or `in_axes`"
     )
 
 
@@ -150,12 +159,14 @@ def find_candidates(
             if axis is not None and first_loc != AxisLoc(d):
                 continue
             born = describe_origin(jaxpr, first, first_loc.dim, arg_names)
-            splits.append(make_split(jaxpr, analysis, chunk, born, stream))
+            splits.append(make_split(jaxpr, analysis, born, stream))
     return splits
 
 
-def choose(splits: list[Split]) -> Split:
-    return min(enumerate(splits), key=lambda ip: (-ip[1].saved, -ip[1].size, ip[0]))[1]
+def choose(candidates: list[Candidate]) -> Candidate:
+    """The candidate expected to save the most (ties: the larger axis, the first born)."""
+    ranked = enumerate(candidates)
+    return min(ranked, key=lambda ic: (-ic[1].net_saving, -ic[1].split.size, ic[0]))[1]
 
 
 def nothing_chunkable(splits: list[Split], what: str) -> SerializeError:

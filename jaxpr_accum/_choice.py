@@ -1,4 +1,4 @@
-"""Choosing the gradient mode: ``choose(split, requested) -> (mode, why)``.
+"""Choosing the gradient mode: ``choose(candidate, requested) -> (mode, why)``.
 
 This module only chooses; each mode is built by its own module (``_remat``, ``_fused``;
 ``native`` is the chunk loop with checkpointed bodies, differentiated by JAX itself).
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._cost import format_bytes, nbytes
+from jaxpr_accum._cost import Candidate, format_bytes, nbytes
 from jaxpr_accum._jacobians import gradient_sums, jacobian_width
 from jaxpr_accum._plan import BODY, Split
 
@@ -82,7 +82,7 @@ def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
     return None
 
 
-def choose(split: Split, requested: str) -> tuple[str, str]:
+def choose(candidate: Candidate, requested: str) -> tuple[str, str]:
     """``(mode, why)``: the gradient mode for ``requested``.
 
     ``auto`` takes fused where it applies and its accumulators cost no more than half of
@@ -93,6 +93,7 @@ def choose(split: Split, requested: str) -> tuple[str, str]:
     against 4.5 MB estimated), hence the half. ``fused`` falls back to remat where it does
     not apply.
     """
+    split = candidate.split
     if requested in ("remat", "native"):
         return requested, "requested"
     refusal = fused_refusal(split, FUSED_MAX_WIDTH)
@@ -100,7 +101,8 @@ def choose(split: Split, requested: str) -> tuple[str, str]:
         return "remat", f"fused does not apply: {refusal}"
     width = jacobian_width(split)
     held = width * _differentiable_bytes(split)
-    chunk_activations = split.body_bytes * min(split.chunk, split.size) // max(split.size, 1)
+    chunk = min(candidate.chunk, split.size)
+    chunk_activations = split.body_bytes * chunk // max(split.size, 1)
     sums = f"{width} gradient-carrying sum entr" + ("y" if width == 1 else "ies")
     if requested == "auto" and held > chunk_activations // 2:
         return "remat", (

@@ -483,12 +483,23 @@ def union_varying(*trees: Any) -> frozenset:
 
 
 def trace_aval(x: Any) -> Any:
-    """What to trace a function at for the argument ``x``: a tracer's own abstract value
-    (weak type, and varying manual axes inside ``shard_map``, included), a concrete
-    array's shape and dtype."""
+    """What to trace a function at for the argument ``x``: its shape, dtype and weak type;
+    inside ``shard_map``, a tracer's own abstract value (with the manual axes it varies
+    over). Shardings of explicit meshes are left out: the program is traced as written,
+    and ``_layout`` handles where the axis lives."""
     if isinstance(x, _core.Tracer):
-        return jax.typeof(x)
+        if varying_axes(x):
+            return jax.typeof(x)
+        aval = jax.typeof(x)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
     return jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x))
+
+
+def abstract_like(x: Any) -> Any:
+    """What to evaluate abstractly at for the input ``x``, as the real call will see it: a
+    concrete array itself (its sharding included), a tracer's own abstract value (weak type,
+    sharding and varying manual axes included)."""
+    return jax.typeof(x) if isinstance(x, _core.Tracer) else x
 
 
 def aval_of(x: Any) -> Any:

@@ -16,17 +16,16 @@ backward loop, one cotangent accumulator per floating loop-invariant input: the 
 but also activations computed before the loop, which is what makes chunking a hidden
 dimension (a layer's width) cost memory rather than save it.
 
-``saved = held * (1 - chunk / N) - stacked - accumulators - invariant cotangents``.
+``net_saving = held * (1 - chunk / N) - stacked - accumulators - invariant cotangents``
+(``Candidate``: a split at a chunk size).
 
-**Calibration.** Against XLA's temp bytes for the candidate axes of the 26 real models of
-``docs/real-models.md`` (124 axes, ``benchmarks/cost_model.py``), the estimate's sign is
-right for 95% of those that change memory by more than 1 KiB, where counting every
-axis-carrying intermediate (the previous model) was right for 75% and overestimated the
-savings of the chosen axes 2 to 20 times.
+The estimate is checked against XLA's own accounting by ``benchmarks/cost_model.py``
+(its summary: ``docs/real-models.md#the-cost-model``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -35,10 +34,15 @@ import jax.numpy as jnp
 from jaxpr_accum import _compat
 
 FUSED_INTO_READERS = frozenset(
-    """abs add and broadcast_in_dim clamp convert_element_type copy copy_p eq expand_dims ge gt
-    integer_pow iota le lt max min mul ne neg not or reshape select_n sign square squeeze
-    stop_gradient sub transpose""".split()
-)
+    p
+    for p in map(
+        _compat.primitive,
+        """abs add and broadcast_in_dim clamp convert_element_type copy copy_p eq expand_dims ge
+        gt integer_pow iota le lt max min mul ne neg not or reshape select_n sign square
+        squeeze stop_gradient sub transpose""".split(),
+    )
+    if p is not None
+)  # primitive objects (names the installed JAX lacks cannot appear in a program)
 
 _SCAN = _compat.primitive("scan")
 
@@ -71,7 +75,7 @@ def carrying_bytes(
     for idx in indices:
         eqn = eqns[idx]
         subs = list(_compat.sub_jaxprs(eqn.params))
-        if not (materialised_only and (subs or eqn.primitive.name in FUSED_INTO_READERS)):
+        if not (materialised_only and (subs or eqn.primitive in FUSED_INTO_READERS)):
             total += sum(
                 nbytes(v)
                 for v in eqn.outvars
@@ -86,47 +90,64 @@ def carrying_bytes(
     return total
 
 
-def saving(held: int, chunk: int, size: int) -> int:
-    """The bytes of ``held`` (at full size) no longer held when only a chunk is."""
-    return int(held * (1 - min(chunk, size) / size)) if size else 0
+@dataclasses.dataclass(frozen=True, eq=False)
+class Candidate:
+    """A split (``_plan``) at a chunk size, with what the cost model expects of it."""
 
+    split: Any
+    chunk: int
+    advice: str = ""  # appended to ``warning``: a better axis elsewhere, if one was found
 
-def saved(split: Any) -> int:
-    """The estimated bytes that chunking ``split`` saves (see the module docstring)."""
-    n_chunks = -(-split.size // max(split.chunk, 1)) if split.size else 0
-    accumulators = sum(nbytes(v) for v in split.sums)
-    accumulators += n_chunks * sum(nbytes(v) for v, _ in split.partials)
-    accumulators += sum(s.nbytes * len(s.terms) for s in split.sinks)
-    cotangents = sum(
-        nbytes(v) for v in split.invariants if jnp.issubdtype(v.aval.dtype, jnp.inexact)
-    )
-    return split.saving - split.stacked_bytes - accumulators - cotangents
+    def at(self, chunk: int) -> Candidate:
+        """The same split at another chunk (the analysis and the stages are reused)."""
+        return dataclasses.replace(self, chunk=chunk)
 
+    @property
+    def avoided_bytes(self) -> int:
+        """Bytes of the body's materialised intermediates no longer held at full size."""
+        held, size = self.split.held_bytes, self.split.size
+        return int(held * (1 - min(self.chunk, size) / size)) if size else 0
 
-def not_worth_it(split: Any) -> str | None:
-    """Why ``split`` is not expected to save memory, or None."""
-    if split.size == 0:
-        return "the axis has size 0: the function runs as written"
-    if split.stacked and split.saving <= split.stacked_bytes:
-        why = (
-            f"the region stacks {format_bytes(split.stacked_bytes)} of outputs back to full "
-            f"size, at least the {format_bytes(split.saving)} of per-chunk intermediates it "
-            "avoids holding"
+    @property
+    def net_saving(self) -> int:
+        """The estimated bytes chunking saves: ``avoided_bytes`` less what the loop adds
+        (see the module docstring). Candidates are compared by it; ``explain`` shows it."""
+        split = self.split
+        n_chunks = -(-split.size // max(self.chunk, 1)) if split.size else 0
+        accumulators = sum(nbytes(v) for v in split.sums)
+        accumulators += n_chunks * sum(nbytes(v) for v, _ in split.partials)
+        accumulators += sum(s.nbytes * len(s.terms) for s in split.sinks)
+        cotangents = sum(
+            nbytes(v) for v in split.invariants if jnp.issubdtype(v.aval.dtype, jnp.inexact)
         )
-    elif split.saving == 0 and split.chunk >= split.size:
-        why = f"one chunk of {split.chunk} holds the whole axis of {split.size}"
-    elif split.saving == 0:
-        why = (
-            "none of the region's axis-carrying intermediates is materialised at full size "
-            "(XLA fuses elementwise chains into their readers): chunking avoids holding nothing"
-        )
-    elif (estimate := saved(split)) <= 0:
-        why = (
-            f"what the loop adds (accumulators, and the cotangents of its "
-            f"{len(split.invariants)} loop-invariant inputs) outweighs the "
-            f"{format_bytes(split.saving)} of per-chunk intermediates it avoids holding "
-            f"(estimated: {format_bytes(-estimate)} more)"
-        )
-    else:
-        return None
-    return f"this plan is not expected to save memory: {why}{split.advice}"
+        return self.avoided_bytes - split.stacked_bytes - accumulators - cotangents
+
+    def warning(self) -> str | None:
+        """Why this plan is not expected to save memory, or None."""
+        split, avoided = self.split, self.avoided_bytes
+        if split.size == 0:
+            return "the axis has size 0: the function runs as written"
+        if split.stacked and avoided <= split.stacked_bytes:
+            why = (
+                f"the region stacks {format_bytes(split.stacked_bytes)} of outputs back to full "
+                f"size, at least the {format_bytes(avoided)} of per-chunk intermediates it "
+                "avoids holding"
+            )
+        elif avoided == 0 and self.chunk >= split.size:
+            why = f"one chunk of {self.chunk} holds the whole axis of {split.size}"
+        elif avoided == 0:
+            why = (
+                "none of the region's axis-carrying intermediates is materialised at full size "
+                "(XLA fuses elementwise chains into their readers): chunking avoids holding "
+                "nothing"
+            )
+        elif (estimate := self.net_saving) <= 0:
+            why = (
+                f"what the loop adds (accumulators, and the cotangents of its "
+                f"{len(split.invariants)} loop-invariant inputs) outweighs the "
+                f"{format_bytes(avoided)} of per-chunk intermediates it avoids holding "
+                f"(estimated: {format_bytes(-estimate)} more)"
+            )
+        else:
+            return None
+        return f"this plan is not expected to save memory: {why}{self.advice}"

@@ -105,7 +105,7 @@ def at_call(error: BaseException) -> str:
 def validate(run: Callable, inputs: Sequence, original: Callable) -> None:
     """Trace ``run``'s forward pass and its VJP with respect to every floating input,
     abstractly; a failure is raised unless the ``original`` fails there too."""
-    avals = [_compat.trace_aval(x) for x in inputs]
+    avals = [_compat.abstract_like(x) for x in inputs]
     try:
         jax.eval_shape(_backward_of(run, avals), *avals)
     except Exception:

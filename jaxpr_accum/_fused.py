@@ -45,7 +45,8 @@ def linearize(
                 continue
             jr = next(held)
             t = _compat.instantiate(t).astype(jr.dtype)
-            part = jnp.tensordot(jr, t, axes=t.ndim)
+            # a product and a sum, not a dot: the contracted dimensions may be sharded
+            part = jnp.sum(jr * t[None], axis=tuple(range(1, jr.ndim)))
             rows = part if rows is None else rows + part
         out, start = [], 0
         for s, f, a in zip(sig.sums, flags, avals, strict=True):

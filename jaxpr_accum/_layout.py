@@ -131,10 +131,10 @@ def detect(
     return layout
 
 
-def describe(layout: Layout, split: Split) -> str:
+def describe(layout: Layout, split: Split, chunk: int) -> str:
     if layout.devices == 1:
         return "one device, contiguous chunks"
-    per = split.chunk // layout.devices
+    per = chunk // layout.devices
     return (
         f"sharded over mesh axis {layout.axes} ({layout.devices} devices): each device scans its "
         f"own shard of {split.size // layout.devices} in chunks of {per} (chunk i takes {per} "

@@ -56,48 +56,30 @@ class Stop:
         return self if self.cause is None else self.cause.root
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class Split:
-    """The stages of every top-level equation, and the region's inputs and outputs."""
+    """The stages of every top-level equation, and the region's inputs and outputs: program
+    structure, the same at every chunk size (``_cost.Candidate`` is a split at a chunk)."""
 
     jaxpr: Jaxpr
     analysis: Analysis
     size: int
-    chunk: int
     born: str
-    stages: list[str]
-    invariants: list[Var]
-    chunked: list[tuple[Var, AxisLoc]]
-    sums: list[Var]
-    partials: list[tuple[Var, str]]
-    stacked: list[tuple[Var, AxisLoc]]
-    stops: list[Stop]
-    hoisted_draws: list[Stop]
-    reductions: list[Stop]
-    saving: int  # bytes of the body's materialised intermediates not held at full size
+    stages: tuple[str, ...]
+    invariants: tuple[Var, ...]
+    chunked: tuple[tuple[Var, AxisLoc], ...]
+    sums: tuple[Var, ...]
+    partials: tuple[tuple[Var, str], ...]
+    stacked: tuple[tuple[Var, AxisLoc], ...]
+    stops: tuple[Stop, ...]
+    hoisted_draws: tuple[Stop, ...]
+    reductions: tuple[Stop, ...]
     stacked_bytes: int  # bytes of the body outputs stacked back to full size
-    body_bytes: int = 0  # bytes of the body's axis-carrying intermediates at full size
-    held_bytes: int = 0  # the materialised ones among them (``_cost``), at full size
-    sinks: list = dataclasses.field(default_factory=list)  # streamed sums (``_stream.Sink``)
+    body_bytes: int  # bytes of the body's axis-carrying intermediates at full size
+    held_bytes: int  # the materialised ones among them (``_cost``), at full size
+    sinks: tuple = ()  # streamed sums (``_stream.Sink``)
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
-    advice: str = ""  # appended to ``not_worth_it``: a better axis elsewhere, if one was found
-
-    def at_chunk(self, chunk: int) -> Split:
-        """This split at another chunk size. The stages and the analysis do not depend on
-        the chunk; only the estimates do (so a chunk search never re-runs the analysis)."""
-        saving = _cost.saving(self.held_bytes, chunk, self.size)
-        return dataclasses.replace(self, chunk=chunk, saving=saving)
-
-    @property
-    def saved(self) -> int:
-        """The cost model's estimate of the bytes chunking saves (``_cost.saved``); candidates
-        are compared by it and ``explain`` shows it."""
-        return _cost.saved(self)
-
-    def not_worth_it(self) -> str | None:
-        """Why this plan is not expected to save memory, or None (``_cost.not_worth_it``)."""
-        return _cost.not_worth_it(self)
 
     def indices(self, stage: str) -> list[int]:
         return [i for i, s in enumerate(self.stages) if s == stage]
@@ -117,9 +99,7 @@ def _vars(vs: Any) -> list[Var]:
     return [v for v in vs if isinstance(v, Var) and not isinstance(v, Literal)]
 
 
-def make_split(
-    jaxpr: Jaxpr, analysis: Analysis, chunk: int, born: str, stream: bool = True
-) -> Split:
+def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True) -> Split:
     """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis: all prologue);
     ``stream=False``: no equation is streamed (``_fallback``'s narrower plan)."""
     if analysis.size == 0:
@@ -193,22 +173,20 @@ def make_split(
         jaxpr=jaxpr,
         analysis=analysis,
         size=size,
-        chunk=chunk,
         born=born,
-        stages=stages,
-        invariants=invariants,
-        chunked=chunked,
-        sums=sums,
-        partials=partials,
-        stacked=stacked,
-        stops=draft.stops,
-        hoisted_draws=draft.hoisted,
-        reductions=draft.reductions,
-        saving=_cost.saving(held, chunk, size),
+        stages=tuple(stages),
+        invariants=tuple(invariants),
+        chunked=tuple(chunked),
+        sums=tuple(sums),
+        partials=tuple(partials),
+        stacked=tuple(stacked),
+        stops=tuple(draft.stops),
+        hoisted_draws=tuple(draft.hoisted),
+        reductions=tuple(draft.reductions),
         stacked_bytes=sum(nbytes(v) for v in stacked_vars),
         body_bytes=carrying,
         held_bytes=held,
-        sinks=used_sinks,
+        sinks=tuple(used_sinks),
         streamed=frozenset(draft.streamed_eqns),
         deferred=frozenset(draft.deferred),
     )

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from jaxpr_accum import _compat, _html, _layout, _stream
-from jaxpr_accum._cost import format_bytes, nbytes
+from jaxpr_accum._cost import Candidate, format_bytes, nbytes
 from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, Split
 
 _MOST = 5  # candidates listed in the report besides the chosen one
@@ -29,7 +29,7 @@ def _saved(n: int) -> str:
     return format_bytes(n) if n >= 0 else f"-{format_bytes(-n)} (costs memory)"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """The result of ``SerializedFunction.explain``; ``str(plan)`` is a readable report."""
 
@@ -53,19 +53,21 @@ class Plan:
     budget: Any = None  # with ``memory=``: the chunk search (``_budget.Budget``)
 
     @classmethod
-    def from_split(
+    def from_candidate(
         cls,
-        split: Split,
-        candidates: list[Split],
+        chosen: Candidate,
+        candidates: list[Candidate],
         grad: str,
         grad_reason: str,
         layout: Any,
+        budget: Any = None,
     ) -> Plan:
-        n_full, rem = divmod(split.size, split.chunk)
+        split, chunk = chosen.split, chosen.chunk
+        n_full, rem = divmod(split.size, chunk)
         counts = {s: split.stages.count(s) for s in (PROLOGUE, BODY, EPILOGUE)}
         return cls(
             axis_size=split.size,
-            chunk=split.chunk,
+            chunk=chunk,
             born=split.born,
             grad=grad,
             grad_reason=grad_reason,
@@ -78,10 +80,13 @@ class Plan:
             + [f"{v.aval} ({kind})" for v, kind in split.partials],
             stops=[str(s) for s in split.stops],
             hoisted=[str(s) for s in split.hoisted_draws],
-            candidates=[(c.size, c.born, c.saved, c is split) for c in candidates],
-            layout=_layout.describe(layout, split),
+            candidates=[
+                (c.split.size, c.split.born, c.net_saving, c is chosen) for c in candidates
+            ],
+            layout=_layout.describe(layout, split, chunk),
             streamed=_streamed(split),
-            warning=split.not_worth_it(),
+            warning=chosen.warning(),
+            budget=budget,
         )
 
     @classmethod

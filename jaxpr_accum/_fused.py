@@ -46,7 +46,10 @@ def linearize(
             jr = next(held)
             t = _compat.instantiate(t).astype(jr.dtype)
             # a product and a sum, not a dot: the contracted dimensions may be sharded
-            part = jnp.sum(jr * t[None], axis=tuple(range(1, jr.ndim)))
+            if jr.ndim == t.ndim:  # one row, in the input's own shape (``_jacobians``)
+                part = jnp.sum(jr * t)[None]
+            else:
+                part = jnp.sum(jr * t[None], axis=tuple(range(1, jr.ndim)))
             rows = part if rows is None else rows + part
         out, start = [], 0
         for s, f, a in zip(sig.sums, flags, avals, strict=True):

@@ -57,7 +57,8 @@ def with_row_dim(loc: AxisLoc) -> AxisLoc:
 def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list, Inputs]:
     """This shard's sums (accumulator dtypes) and the Jacobian rows of the gradient-carrying
     sums with respect to the perturbed floating inputs (``Inputs`` of arrays, None where not
-    differentiated): ``[width, *input.shape]``, invariant ones summed over chunks."""
+    differentiated): ``[width, *input.shape]`` (an invariant input's single row, where the
+    width is 1, in the input's own shape), invariant ones summed over chunks."""
     float_sums = [i for i, g in enumerate(gradient_sums(loop.split)) if g]
     width = jacobian_width(loop.split)
     row_dtype = jacobian_row_dtype(loop.split)
@@ -77,22 +78,29 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
         basis = _compat.vary(eye, _compat.varying_axes(rows_out))  # the rows' type (shard_map)
         if width == 1:  # no vmap: batching would make the convolutions non-canonical
             d_inv, d_ch = canonicalize(pullback)(basis[0])
-            return sums, [x[None] for x in d_inv], [x[None] for x in d_ch]
+            return sums, list(d_inv), [x[None] for x in d_ch]  # rows of invariants: no row dim
         return (sums, *canonicalize(jax.vmap(pullback))(basis))
 
     jac = [
         jnp.zeros(
-            (width, *inputs.invariants[i].shape),
+            ((width,) if width > 1 else ()) + inputs.invariants[i].shape,
             accumulator_dtype(inputs.invariants[i].dtype, loop.accum_dtype),
         )
         for i in diff.invariants
     ]
 
+    # The accumulators are carried in reverse order. Measured on XLA:CPU (a 6-layer MLP,
+    # 64 to 512 rows per chunk): in input order, XLA keeps two of them in temporary memory
+    # instead of scaling them in place into the gradients' output buffers after the loop
+    # (+0.6 to 1.1 MiB, up to 1.36x the hand-written scan); reversed, all are in place.
     def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
         s, d_inv, d_ch = rows(kk, start)
-        return (add_into(carry[0], s), add_into(carry[1], d_inv)), d_ch
+        return (add_into(carry[0], s), add_into(carry[1], d_inv[::-1])), d_ch
 
-    (sums, jac), scanned, rest = loop.over_chunks(step, (loop.zero_sums(), jac), reads=inputs)
+    (sums, backwards), scanned, rest = loop.over_chunks(
+        step, (loop.zero_sums(), jac[::-1]), reads=inputs
+    )
+    jac = backwards[::-1]
     jac_ch = [
         join(
             None if scanned is None else scanned[j],

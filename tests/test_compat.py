@@ -54,7 +54,7 @@ def test_a_newer_jax_warns_once(monkeypatch):
     assert len(caught) == 1, [str(w.message) for w in caught]
     (w,) = caught
     assert issubclass(w.category, _compat.JaxVersionWarning)
-    assert issubclass(w.category, UserWarning)
+    assert issubclass(w.category, ja.PlanWarning)
     assert "0.11.0" in str(w.message) and "0.9.x and 0.10.x" in str(w.message)
 
 

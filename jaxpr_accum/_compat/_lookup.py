@@ -7,16 +7,17 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
-import warnings
 from typing import Any
 
 import jax
+
+from jaxpr_accum._errors import PlanWarning, warn
 
 TESTED = ("0.9", "0.10")  # the series of JAX that CI tests
 _TESTED_TEXT = " and ".join(f"{v}.x" for v in TESTED)
 
 
-class JaxVersionWarning(UserWarning):
+class JaxVersionWarning(PlanWarning):
     """The installed JAX is of another series than the tested ones (``TESTED``): it may work,
     or raise ``MissingInternal`` where an internal this package needs has moved."""
 
@@ -47,7 +48,7 @@ def check_jax_version(version: str | None = None) -> bool:
             f"jaxpr_accum is tested with JAX {_TESTED_TEXT}, not {version}; it raises "
             "MissingInternal where an internal of JAX it needs has moved"
         )
-        warnings.warn(message, JaxVersionWarning, stacklevel=2)
+        warn(message, JaxVersionWarning)  # attributed to the user's import
     return tested
 
 

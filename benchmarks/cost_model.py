@@ -78,6 +78,12 @@ def measure_case(c: rm.Case) -> list[dict]:
     return rows
 
 
+def _code(born: str) -> str:
+    """``dimension 0 of params['b']`` with the path as code (``[...][...]`` reads as a
+    Markdown link reference otherwise)."""
+    return re.sub(r" of (.+)$", r" of `\1`", born)
+
+
 def summary(rows: list[dict]) -> list[str]:
     telling = [r for r in rows if abs(r["measured"]) > 1024]
     right = [r for r in telling if (r["estimate"] > 0) == (r["measured"] > 0)]
@@ -91,8 +97,8 @@ def summary(rows: list[dict]) -> list[str]:
         good_choice.append(good)
         if not good:
             off.append(
-                f"  - {name}: chose {chosen['born']} ({chosen['measured'] / 1024:,.0f} KiB "
-                f"saved), best {best['born']} ({best['measured'] / 1024:,.0f} KiB)"
+                f"  - {name}: chose {_code(chosen['born'])} ({chosen['measured'] / 1024:,.0f} "
+                f"KiB saved), best {_code(best['born'])} ({best['measured'] / 1024:,.0f} KiB)"
             )
     lines = [
         f"- {len(rows)} candidate axes of {len(cases)} models; the estimate's sign is the "
@@ -109,7 +115,8 @@ def summary(rows: list[dict]) -> list[str]:
         if r in right or abs(r["measured"]) <= 1024:
             continue
         lines.append(
-            f"| {r['case']} | size {r['size']} at {r['born']} | {r['estimate'] / 1024:,.0f} KiB "
+            f"| {r['case']} | size {r['size']} at {_code(r['born'])} | "
+            f"{r['estimate'] / 1024:,.0f} KiB "
             f"| {r['measured'] / 1024:,.0f} KiB |"
         )
     return lines

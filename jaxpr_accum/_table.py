@@ -20,8 +20,11 @@ converged; custom derivative rules are analysed there).
 
 Rules are plugins (``jaxpr_accum._rules``) that import this module; this module imports no
 rule. A primitive without a rule gets ``UNKNOWN``, a barrier that says how to register one.
-Registering by name resolves the name once to JAX's primitive object (``_compat``); a name
-that no primitive of the installed JAX has is an error, never a silent no-op.
+The package's own tables register by name (``register``); they name the primitives of every
+tested JAX version, and a name the installed JAX has no primitive for is skipped (such a
+primitive cannot appear in its programs; ``_compat.ABSENT`` records it). A user's
+``ja.register_rule`` resolves its name with ``resolve``: there an unknown name is an error,
+never a silent no-op.
 """
 
 from __future__ import annotations
@@ -80,11 +83,14 @@ def rule_for(primitive: Any) -> Rule:
 
 
 def register(primitives: Any, rule: Any) -> Any:
-    """Register ``rule`` for each of ``primitives`` (primitive objects or names)."""
+    """Register ``rule`` for each of ``primitives`` (primitive objects or names) in the
+    package's own tables: a name the installed JAX lacks is skipped (``_compat.ABSENT``)."""
     if isinstance(primitives, str) or not isinstance(primitives, Iterable):
         primitives = [primitives]
     for p in primitives:
-        RULES[resolve(p)] = rule
+        found = _compat.table_primitive(p) if isinstance(p, str) else resolve(p)
+        if found is not None:
+            RULES[found] = rule
     return rule
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from pathlib import Path
 
 import jax
@@ -195,4 +196,6 @@ def test_golden_rewritten_program():
 
     sf = ja.serialize_axis(loss, chunk=4, argnums=1, grad="remat")
     got = str(sf.jaxpr(jnp.ones((3, 2)), jnp.ones((10, 3))))
+    # JAX 0.9's scan also records `_split_transpose` and `linear` (0.10 dropped both)
+    got = re.sub(r"\n *(_split_transpose|linear)=[^\n]*", "", got)
     assert got.strip() == GOLDEN.strip()

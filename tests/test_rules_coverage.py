@@ -230,7 +230,9 @@ def test_every_primitive_has_a_rule_or_a_documented_reason():
     assert not neither, f"primitives with neither a rule nor a documented reason: {neither}"
     both = [n for n in barriers if _compat.primitive(n) in RULES]
     assert not both, f"documented as barriers but they have a rule: {both}"
-    stale = [n for n in barriers if _compat.primitive(n) is None]
+    stale = [
+        n for n in barriers if _compat.primitive(n) is None and "JAX 0.9 only" not in barriers[n]
+    ]
     assert not stale, f"documented primitives this JAX does not have: {stale}"
 
 

@@ -46,7 +46,7 @@ RULES: dict[Any, Rule] = {}
 def _rule(*names: str) -> Callable[[Rule], Rule]:
     def register(fn: Rule) -> Rule:
         for name in names:
-            prim = _compat.primitive(name)
+            prim = _compat.table_primitive(name)
             if prim is not None:
                 RULES[prim] = fn
         return fn
@@ -66,7 +66,7 @@ def _neg(em: Emitter, ops: list, axis: Any) -> Streamed:
     return result(em, [dataclasses.replace(t, coef=negated(t.coef)) for t in op.terms])
 
 
-@_rule("convert_element_type", "copy", "copy_p")
+@_rule("convert_element_type", "copy")
 def _cast(em: Emitter, ops: list, axis: Any) -> Streamed:
     return _structural(em, _one_streamed(ops), lambda d: d)  # to a float: ``apply`` checks
 

@@ -1,0 +1,128 @@
+"""JAX's rule tables for primitives of the package's own (``_region_p``, ``_remat``), tangents
+and cotangents, and the varying manual axes of values inside ``shard_map``: the private JAX
+they need, looked up through ``internal`` (a moved piece is a ``MissingInternal``)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.extend.core
+import numpy as np
+
+from jaxpr_accum._compat._lookup import internal
+
+# -- the region primitives ---------------------------------------------------------------
+# JAX's rule tables for a primitive of our own (``_region_p``, ``_remat``). The linearization
+# rule (``is_vjp, nonzeros, *primals -> (out, out_nonzeros, residuals, linearized)``) is what
+# ``jax.grad`` / ``jax.linearize`` use (direct linearization); every other transformation
+# uses the JVP, batching and transpose rules.
+
+
+def define_primitive(
+    name: str,
+    *,
+    abstract_eval: Callable,
+    impl: Callable,
+    jvp: Callable,
+    batch: Callable,
+    transpose: Callable | None = None,
+    linearize: Callable | None = None,
+) -> Any:
+    """A multiple-results primitive: ``abstract_eval(*avals, **params) -> (avals, effects)``,
+    ``impl(*args, **params) -> outs`` (lowered through JAX, so any traceable function),
+    ``jvp(primals, tangents, **params)``, ``batch(args, dims, **params) -> (outs, dims)``,
+    ``transpose(cts, *args, **params)``, ``linearize(is_vjp, nonzeros, *primals, **params)``."""
+    p = jax.extend.core.Primitive(name)
+    p.multiple_results = True
+    p.def_impl(functools.partial(internal("jax._src.dispatch.apply_primitive"), p))
+    p.def_effectful_abstract_eval(abstract_eval)
+    lower_fun = internal("jax._src.interpreters.mlir.lower_fun")
+    internal("jax._src.interpreters.mlir.register_lowering")(
+        p, lower_fun(impl, multiple_results=True)
+    )
+    internal("jax._src.interpreters.ad.primitive_jvps")[p] = jvp
+    internal("jax._src.interpreters.batching.primitive_batchers")[p] = batch
+    if transpose is not None:
+        internal("jax._src.interpreters.ad.primitive_transposes")[p] = transpose
+    if linearize is not None:
+        internal("jax._src.interpreters.ad.primitive_linearizations")[p] = linearize
+    return p
+
+
+def is_zero(t: Any) -> bool:
+    """A symbolic zero tangent or cotangent (``ad.Zero``)."""
+    return type(t) is internal("jax._src.interpreters.ad.Zero")
+
+
+def zero_tangent(aval: Any) -> Any:
+    """The symbolic zero tangent of a primal of type ``aval``."""
+    return internal("jax._src.interpreters.ad.Zero")(aval.to_tangent_aval())
+
+
+def instantiate(t: Any) -> Any:
+    """A tangent as an array (symbolic zeros made concrete, ``float0`` for integers)."""
+    return internal("jax._src.interpreters.ad.instantiate_zeros")(t)
+
+
+def is_undefined_primal(x: Any) -> bool:
+    """A linear input in a transpose rule (its cotangent is wanted)."""
+    return internal("jax._src.interpreters.ad.is_undefined_primal")(x)
+
+
+def undefined_aval(x: Any) -> Any:
+    return x.aval
+
+
+def varying_axes(x: Any) -> frozenset:
+    """The manual mesh axes ``x`` varies over inside ``shard_map`` (empty elsewhere)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)  # jax 0.10
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", ()))  # jax 0.9
+
+
+def vary(tree: Any, axes: frozenset) -> Any:
+    """``tree``'s arrays made to vary over ``axes`` too (a no-op cast, ``pvary``), so that a
+    loop carry initialised with constants has the type its updates will have."""
+
+    def cast(x: Any) -> Any:
+        missing = axes - varying_axes(x)
+        return internal("jax._src.core.pvary")(x, tuple(sorted(missing))) if missing else x
+
+    return jax.tree_util.tree_map(cast, tree)
+
+
+def union_varying(*trees: Any) -> frozenset:
+    """Every manual mesh axis that some array of ``trees`` varies over."""
+    leaves = jax.tree_util.tree_leaves(trees)
+    return frozenset().union(*(varying_axes(x) for x in leaves)) if leaves else frozenset()
+
+
+def trace_aval(x: Any) -> Any:
+    """What to trace a function at for the argument ``x``: its shape, dtype and weak type;
+    inside ``shard_map``, a tracer's own abstract value (with the manual axes it varies
+    over). Shardings of explicit meshes are left out: the program is traced as written,
+    and ``_layout`` handles where the axis lives."""
+    if isinstance(x, internal("jax.core.Tracer")):
+        aval = jax.typeof(x)
+        if varying_axes(x):
+            return aval
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x))
+
+
+def abstract_like(x: Any) -> Any:
+    """What to evaluate abstractly at for the input ``x``, as the real call will see it: a
+    concrete array itself (its sharding included), a tracer's own abstract value (weak type,
+    sharding and varying manual axes included)."""
+    return jax.typeof(x) if isinstance(x, internal("jax.core.Tracer")) else x
+
+
+def aval_of(x: Any) -> Any:
+    """The abstract value of an array or tracer (with its varying manual axes inside
+    ``shard_map``)."""
+    return jax.typeof(x)

@@ -35,6 +35,7 @@ from jaxpr_accum import (
     _layout,
     _nnx,
     _trace,
+    _worth,
 )
 from jaxpr_accum._assemble import build
 from jaxpr_accum._compat import ClosedJaxpr
@@ -69,21 +70,26 @@ class _LRU(collections.OrderedDict):
 
 
 class _Prepared:
-    """One call signature's trace, plan and runnable program (``split`` None: the original
-    runs unchunked, ``_fallback``)."""
+    """One call signature's trace, plan and runnable program: the chunked one, or the
+    function as written (``as_written``: not expected to save memory, ``_worth``; or no plan
+    at all, ``split`` None, after internal errors, ``_fallback``, which has warned)."""
 
-    def __init__(self, traced: _trace.Traced, split: Split | None, plan: Plan, run: Callable):
-        self.traced, self.split, self.plan = traced, split, plan
-        self.run = run
-        self.jitted = jax.jit(run)
-        self.warned = False
+    def __init__(
+        self,
+        traced: _trace.Traced,
+        split: Split | None,
+        plan: Plan,
+        as_written: bool = False,
+        run: Callable | None = None,
+    ):
+        self.traced, self.split, self.plan, self.as_written = traced, split, plan, as_written
+        self.run = run if run is not None else functools.partial(_as_written, traced.jaxpr)
+        self.jitted = jax.jit(self.run)
+        self.warned = split is None
 
     @classmethod
     def unchunked(cls, traced: _trace.Traced, why: str) -> _Prepared:
-        def as_written(*flat: Any) -> list:
-            return _interpret.eval_jaxpr(traced.jaxpr, flat)
-
-        return cls(traced, None, Plan.unchunked(why), as_written)
+        return cls(traced, None, Plan.unchunked(why), as_written=True)
 
 
 def _setting(name: str) -> property:
@@ -99,8 +105,8 @@ class SerializedFunction:
 
     settings: Settings
     original: Callable
-    _cache: dict
-    _chunks: dict
+    _cache: _LRU
+    _chunks: _LRU
     _pure: SerializedFunction | None
 
     chunk = _setting("chunk")
@@ -147,7 +153,7 @@ class SerializedFunction:
         try:
             outs = prepared.jitted(*inputs)
         except Exception as error:
-            if split is None or _fallback.strict():
+            if prepared.as_written or _fallback.strict():
                 raise
             warn(_fallback.at_call(error))
             return self.original(*args, **kwargs)
@@ -262,10 +268,21 @@ class SerializedFunction:
             chosen = fitted
         with stage("building"):
             run = build(chosen.split, chosen.chunk, grad, self.accum_dtype, layout)
+        original = functools.partial(_as_written, traced.jaxpr)
         with stage("tracing the forward and backward passes"):
-            _fallback.validate(run, inputs, lambda *xs: _interpret.eval_jaxpr(traced.jaxpr, xs))
+            _fallback.validate(run, inputs, original)
         plan = Plan.from_candidate(chosen, usable, grad, reason, layout, budget)
-        return _Prepared(traced, chosen.split, plan, run)
+        with stage("weighing the plan against the function as written"):
+            diff = _float_arguments(traced, inputs)
+            why = _worth.as_written_instead(
+                chosen, requested, run, original, lambda f: _budget.temp_bytes(f, inputs, diff)
+            )
+        if why is not None:
+            plan = dataclasses.replace(plan, grad="none", grad_reason=why, warning=why)
+            return _Prepared(traced, chosen.split, plan, as_written=True)
+        if chosen.warning() is not None and requested == "auto":
+            plan = dataclasses.replace(plan, warning=None)  # measured to save after all
+        return _Prepared(traced, chosen.split, plan, run=run)
 
     def _fit_budget(
         self, traced: _trace.Traced, candidate: Candidate, inputs: list, key: Any, requested: str
@@ -337,6 +354,10 @@ def serialize_axis(
     if fun is None:
         return lambda f: SerializedFunction(f, settings)
     return SerializedFunction(fun, settings)
+
+
+def _as_written(jaxpr: Any, *flat: Any) -> list:
+    return _interpret.eval_jaxpr(jaxpr, flat)
 
 
 def _float_arguments(traced: _trace.Traced, inputs: list) -> list[int]:

@@ -7,22 +7,32 @@ This module only chooses; each mode is built by its own module (``_remat``, ``_f
 - ``fused`` applies where every output of the region is a sum of a few floating entries and
   no custom VJP, streamed normaliser or complex sum is in the body (``fused_refusal``);
   requested where it does not apply, remat runs instead.
-- ``auto`` takes fused where it applies and the gradients it holds fit in half of one chunk's
-  estimated activations, else remat.
+- ``auto`` weighs what each mode adds over the other. Fused adds memory: the Jacobian rows of
+  every gradient-carrying entry beyond the first, and the invariant inputs' gradients held
+  from the forward pass while the program after the loop runs its backward
+  (``fused_extra_bytes``). Remat adds time: one more forward pass per chunk; fused instead
+  pulls back one Jacobian row per entry, which is faster only for a single entry (measured
+  on XLA:CPU: 0.8x remat's time with one entry, 1.4x with two, 1.9x with three). So auto
+  takes fused where there is one gradient-carrying entry and fused's extra memory is within
+  ``MEMORY_SLACK`` (10%) of remat's estimated peak (``remat_bytes_estimate``), else remat:
+  its memory is then within 10% of the smaller, and its time within 10% of the faster of the
+  two that are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._cost import Candidate, format_bytes, nbytes
+from jaxpr_accum._cost import FUSED_INTO_READERS, Candidate, format_bytes, nbytes
 from jaxpr_accum._jacobians import gradient_sums, jacobian_width
-from jaxpr_accum._plan import BODY, Split
+from jaxpr_accum._plan import BODY, EPILOGUE, Split
 
 FUSED_MAX_WIDTH = 8
+MEMORY_SLACK = 0.1  # auto takes fused while it is estimated within this much of remat
 
 
 def _custom_vjp_in_body(split: Split) -> str | None:
@@ -83,16 +93,7 @@ def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
 
 
 def choose(candidate: Candidate, requested: str) -> tuple[str, str]:
-    """``(mode, why)``: the gradient mode for ``requested``.
-
-    ``auto`` takes fused where it applies and its accumulators cost no more than half of
-    one chunk's estimated activations: fused keeps one input-sized gradient per
-    gradient-carrying entry from the forward pass until the backward, where remat holds none
-    across and pays a second forward pass instead. The estimate counts every axis-carrying
-    intermediate, of which XLA's fusion keeps fewer live (measured on Haiku's VAE: 1.5 MB
-    against 4.5 MB estimated), hence the half. ``fused`` falls back to remat where it does
-    not apply.
-    """
+    """``(mode, why)``: the gradient mode for ``requested`` (see the module docstring)."""
     split = candidate.split
     if requested in ("remat", "native"):
         return requested, "requested"
@@ -100,18 +101,66 @@ def choose(candidate: Candidate, requested: str) -> tuple[str, str]:
     if refusal is not None:
         return "remat", f"fused does not apply: {refusal}"
     width = jacobian_width(split)
-    held = width * _differentiable_bytes(split)
-    chunk = min(candidate.chunk, split.size)
-    chunk_activations = split.body_bytes * chunk // max(split.size, 1)
     sums = f"{width} gradient-carrying sum entr" + ("y" if width == 1 else "ies")
-    if requested == "auto" and held > chunk_activations // 2:
+    if requested == "fused":
+        return "fused", f"requested: value and gradient in one pass ({sums})"
+    extra, remat_bytes = fused_extra_bytes(candidate), remat_bytes_estimate(candidate)
+    weighed = (
+        f"fused would hold {format_bytes(extra)} more than remat's estimated "
+        f"{format_bytes(remat_bytes)}"
+    )
+    if width > 1:
         return "remat", (
-            f"auto: fused would hold {format_bytes(held)} of gradients ({sums}) from the "
-            f"forward pass to the backward, more than half of one chunk's estimated "
-            f"activations ({format_bytes(chunk_activations)})"
+            f"auto: {sums}: fused would pull back {width} Jacobian rows per chunk, slower than "
+            f"remat's second forward pass (and {weighed})"
         )
-    why = f"value and gradient in one pass ({sums})"
-    return "fused", ("auto: " if requested == "auto" else "requested: ") + why
+    if extra > MEMORY_SLACK * remat_bytes:
+        return "remat", f"auto: {weighed}, more than {MEMORY_SLACK:.0%} more"
+    return "fused", (
+        f"auto: value and gradient in one pass, one forward pass per chunk fewer than remat "
+        f"({sums}; {weighed}, within {MEMORY_SLACK:.0%})"
+    )
+
+
+def fused_extra_bytes(candidate: Candidate) -> int:
+    """What fused is estimated to hold beyond remat: the Jacobian rows of every
+    gradient-carrying entry beyond the first, and, where the program after the loop
+    materialises more than one chunk's activations, the invariant inputs' gradients it holds
+    from the forward pass while that part runs its backward."""
+    split = candidate.split
+    width = jacobian_width(split)
+    inputs = _differentiable_bytes(split)
+    invariant = sum(nbytes(v) for v in split.invariants if _is_float(v))
+    held_over = invariant if _epilogue_bytes(split) > _chunk_bytes(candidate) else 0
+    return (width - 1) * inputs + held_over
+
+
+def remat_bytes_estimate(candidate: Candidate) -> int:
+    """Remat's estimated peak: one chunk's materialised activations and the invariant
+    inputs' gradient accumulators, or the program after the loop, whichever is more, plus the
+    outputs stacked back to full size."""
+    split = candidate.split
+    invariant = sum(nbytes(v) for v in split.invariants if _is_float(v))
+    peak = max(_chunk_bytes(candidate) + invariant, _epilogue_bytes(split))
+    return max(peak + split.stacked_bytes, 1)
+
+
+def _chunk_bytes(candidate: Candidate) -> int:
+    split = candidate.split
+    return split.held_bytes * min(candidate.chunk, split.size) // max(split.size, 1)
+
+
+def _epilogue_bytes(split: Split) -> int:
+    return sum(
+        nbytes(v)
+        for i in split.indices(EPILOGUE)
+        if split.jaxpr.eqns[i].primitive not in FUSED_INTO_READERS
+        for v in split.jaxpr.eqns[i].outvars
+    )
+
+
+def _is_float(v: Any) -> bool:
+    return bool(jnp.issubdtype(v.aval.dtype, jnp.inexact))
 
 
 def _differentiable_bytes(split: Split) -> int:

@@ -33,25 +33,74 @@ def test_sums_without_gradients_do_not_count():
     assert_matches_original(loss_and_accuracy, sf, W, X, Y)
 
 
-@pytest.mark.filterwarnings(NOT_WORTH_IT)  # inputs >> activations: no saving expected
-def test_several_gradient_carrying_sums_weigh_memory():
-    big = jnp.asarray(RS.normal(size=(2048, 4)) / 30, jnp.float32)  # inputs >> activations
-    wide = jnp.asarray(RS.normal(size=(64, 2048)), jnp.float32)
+def two_losses(w, x):
+    h = jnp.tanh(x @ w)
+    return jnp.mean(h**2), jnp.mean(jnp.abs(h))
 
-    def two_losses(w, x):
-        h = jnp.tanh(x @ w)
-        return jnp.mean(h**2), jnp.mean(jnp.abs(h))
 
-    sf = ja.serialize_axis(two_losses, chunk=4, argnums=1)
-    plan = sf.explain(big, wide)
-    reason = "more than half of one chunk's estimated activations"
-    assert plan.grad == "remat" and reason in plan.grad_reason, plan
-    assert_matches_original(two_losses, sf, big, wide)
-
+def test_several_gradient_carrying_sums_take_remat():
+    """Two gradient-carrying entries: fused would pull back two Jacobian rows per chunk,
+    slower than remat's second forward pass, and hold a second input-sized gradient."""
     narrow = jnp.asarray(RS.normal(size=(2, 512)) / 3, jnp.float32)  # activations >> inputs
     x = jnp.asarray(RS.normal(size=(64, 2)), jnp.float32)
-    plan = ja.serialize_axis(two_losses, chunk=16, argnums=1).explain(narrow, x)
+    sf = ja.serialize_axis(two_losses, chunk=16, argnums=1)
+    plan = sf.explain(narrow, x)
+    assert plan.grad == "remat", plan.grad_reason
+    assert "2 gradient-carrying sum entries" in plan.grad_reason
+    assert "slower than remat's second forward pass" in plan.grad_reason
+    assert_matches_original(two_losses, sf, narrow, x)
+
+
+def test_one_entry_dense_model_takes_fused_with_both_estimates():
+    ws = [jnp.asarray(RS.normal(size=(32, 32)) / 6, jnp.float32) for _ in range(3)]
+    x = jnp.asarray(RS.normal(size=(256, 32)), jnp.float32)
+
+    def mlp(ws, x):
+        h = x
+        for w in ws:
+            h = jnp.tanh(h @ w)
+        return jnp.mean(h**2)
+
+    plan = ja.serialize_axis(mlp, chunk=32, argnums=1).explain(ws, x)
     assert plan.grad == "fused", plan.grad_reason
-    assert_matches_original(
-        two_losses, ja.serialize_axis(two_losses, chunk=16, argnums=1), narrow, x
-    )
+    assert "fused would hold 0 B more than remat's estimated" in plan.grad_reason, plan
+    assert "within 10%" in plan.grad_reason, plan
+
+
+def test_gradients_held_over_a_large_epilogue_take_remat():
+    """One entry, but the program after the loop materialises more than a chunk's
+    activations: fused would hold the invariant inputs' gradients across its backward."""
+    w = jnp.asarray(RS.normal(size=(64, 512)) / 8, jnp.float32)
+    big = jnp.asarray(RS.normal(size=(512, 512)) / 20, jnp.float32)
+    x = jnp.asarray(RS.normal(size=(64, 64)), jnp.float32)
+
+    def head(w, big, x):
+        s = jnp.tanh(x @ w).sum()  # one entry: a sum over the batch
+        return jnp.tanh(s * big).sum()  # a large computation after the loop
+
+    sf = ja.serialize_axis(head, chunk=8, argnums=2)
+    plan = sf.explain(w, big, x)
+    assert plan.grad == "remat", plan.grad_reason
+    assert "more than 10% more" in plan.grad_reason, plan
+    assert_matches_original(head, sf, w, big, x)
+
+
+@pytest.mark.filterwarnings(NOT_WORTH_IT)  # the point of the test
+def test_a_plan_not_expected_to_save_runs_as_written():
+    """Never worse: auto runs a plan not expected to save memory as written (no loop),
+    says why, and warns once; an explicit mode runs the loop anyway."""
+    big = jnp.asarray(RS.normal(size=(2048, 4)) / 30, jnp.float32)  # inputs >> activations
+    wide = jnp.asarray(RS.normal(size=(64, 2048)), jnp.float32)
+    sf = ja.serialize_axis(two_losses, chunk=4, argnums=1)
+    plan = sf.explain(big, wide)
+    assert plan.grad == "none" and "the function runs as written" in plan.warning, plan
+    assert "pass grad='remat'" in plan.warning, plan
+    names = {e.primitive.name for e in sf.jaxpr(big, wide).eqns}
+    assert "serialized_region" not in names and "scan" not in names, names
+    assert_matches_original(two_losses, sf, big, wide)
+
+    forced = ja.serialize_axis(two_losses, chunk=4, argnums=1, grad="remat")
+    plan = forced.explain(big, wide)
+    assert plan.grad == "remat" and "not expected to save memory" in plan.warning, plan
+    assert "serialized_region" in {e.primitive.name for e in forced.jaxpr(big, wide).eqns}
+    assert_matches_original(two_losses, forced, big, wide)

@@ -1,0 +1,50 @@
+"""Never worse: a plan not expected to save memory runs the function as written, with no loop.
+
+Under ``grad="auto"`` a candidate whose estimate (``_cost.Candidate.warning``) says it saves
+nothing is not built into a loop. Where the estimate is certain (the axis is empty, one chunk
+covers it, or none of the region's intermediates is materialised at full size) that is the
+decision; where it rests on the cost model's arithmetic (stacked outputs and accumulators
+against the activations avoided), both programs are compiled and XLA's temp bytes of their
+``value_and_grad`` with respect to the floating arguments decide: the loop is kept only if it
+measures smaller. ``explain`` says why, and the first call warns.
+
+An explicit gradient mode (``grad="remat"``, ``"fused"`` or ``"native"``) is a request for
+that loop: it runs whatever the estimate, with the same warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from jaxpr_accum._cost import Candidate, format_bytes
+
+FORCE_HINT = "; pass grad='remat' (or 'fused' / 'native') to run the chunked loop anyway"
+
+
+def _certain(candidate: Candidate) -> bool:
+    """Whether the estimate of no saving needs no measurement."""
+    split = candidate.split
+    return split.size == 0 or candidate.chunk >= split.size or candidate.avoided_bytes == 0
+
+
+def as_written_instead(
+    candidate: Candidate,
+    requested: str,
+    run: Callable,
+    original: Callable,
+    measure: Callable[[Callable], int],
+) -> str | None:
+    """Why the function should run as written instead of ``run`` (None: keep the loop).
+    ``measure(fun)``: XLA's temp bytes of ``fun``'s ``value_and_grad``."""
+    warning = candidate.warning()
+    if warning is None or requested != "auto":
+        return None
+    if _certain(candidate):
+        return f"{warning}; the function runs as written{FORCE_HINT}"
+    chunked, written = measure(run), measure(original)
+    if chunked < written:
+        return None
+    return (
+        f"{warning}; measured: {format_bytes(chunked)} chunked against {format_bytes(written)} "
+        f"as written, so the function runs as written{FORCE_HINT}"
+    )

@@ -226,21 +226,27 @@ class SerializedFunction:
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[_Prepared, list]:
         call = _arguments.flatten(args, kwargs)
         key = _arguments.cache_key(call)
+        # ``memory=`` budgets what the caller differentiates: a plan per perturbation pattern
+        pattern = _arguments.perturbation(call) if self.memory is not None else None
+        if key is not None and self.memory is not None:
+            key = (key, pattern)
         prepared = self._cache.get(key) if key is not None else None
         if prepared is None:
             _arguments.check_concrete_shapes(call)
             seeds = _arguments.seed_axes(self.settings, call)
             traced = _trace.trace(self.original, call, seeds)
-            prepared = self._plan(traced, [*traced.consts, *call.dyn], key)
+            prepared = self._plan(traced, [*traced.consts, *call.dyn], key, pattern)
             if key is not None and not traced.has_tracer_consts:
                 self._cache.put(key, prepared)
         return prepared, [*prepared.traced.consts, *call.dyn]
 
-    def _plan(self, traced: _trace.Traced, inputs: list, key: Any) -> _Prepared:
+    def _plan(
+        self, traced: _trace.Traced, inputs: list, key: Any, pattern: tuple | None = None
+    ) -> _Prepared:
         """The widest plan that plans, builds and validates (``_fallback``)."""
 
         def attempt(stream: bool, grad: str) -> Callable[[], _Prepared]:
-            return lambda: self._attempt(traced, inputs, key, stream, grad)
+            return lambda: self._attempt(traced, inputs, key, stream, grad, pattern)
 
         attempts = [("the plan as chosen", attempt(True, self.grad))]
         attempts.append(("the plan without streamed normalisers", attempt(False, self.grad)))
@@ -249,7 +255,13 @@ class SerializedFunction:
         return _fallback.first_that_works(attempts, lambda why: _Prepared.unchunked(traced, why))
 
     def _attempt(
-        self, traced: _trace.Traced, inputs: list, key: Any, stream: bool, requested: str
+        self,
+        traced: _trace.Traced,
+        inputs: list,
+        key: Any,
+        stream: bool,
+        requested: str,
+        pattern: tuple | None,
     ) -> _Prepared:
         stage = _fallback.stage
         with stage("planning"):
@@ -262,7 +274,7 @@ class SerializedFunction:
         else:
             with stage("the memory budget search"):
                 fitted, grad, reason, layout, budget = self._fit_budget(
-                    traced, chosen, inputs, key, requested
+                    traced, chosen, inputs, key, requested, pattern
                 )
             usable = [fitted if c is chosen else c for c in usable]
             chosen = fitted
@@ -285,7 +297,13 @@ class SerializedFunction:
         return _Prepared(traced, chosen.split, plan, run=run)
 
     def _fit_budget(
-        self, traced: _trace.Traced, candidate: Candidate, inputs: list, key: Any, requested: str
+        self,
+        traced: _trace.Traced,
+        candidate: Candidate,
+        inputs: list,
+        key: Any,
+        requested: str,
+        pattern: tuple | None,
     ) -> tuple:
         """``(the candidate at the chosen chunk, grad, why, layout, Budget)`` for
         ``memory=``: the search of ``_budget``, once per call signature (later calls, and
@@ -308,9 +326,11 @@ class SerializedFunction:
             )  # fmt: skip
         assert self.memory is not None
         limit = _budget.resolve(self.memory)
-        diff = _float_arguments(traced, inputs)
+        diff = _differentiated_inputs(traced, inputs, pattern)
+        names = _candidates.input_names(traced)
+        wrt = ", ".join(names[traced.jaxpr.invars[i]] for i in diff) or "nothing (the forward)"
         chosen, grad, reason, layout, budget = _budget.choose_chunk(
-            candidate, modes, self.accum_dtype, layout_for, inputs, diff, limit, self.memory
+            candidate, modes, self.accum_dtype, layout_for, inputs, diff, limit, self.memory, wrt
         )
         if key is not None:
             self._chunks.put(key, (grad, reason, budget))
@@ -358,6 +378,19 @@ def serialize_axis(
 
 def _as_written(jaxpr: Any, *flat: Any) -> list:
     return _interpret.eval_jaxpr(jaxpr, flat)
+
+
+def _differentiated_inputs(traced: _trace.Traced, inputs: list, pattern: tuple | None) -> list:
+    """Indices in ``inputs`` of what the caller differentiates: the floating arguments the
+    ``pattern`` marks and the closed-over values an outer ``jax.grad`` traces; every floating
+    argument when the pattern is not known (a plain call, or one under ``jax.jit``)."""
+    if pattern is None:
+        return _float_arguments(traced, inputs)
+    nc = traced.n_consts
+    consts = [i for i in range(nc) if _budget.is_float(inputs[i])]
+    consts = [i for i in consts if _compat.differentiated(inputs[i])]
+    args = [nc + j for j, p in enumerate(pattern) if p and _budget.is_float(inputs[nc + j])]
+    return consts + args
 
 
 def _float_arguments(traced: _trace.Traced, inputs: list) -> list[int]:

@@ -106,6 +106,16 @@ def cache_key(call: Call) -> Any:
     return tuple(parts)
 
 
+def perturbation(call: Call) -> tuple[bool, ...] | None:
+    """Which dynamic leaves the caller differentiates (``jax.grad`` of the serialized
+    function with respect to some arguments), or None when no differentiation traces the
+    call directly (a plain call, or one inside ``jax.jit`` under ``jax.grad``)."""
+    found = [_compat.differentiated(x) for x in call.dyn]
+    if not any(f is not None for f in found):
+        return None
+    return tuple(bool(f) for f in found)
+
+
 def check_concrete_shapes(call: Call) -> None:
     """Symbolic dimensions (``jax.export`` shape polymorphism) cannot be chunked."""
     for path, leaf, dyn in zip(call.paths, call.leaves, call.dynamic, strict=True):

@@ -23,7 +23,8 @@ The search, in units of the per-device chunk ``c`` (chunk ``= c * devices``) on 
    (or 1), or after ``MAX_COMPILES``. The steps run over the divisors of ``n`` first (a
    remainder chunk costs a second body and a concatenation of the stacked values: memory jumps
    off the affine line), then, where the next divisor is more than twice the result, over the
-   chunks in between.
+   chunks in between, in the order an affine model in the *extent* (the chunk plus the
+   remainder's own body, ``chunk + N mod chunk``) ranks them, largest first.
 
 Invariants: the chosen chunk was itself compiled and measured within the budget (never only
 predicted); every chunk measured over the budget is larger than the chosen one; the axis
@@ -52,7 +53,8 @@ from jaxpr_accum._cost import Candidate, format_bytes, nbytes
 from jaxpr_accum._errors import ArgumentError, SerializeError
 from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
 
-MAX_COMPILES = 6  # per gradient mode
+MAX_COMPILES = 6  # per gradient mode, over the divisors of the axis
+BETWEEN_COMPILES = 4  # more, for chunks between divisors (a remainder chunk)
 FIT_TOLERANCE = 0.1
 
 
@@ -68,13 +70,14 @@ class Budget:
     tried: list[tuple[str, int, int]]  # (gradient mode, chunk, bytes), in order
     model: tuple[float, float] | None  # bytes ~ a + b * chunk, fitted to the chosen mode's
     seconds: float
+    wrt: str = "every floating argument"  # what the measured value_and_grad differentiates
     original: int | None = None  # the original's memory, measured when ``explain`` asks
 
     def lines(self) -> list[str]:
         req = "" if isinstance(self.requested, int) else f" ({self.requested!r})"
         out = [
             f"  memory budget: {format_bytes(self.limit)}{req} of XLA temp memory for "
-            "value_and_grad",
+            f"value_and_grad with respect to {self.wrt}",
             f"    chosen: chunk {self.chunk} ({self.grad}), measured {format_bytes(self.measured)}",
         ]
         if self.original is not None:
@@ -181,8 +184,45 @@ class _Search:
             return None
         above = min((d for d in divisors if d > c), default=c)
         if above > 2 * c:
-            c = self.bracket(range(c, above + 1))
+            c = self.between(c, above)
         return c
+
+    def extent(self, c: int) -> int:
+        """Positions one pass of chunk ``c`` holds: the chunk, and the remainder's own body
+        after the scan (memory goes about as ``a + b * extent``, not ``a + b * c``)."""
+        return c + self.n % c
+
+    def between(self, lo: int, hi: int) -> int:
+        """The largest chunk in ``(lo, hi)`` that fits, where ``lo`` fits and ``hi`` does
+        not: candidates in decreasing order of the chunk among those the affine model in
+        ``extent`` (fitted to every measurement) puts within the budget, each measured, for
+        ``BETWEEN_COMPILES`` more compiles at most."""
+        best, failed = lo, set()
+        for _ in range(BETWEEN_COMPILES):
+            a, b = self.fit_extent()
+            fits = [
+                c
+                for c in range(best + 1, hi)
+                if c not in failed and a + b * self.extent(c) <= self.limit
+            ]
+            if not fits:
+                break
+            c = max(fits)
+            if self.at(c) <= self.limit:
+                best = c
+            else:
+                failed.add(c)
+        return best
+
+    def fit_extent(self) -> tuple[float, float]:
+        """``(a, b)`` of ``bytes ~ a + b * extent`` over the measurements."""
+        ks = sorted(self.points)
+        xs = np.asarray([self.extent(k) for k in ks], float)
+        ms = np.asarray([self.points[k] for k in ks], float)
+        if len(set(xs)) < 2:
+            return float(ms[0]), 0.0
+        b, a = np.polyfit(xs, ms, 1)
+        return float(a), float(b)
 
     def bracket(self, chunks: Sequence[int]) -> int | None:
         """Secant steps (bisection where the fit missed) between ``lo`` (fits) and ``hi``
@@ -227,11 +267,13 @@ def choose_chunk(
     diff: list[int],
     limit: int,
     requested: Any,
-) -> tuple[Split, str, str, Any, Budget]:
+    wrt: str,
+) -> tuple[Candidate, str, str, Any, Budget]:
     """``(the candidate at the chosen chunk, grad mode, why, layout, Budget)``.
 
     ``modes``: the gradient modes to try in order, with the reason of each; ``layout_for``:
-    the layout at a chunk (``_layout.detect``).
+    the layout at a chunk (``_layout.detect``); ``diff``: the inputs the measured
+    ``value_and_grad`` differentiates, named by ``wrt``.
     """
     t0 = time.perf_counter()
     split = candidate.split
@@ -261,12 +303,13 @@ def choose_chunk(
                 tried=tried,
                 model=search.fit(),
                 seconds=time.perf_counter() - t0,
+                wrt=wrt,
             )
             return candidate.at(k), mode, why, layout_for(k), budget
-    raise impossible(split, tried, limit, devices)
+    raise impossible(split, tried, limit, devices, wrt)
 
 
-def impossible(split: Split, tried: list, limit: int, devices: int) -> SerializeError:
+def impossible(split: Split, tried: list, limit: int, devices: int, wrt: str) -> SerializeError:
     mode, k, best = min(tried, key=lambda t: (t[2], t[1]))
     jaxpr = split.jaxpr
     outside = sum(
@@ -287,8 +330,10 @@ def impossible(split: Split, tried: list, limit: int, devices: int) -> Serialize
     per = f" per device ({devices} devices)" if devices > 1 else ""
     return SerializeError(
         f"the memory budget {format_bytes(limit)}{per} is below what this function needs at "
-        f"any chunk: the smallest achievable is {format_bytes(best)}, at chunk {k} ({mode} "
-        f"gradients). What dominates it (estimated): {dominant}. Raise `memory` to at least "
+        f"any chunk for value_and_grad with respect to {wrt}: the smallest measured is "
+        f"{format_bytes(best)}, at chunk {k} ({mode} gradients; tried: "
+        + ", ".join(f"{kk} -> {format_bytes(m)}" for _, kk, m in tried)
+        + f"). What dominates it (estimated): {dominant}. Raise `memory` to at least "
         f"{format_bytes(best)} ({best} bytes); `explain` of the function with `chunk=1` shows "
         "what runs outside the region and what it stacks."
     )

@@ -221,3 +221,56 @@ def test_remat_is_chosen_where_the_fused_accumulators_do_not_fit():
     # either auto's weighing already prefers remat, or the search found fused does not fit
     assert "fused would hold" in plan.grad_reason or "does not fit" in plan.grad_reason
     assert_matches_original(loss, sf, *ARGS)
+
+
+def _plan_of(sf, pattern_call):
+    """The plan the call under ``pattern_call`` used (the cache holds one per pattern)."""
+    pattern_call()
+    plans = {k[1]: p.plan for k, p in sf._cache.items()}
+    return plans
+
+
+@pytest.mark.filterwarnings("ignore:.*holds the whole axis:jaxpr_accum.PlanWarning")
+def test_budget_is_for_what_the_caller_differentiates():
+    """r19: ``jax.grad(sf)`` of the parameters only is budgeted for that gradient, not for
+    the gradients of every floating argument; a plain call (or ``explain``) keeps the
+    conservative one; the caller's own ``jax.jit(jax.grad(sf))`` fits the budget."""
+    w = jax.random.normal(jax.random.key(0), (32, 64)) * 0.2
+    x = jax.random.normal(jax.random.key(1), (256, 32))
+
+    def f(w, x):
+        return jnp.mean(jnp.tanh(jnp.tanh(x @ w) @ w.T) ** 2)
+
+    def temp(fn, argnums):
+        grad = jax.jit(jax.value_and_grad(fn, argnums=argnums))
+        return grad.lower(w, x).compile().memory_analysis().temp_size_in_bytes
+
+    budget = 147456  # 144 KiB: the original's params-only gradient (160 KiB) does not fit
+    sf = ja.serialize_axis(f, memory=budget, argnums=1)
+    _plan_of(sf, lambda: jax.grad(sf)(w, x))
+    plans = _plan_of(sf, lambda: sf.explain(w, x))
+    assert set(plans) == {(True, False), None}, plans
+    assert "with respect to w" in "\n".join(plans[(True, False)].budget.lines())
+    assert "with respect to w, x" in "\n".join(plans[None].budget.lines())
+    assert temp(sf, 0) <= budget, (temp(sf, 0), budget)
+    assert_matches_original(f, sf, w, x)
+
+
+def test_a_prime_axis_gets_the_largest_chunk_that_fits_with_a_remainder():
+    w = jax.random.normal(jax.random.key(0), (32, 64)) * 0.2
+    x = jax.random.normal(jax.random.key(1), (257, 32))
+
+    def f(w, x):
+        return jnp.mean(jnp.tanh(jnp.tanh(x @ w) @ w.T) ** 2)
+
+    def at(k):
+        sf = ja.serialize_axis(f, chunk=k, argnums=1)
+        return _budget.temp_bytes(lambda *a: [sf(*a)], [w, x], [0])
+
+    budget = at(64) + 64
+    sf = ja.serialize_axis(f, memory=budget, argnums=1)
+    plans = _plan_of(sf, lambda: jax.grad(sf)(w, x))
+    chunk = plans[(True, False)].chunk
+    assert 64 <= chunk < 257 and 257 % chunk, chunk
+    assert at(chunk) <= budget
+    assert at(2 * chunk) > budget

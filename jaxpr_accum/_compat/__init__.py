@@ -38,6 +38,7 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     abstract_like,
     aval_of,
     define_primitive,
+    differentiated,
     instantiate,
     is_undefined_primal,
     is_zero,

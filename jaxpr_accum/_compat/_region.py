@@ -126,3 +126,18 @@ def aval_of(x: Any) -> Any:
     """The abstract value of an array or tracer (with its varying manual axes inside
     ``shard_map``)."""
     return jax.typeof(x)
+
+
+def differentiated(x: Any) -> bool | None:
+    """Whether the innermost transformation tracing ``x`` is automatic differentiation with
+    a nonzero tangent for it (``jax.grad``, ``jax.vjp``, ``jax.jvp``; looking through
+    ``jax.vmap``): True or False; None when ``x`` is traced by no differentiation (a plain
+    value, or a ``jax.jit`` tracer, behind which an outer ``jax.grad`` cannot be seen)."""
+    ad = (internal("jax._src.interpreters.ad.JVPTracer"),
+          internal("jax._src.interpreters.ad.LinearizeTracer"))  # fmt: skip
+    batch = internal("jax._src.interpreters.batching.BatchTracer")
+    while isinstance(x, batch):
+        x = x.val
+    if isinstance(x, ad):
+        return not is_zero(x.tangent)
+    return None

@@ -28,32 +28,15 @@ exact by construction: every equation computes what it computed before, on the s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-from jaxpr_accum import _compat, _cost, _stream
+from jaxpr_accum import _cost
 from jaxpr_accum._axes import Analysis
-from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
+from jaxpr_accum._compat import Jaxpr, Var
 from jaxpr_accum._cost import nbytes
-from jaxpr_accum._lattice import AxisLoc, is_middle_factor
+from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._stages import BODY, EPILOGUE, PROLOGUE, Stages, Stop, variables
 
-PROLOGUE, BODY, EPILOGUE = "prologue", "body", "epilogue"
-
-
-@dataclasses.dataclass
-class Stop:
-    """A place where the region had to stop: the equation and why."""
-
-    eqn: JaxprEqn
-    reason: str
-    cause: Stop | None = None  # the stop that made this one retreat, where it is not its own
-
-    def __str__(self) -> str:
-        return f"`{self.eqn.primitive.name}` at {_compat.source_line(self.eqn)}: {self.reason}"
-
-    @property
-    def root(self) -> Stop:
-        """The stop that forced this one (itself when nothing else did)."""
-        return self if self.cause is None else self.cause.root
+__all__ = ["BODY", "EPILOGUE", "PROLOGUE", "Split", "Stop", "make_split"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -95,264 +78,115 @@ class Split:
         return self.has_body or self.size == 0 or not self.jaxpr.outvars
 
 
-def _vars(vs: Any) -> list[Var]:
-    return [v for v in vs if isinstance(v, Var) and not isinstance(v, Literal)]
-
-
 def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True) -> Split:
     """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis: all prologue);
     ``stream=False``: no equation is streamed (``_fallback``'s narrower plan)."""
     if analysis.size == 0:
         analysis = Analysis(jaxpr, 0)  # nothing to chunk: no equation is treated as touching
-    loc = analysis.loc
-    order = {v: i for i, v in enumerate(_defined_in_order(jaxpr))}
-    used: set = set(_vars(jaxpr.outvars))
-    for eqn in jaxpr.eqns:
-        used.update(_vars(eqn.invars))
+    stages = _stages_to_fixpoint(jaxpr, analysis, stream)
+    invariants, chunked = _region_inputs(jaxpr, analysis, stages)
+    read_after = _read_after_the_loop(jaxpr, stages)
+    sums, partials, stacked = _region_outputs(jaxpr, analysis, stages, read_after)
+    stacked_vars = {v for v, _ in stacked}
+    body = [i for i, s in enumerate(stages.stages) if s == BODY]
+    carrying = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, stacked_vars)
+    held = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, stacked_vars, True)
+    return Split(
+        jaxpr=jaxpr,
+        analysis=analysis,
+        size=analysis.size,
+        born=born,
+        stages=tuple(stages.stages),
+        invariants=tuple(invariants),
+        chunked=tuple(chunked),
+        sums=tuple(sums),
+        partials=tuple(partials),
+        stacked=tuple(stacked),
+        stops=tuple(stages.stops),
+        hoisted_draws=tuple(stages.hoisted),
+        reductions=tuple(stages.reductions),
+        stacked_bytes=sum(nbytes(v) for v in stacked_vars),
+        body_bytes=carrying,
+        held_bytes=held,
+        sinks=tuple(sink for sink in stages.sinks if sink.var in set(read_after)),
+        streamed=frozenset(stages.streamed_eqns),
+        deferred=frozenset(stages.deferred),
+    )
 
-    # Streaming is undone where a streamed value has a reader outside the algebra (``_stream``)
-    # and the region ends before a value that holds the axis as a middle factor would have to
-    # be stacked (``unstackable``); both only move equations out of the loop, so this ends.
+
+def _stages_to_fixpoint(jaxpr: Jaxpr, analysis: Analysis, stream: bool) -> Stages:
+    """Streaming is undone where a streamed value has a reader outside the algebra, and the
+    region ends before a value that holds the axis as a middle factor would have to be
+    stacked; both only move equations out of the loop, so this ends."""
+    used: set = set(variables(jaxpr.outvars))
+    for eqn in jaxpr.eqns:
+        used.update(variables(eqn.invars))
     excluded: set[int] = set()
     unstacked: dict[int, Stop] = {}  # equation -> the stop that needs its result whole
     while True:
-        draft = _Stages(jaxpr, analysis, used, excluded, unstacked, stream)
+        draft = Stages(jaxpr, analysis, used, excluded, unstacked, stream)
         misused = draft.misused()
         if misused:
             excluded |= misused
             continue
         unstackable = draft.unstackable()
         if not unstackable:
-            break
+            return draft
         unstacked.update(unstackable)
-    stage, stages = draft.stage, draft.stages
 
+
+def _region_inputs(jaxpr: Jaxpr, analysis: Analysis, stages: Stages) -> tuple[list, list]:
+    """``(invariants, chunked with their axis positions)``: the prologue values the body
+    reads, in order of first reading."""
     invariants: list[Var] = []
     chunked: list[tuple[Var, AxisLoc]] = []
     seen: set = set()
-    for idx in (i for i, s in enumerate(stages) if s == BODY):
-        for v in _vars(jaxpr.eqns[idx].invars):
-            if stage[v] == PROLOGUE and v not in seen:
+    for idx in (i for i, s in enumerate(stages.stages) if s == BODY):
+        for v in variables(jaxpr.eqns[idx].invars):
+            if stages.stage[v] == PROLOGUE and v not in seen:
                 seen.add(v)
-                where = loc((), v)
+                where = analysis.loc((), v)
                 if where is None:
                     invariants.append(v)
                 else:
                     chunked.append((v, where))
+    return invariants, chunked
 
-    read_after: list[Var] = list(_vars(jaxpr.outvars))
-    for idx, s in enumerate(stages):
+
+def _read_after_the_loop(jaxpr: Jaxpr, stages: Stages) -> list[Var]:
+    """The values read after the loop: by the outputs, the epilogue, and the combination of
+    streamed sums (the deferred values), in program order within each."""
+    order = {v: i for i, v in enumerate(_defined_in_order(jaxpr))}
+    read_after: list[Var] = list(variables(jaxpr.outvars))
+    for idx, s in enumerate(stages.stages):
         if s == EPILOGUE:
-            read_after.extend(_vars(jaxpr.eqns[idx].invars))
-    # the combination of streamed sums reads the deferred values after the loop too
-    read_after.extend(sorted(draft.deferred, key=lambda v: order[v]))
+            read_after.extend(variables(jaxpr.eqns[idx].invars))
+    read_after.extend(sorted(stages.deferred, key=lambda v: order[v]))
+    return read_after
+
+
+def _region_outputs(
+    jaxpr: Jaxpr, analysis: Analysis, stages: Stages, read_after: list[Var]
+) -> tuple[list, list, list]:
+    """``(sums, partials with their monoid, stacked with their axis positions)``: the body
+    values read after the loop (a streamed sum is an output of its own kind)."""
     sums: list[Var] = []
     partials: list[tuple[Var, str]] = []
     stacked: list[tuple[Var, AxisLoc]] = []
-    kinds = _reduction_kinds(jaxpr, analysis, stages)
-    seen = {sink.var for sink in draft.sinks}
+    kinds = _reduction_kinds(jaxpr, analysis, stages.stages)
+    seen = {sink.var for sink in stages.sinks}
     for v in read_after:
-        if stage.get(v) != BODY or v in seen:
+        if stages.stage.get(v) != BODY or v in seen:
             continue
         seen.add(v)
-        where = loc((), v)
+        where = analysis.loc((), v)
         if where is not None:
             stacked.append((v, where))
         elif kinds[v] == "sum":
             sums.append(v)
         else:
             partials.append((v, kinds[v]))
-    used_sinks = [sink for sink in draft.sinks if sink.var in set(read_after)]
-
-    size = analysis.size
-    stacked_vars = {v for v, _ in stacked}
-    body = [i for i, s in enumerate(stages) if s == BODY]
-    carrying = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, stacked_vars)
-    held = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, stacked_vars, True)
-    return Split(
-        jaxpr=jaxpr,
-        analysis=analysis,
-        size=size,
-        born=born,
-        stages=tuple(stages),
-        invariants=tuple(invariants),
-        chunked=tuple(chunked),
-        sums=tuple(sums),
-        partials=tuple(partials),
-        stacked=tuple(stacked),
-        stops=tuple(draft.stops),
-        hoisted_draws=tuple(draft.hoisted),
-        reductions=tuple(draft.reductions),
-        stacked_bytes=sum(nbytes(v) for v in stacked_vars),
-        body_bytes=carrying,
-        held_bytes=held,
-        sinks=tuple(used_sinks),
-        streamed=frozenset(draft.streamed_eqns),
-        deferred=frozenset(draft.deferred),
-    )
-
-
-class _Stages:
-    """One pass in program order: the stage of every equation, with streaming (``_stream``)
-    tried where an equation reads a value reduced over the whole axis, except ``excluded``."""
-
-    def __init__(
-        self,
-        jaxpr: Jaxpr,
-        analysis: Analysis,
-        used: set,
-        excluded: set[int],
-        unstacked: dict[int, Stop],
-        stream: bool,
-    ):
-        self.jaxpr, self.analysis, self.excluded, self.stream = jaxpr, analysis, excluded, stream
-        self.unstacked = unstacked
-        self.stage: dict = {v: PROLOGUE for v in jaxpr.invars}
-        self.stages: list[str] = []
-        self.stops: list[Stop] = []
-        self.hoisted: list[Stop] = []
-        self.reductions: list[Stop] = []
-        self.values: dict[Var, _stream.Streamed] = {}  # streamed values that carry the axis
-        self.producer: dict[Var, int] = {}
-        self.streamed_eqns: set[int] = set()
-        self.sinks: list[_stream.Sink] = []
-        self.deferred: set[Var] = set()
-        for idx, eqn in enumerate(jaxpr.eqns):
-            s = self._stage(idx, eqn, used)
-            self.stages.append(s)
-            for v in eqn.outvars:
-                self.stage[v] = s
-
-    def _stage(self, idx: int, eqn: JaxprEqn, used: set) -> str:
-        analysis, stage = self.analysis, self.stage
-        loc = analysis.loc
-        ins = _vars(eqn.invars)
-        if not analysis.touches((), eqn):
-            return PROLOGUE if all(stage[v] == PROLOGUE for v in ins) else EPILOGUE
-        blocked = analysis.blocker((), idx, eqn)
-        key = ((), idx)
-        if blocked is not None:
-            hoist = key in analysis.hoists and key not in analysis.barriers
-            if hoist and all(stage[v] == PROLOGUE for v in ins):
-                self.hoisted.append(Stop(eqn, analysis.hoists[key]))
-                return PROLOGUE
-            self.stops.append(Stop(*blocked))
-            return EPILOGUE
-        if idx in self.unstacked:
-            root = self.unstacked[idx].root
-            why = f"it cannot be stacked per chunk, and {_named(root.eqn)} needs it whole"
-            self.stops.append(Stop(eqn, _MIDDLE_FACTOR + why, root))
-            return EPILOGUE
-        if any(stage[v] == PROLOGUE and is_middle_factor(loc((), v)) for v in ins):
-            self.stops.append(Stop(eqn, _MIDDLE_INPUT))
-            return EPILOGUE
-        reduced = analysis.reductions.get(key, {})
-        inputs_ok = all(
-            stage[v] == PROLOGUE
-            or (stage[v] == BODY and loc((), v) is not None and v not in self.values)
-            for v in ins
-        )
-        outputs_ok = all(
-            j in reduced or loc((), v) is not None or v not in used
-            for j, v in enumerate(eqn.outvars)
-        )
-        if inputs_ok and outputs_ok:
-            if reduced:
-                self.reductions.append(
-                    Stop(eqn, f"reduces the axis ({', '.join(reduced.values())})")
-                )
-            return BODY
-        if self.stream and idx not in self.excluded and self._stream(idx, eqn, reduced):
-            return BODY
-        if all(stage[v] != EPILOGUE for v in ins if loc((), v) is not None):
-            self.stops.append(Stop(eqn, _why_after(inputs_ok, eqn, reduced, loc, used)))
-        return EPILOGUE
-
-    def _kind(self, v: Var, value: Any = None) -> _stream.Operand:
-        if v in self.values:
-            return self.values[v]
-        carries = self.analysis.loc((), v) is not None
-        if self.stage[v] == PROLOGUE or (self.stage[v] == BODY and carries):
-            return _stream.Plain(None)
-        if carries:
-            raise _stream.NotStreamable("a value stacked after the loop")
-        return _stream.Deferred(v)
-
-    def _stream(self, idx: int, eqn: JaxprEqn, reduced: dict) -> bool:
-        """Whether ``eqn`` runs in the loop as a streamed equation (recorded if so)."""
-        if any(is_middle_factor(self.analysis.loc((), v)) for v in (*eqn.invars, *eqn.outvars)):
-            return False
-        out_loc = self.analysis.loc((), eqn.outvars[0]) if eqn.outvars else None
-        sink = out_loc is None
-        if sink and reduced != {0: "sum"}:
-            return False
-        try:
-            ops = _stream.operands(eqn, self._kind)
-            if not any(isinstance(op, _stream.Streamed | _stream.Deferred) for op in ops):
-                return False
-            result = _stream.apply(_stream.Emitter(eqn, sink), ops, None if sink else out_loc.dim)
-        except _stream.NotStreamable:
-            return False
-        self.streamed_eqns.add(idx)
-        self.deferred.update(op.var for op in ops if isinstance(op, _stream.Deferred))
-        if sink:
-            var = eqn.outvars[0]
-            shape = var.aval.shape if result.shape is None else result.shape
-            self.sinks.append(_stream.Sink(var, idx, result.terms, shape, result.later))
-            self.reductions.append(Stop(eqn, "reduces the axis (a streamed sum)"))
-        else:
-            self.values[eqn.outvars[0]] = result
-            self.producer[eqn.outvars[0]] = idx
-        return True
-
-    def unstackable(self) -> dict[int, Stop]:
-        """Body equations whose result holds the axis as a middle factor and is read after
-        the loop (stacking chunks of it would interleave them wrongly), each with the stop of
-        the first equation after the loop that reads it."""
-        reader: dict = {}
-        for idx, eqn in enumerate(self.jaxpr.eqns):
-            if self.stages[idx] == EPILOGUE:
-                for v in _vars(eqn.invars):
-                    reader.setdefault(v, idx)
-        stop_of = {id(stop.eqn): stop for stop in self.stops}
-        found = {}
-        for idx, eqn in enumerate(self.jaxpr.eqns):
-            if self.stages[idx] != BODY:
-                continue
-            for v in eqn.outvars:
-                if not is_middle_factor(self.analysis.loc((), v)):
-                    continue
-                if v in reader:
-                    user = self.jaxpr.eqns[reader[v]]
-                    found[idx] = stop_of.get(id(user)) or Stop(user, "runs after the loop")
-                elif v in _vars(self.jaxpr.outvars):
-                    found[idx] = Stop(eqn, "an output of the function")
-        return found
-
-    def misused(self) -> set[int]:
-        """Streamed equations whose result is read by anything but another streamed
-        equation (or is an output): they must run after the loop after all."""
-        bad = {self.producer[v] for v in _vars(self.jaxpr.outvars) if v in self.values}
-        for idx, eqn in enumerate(self.jaxpr.eqns):
-            if idx in self.streamed_eqns:
-                continue
-            bad.update(self.producer[v] for v in _vars(eqn.invars) if v in self.values)
-        return bad
-
-
-def _why_after(inputs_ok: bool, eqn: JaxprEqn, reduced: dict, loc: Any, used: set) -> str:
-    """Why an equation that carries the axis runs after the loop (it is no barrier)."""
-    if inputs_ok:
-        kept = [
-            v.aval.str_short()
-            for j, v in enumerate(eqn.outvars)
-            if j not in reduced and loc((), v) is None and v in used
-        ]
-        return (
-            f"one of its results ({', '.join(kept)}) is read later but neither carries the axis "
-            "nor reduces it; runs after the loop on the stacked values"
-        )
-    return "needs a value reduced over the whole axis; runs after the loop on the stacked values"
+    return sums, partials, stacked
 
 
 def _defined_in_order(jaxpr: Jaxpr) -> list[Var]:
@@ -367,14 +201,3 @@ def _reduction_kinds(jaxpr: Jaxpr, analysis: Analysis, stages: list[str]) -> dic
         for j, kind in analysis.reductions.get(((), idx), {}).items():
             kinds[jaxpr.eqns[idx].outvars[j]] = kind
     return kinds
-
-
-def _named(eqn: JaxprEqn) -> str:
-    return f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}"
-
-
-_MIDDLE_FACTOR = "its result holds the axis as a middle factor of a merged dimension: "
-_MIDDLE_INPUT = (
-    "reads a value computed before the loop that holds the axis as a middle factor of a "
-    "merged dimension: it cannot be sliced per chunk"
-)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum import _api, _candidates, _loop, _region, _resize, _stream
+from jaxpr_accum import _candidates, _loop, _prepare, _region, _resize, _stream
 
 from .oracle import assert_tree_close
 
@@ -63,7 +63,7 @@ def _run_lenient(monkeypatch, fun, grad="remat", **kw):
         (_candidates, "choose_split", mlp, "remat", "the original function, unchunked"),
         (_stream, "apply", attention, "remat", "the plan without streamed normalisers"),
         (_resize.Resizer, "eval_eqns", mlp, "remat", "the original function, unchunked"),
-        (_api, "build", mlp, "remat", "the original function, unchunked"),
+        (_prepare, "build", mlp, "remat", "the original function, unchunked"),
         (_loop.ChunkLoop, "forward", mlp, "remat", "the original function, unchunked"),
         (_region, "backward", mlp, "remat", "the plan with native gradients"),
         (_region, "jacobians", mlp, "fused", "the plan with native gradients"),

@@ -22,6 +22,17 @@ import jax.extend.core
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var  # noqa: F401 (re-exported)
 
+from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
+    cotangent_aval,
+    custom_call_body,
+    custom_call_identity,
+    custom_jvp_rule_jaxpr,
+    custom_vjp_parts,
+    is_array,
+    is_custom_vjp_call,
+    trace_custom_vjp_bwd,
+    zeros_float0,
+)
 from jaxpr_accum._compat._lookup import (  # noqa: F401 (re-exported)
     ABSENT,
     TESTED,
@@ -34,6 +45,13 @@ from jaxpr_accum._compat._lookup import (  # noqa: F401 (re-exported)
 )
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._lookup import param as _param
+from jaxpr_accum._compat._random import (  # noqa: F401 (re-exported)
+    counter_draw_refusal,
+    key_impl,
+    key_impl_name,
+    threefry_counter_bits,
+    threefry_finish_bits,
+)
 from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     abstract_like,
     aval_of,
@@ -48,6 +66,12 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     vary,
     varying_axes,
     zero_tangent,
+)
+from jaxpr_accum._compat._sharding import (  # noqa: F401 (re-exported)
+    context_mesh_key,
+    explicit_axes,
+    named_sharding,
+    placement_key,
 )
 
 check_jax_version()
@@ -183,178 +207,10 @@ def dce(closed: ClosedJaxpr) -> ClosedJaxpr:
     return ClosedJaxpr(jaxpr, closed.consts)
 
 
-def is_custom_vjp_call(eqn: JaxprEqn) -> bool:
-    """A call of a ``jax.custom_vjp`` function."""
-    return eqn.primitive is primitive("custom_vjp_call")
-
-
-def custom_call_body(eqn: JaxprEqn) -> tuple[ClosedJaxpr, int]:
-    """``(primal jaxpr, number of leading constant operands)`` of a custom JVP/VJP call."""
-    return _param(eqn, "call_jaxpr"), _param(eqn, "num_consts")
-
-
-def custom_call_identity(eqn: JaxprEqn) -> tuple[str, str]:
-    """``(function name, where it is defined)`` of a custom JVP/VJP call's user function."""
-    info = _param(eqn, "call_jaxpr").jaxpr.debug_info
-    name = getattr(info, "func_name", None) or "<unknown>"
-    return name, getattr(info, "func_src_info", None) or name
-
-
-def custom_jvp_rule_jaxpr(eqn: JaxprEqn, zeros: Sequence[bool]) -> tuple[ClosedJaxpr, list]:
-    """The JVP rule of a ``custom_jvp_call`` as a jaxpr at the equation's own shapes.
-
-    Returns ``(jvp, out_zeros)``: ``jvp`` takes the non-const primals followed by the tangents
-    of the inputs whose ``zeros`` flag is False, and returns the primal outputs followed by the
-    tangents of the outputs whose ``out_zeros`` flag is False.
-    """
-    jvp_jaxpr, consts, out_zeros = _param(eqn, "jvp_jaxpr_fun").call_wrapped(*zeros)
-    return ClosedJaxpr(jvp_jaxpr, consts), list(out_zeros)
-
-
-def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable]:
-    """``(fwd_jaxpr_of(nonzeros) -> (ClosedJaxpr, [n_res, input_fwds]), bwd(*res, *cts))``.
-
-    ``fwd`` jaxprs take the non-const primals and output the residuals then the primal
-    outputs; residuals that the rule forwards straight from an operand are left out, and
-    ``input_fwds[i]`` is then that operand's index among the equation's operands.
-    """
-    fwd, out_trees, bwd_fun = (_param(eqn, k) for k in ("fwd_jaxpr_thunk", "out_trees", "bwd"))
-
-    def fwd_jaxpr_of(nonzeros: Sequence[bool]) -> tuple[ClosedJaxpr, list]:
-        jaxpr, consts = fwd.call_wrapped(*nonzeros)
-        _, res_tree, input_fwds = out_trees()
-        return ClosedJaxpr(jaxpr, consts), [res_tree.num_leaves, list(input_fwds)]
-
-    def bwd(*args: Any) -> list:
-        return list(bwd_fun.call_wrapped(*args))
-
-    return fwd_jaxpr_of, bwd
-
-
-def cotangent_aval(aval: Any) -> jax.ShapeDtypeStruct:
-    """The cotangent type of a primal: itself for inexact dtypes, ``float0`` otherwise."""
-    if np.issubdtype(aval.dtype, np.inexact):
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
-    return jax.ShapeDtypeStruct(aval.shape, jax.dtypes.float0)
-
-
-def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJaxpr, list[bool]]:
-    """A custom VJP's backward rule as a jaxpr at the given (full-size) argument types.
-
-    Returns ``(jaxpr, returned)``: ``returned[i]`` says whether the rule gives an array for
-    primal operand ``i`` (the jaxpr outputs only those), or a zero / ``None``.
-    """
-    returned: list[bool] = []
-
-    def arrays_only(*args: Any) -> list:
-        outs = bwd(*args)
-        returned[:] = [is_array(x) for x in outs]
-        return [x for x in outs if is_array(x)]
-
-    structs = [
-        a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype)
-        for a in avals
-    ]
-    return jax.make_jaxpr(arrays_only)(*structs), returned
-
-
-def zeros_float0(shape: Sequence[int]) -> np.ndarray:
-    return np.zeros(tuple(shape), dtype=jax.dtypes.float0)
-
-
-def is_array(x: Any) -> bool:
-    """A concrete or traced array (not a symbolic zero or None)."""
-    return isinstance(x, (jax.Array, np.ndarray, _jax("jax.core.Tracer")))
-
-
 def constvars_to_invars(closed: ClosedJaxpr) -> tuple[Jaxpr, list]:
     """``(jaxpr, consts)`` with the constants turned into leading inputs."""
     convert = _jax("jax._src.interpreters.partial_eval.convert_constvars_jaxpr")
     return convert(closed.jaxpr), list(closed.consts)
-
-
-def counter_draw_refusal(key_dtype: Any) -> str | None:
-    """Why draws with this key type do not follow the partitionable-threefry counter layout
-    (``threefry_counter_bits``), or None if they do."""
-    name = key_impl_name(key_dtype)
-    if name != "threefry2x32":
-        return f"`{name}` keys have no per-chunk counter formula"
-    # a JAX without the flag has only the partitionable layout
-    if not getattr(jax.config, "jax_threefry_partitionable", True):
-        return "the legacy (non-partitionable) threefry has no per-chunk counter formula"
-    return None
-
-
-def threefry_counter_bits(key: Any, counters: tuple[Any, Any]) -> tuple[Any, Any]:
-    """The two 32-bit threefry words JAX's partitionable ``random_bits`` computes for the
-    elements whose 64-bit row-major counters are ``(hi, lo)``."""
-    k1, k2 = (x for x in jax.random.key_data(key))
-    return tuple(_jax("jax.extend.random.threefry2x32_p").bind(k1, k2, *counters))
-
-
-def threefry_finish_bits(bits1: Any, bits2: Any, bit_width: int) -> Any:
-    """The draw from the two words, as ``_threefry_random_bits_partitionable`` finishes it."""
-    dtype = np.dtype(f"uint{bit_width}")
-    if bit_width == 64:
-        hi = jax.lax.convert_element_type(bits1, dtype)
-        lo = jax.lax.convert_element_type(bits2, dtype)
-        return jax.lax.shift_left(hi, np.asarray(32, dtype=dtype)) | lo
-    if bit_width == 32:
-        return bits1 ^ bits2
-    return jax.lax.convert_element_type(bits1 ^ bits2, dtype)
-
-
-def key_impl(dtype: Any) -> Any:
-    """The PRNG implementation behind a key dtype."""
-    try:
-        return dtype._impl
-    except AttributeError:
-        raise MissingInternal("the `_impl` attribute of PRNG key dtypes") from None
-
-
-def key_impl_name(dtype: Any) -> str:
-    return key_impl(dtype).name
-
-
-def _device_ids(mesh: Any) -> tuple:
-    """A concrete mesh's device ids in mesh order (``()`` for an abstract mesh)."""
-    if not isinstance(mesh, jax.sharding.Mesh) or mesh.empty:
-        return ()
-    return tuple(np.asarray(mesh.device_ids).ravel().tolist())
-
-
-def placement_key(x: Any) -> tuple:
-    """What of a value's placement a plan depends on: its ``NamedSharding``'s mesh, with the
-    concrete device order (a plan's ``shard_map`` is bound to it), and its spec."""
-    sharding = named_sharding(x)
-    if sharding is None:
-        return ()
-    return (str(sharding.mesh.abstract_mesh), _device_ids(sharding.mesh), str(sharding.spec))
-
-
-def context_mesh_key() -> tuple:
-    """The context mesh (``jax.set_mesh``), abstract and concrete, and whether ``shard_map``
-    checks varying manual axes there, as part of a cache key."""
-    return (
-        str(jax.sharding.get_abstract_mesh()),
-        _device_ids(_jax("jax._src.mesh.get_concrete_mesh")()),
-        bool(_jax("jax._src.config._check_vma").value),
-    )
-
-
-def named_sharding(x: Any) -> Any:
-    """The ``NamedSharding`` of a value (concrete, or traced in explicit-sharding mode), or None."""
-    traced = isinstance(x, _jax("jax.core.Tracer"))
-    sharding = jax.typeof(x).sharding if traced else getattr(x, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.axis_names:
-        return sharding
-    return None
-
-
-def explicit_axes(mesh: Any, names: Sequence[str]) -> bool:
-    """Whether all of ``names`` are ``Explicit`` axes of ``mesh`` (shardings in the avals)."""
-    types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
-    return all(types.get(n) == jax.sharding.AxisType.Explicit for n in names)
 
 
 def flatten_in_axes(in_axes: Any, args: tuple) -> list:

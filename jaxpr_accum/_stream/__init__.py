@@ -16,8 +16,9 @@ the axis and what the program computes from them:
   the chunk holds ``C = exp(A - s)``, where the *stabiliser* ``s`` is the chunk's own max of
   ``A`` over every dimension the ``D_i`` do not vary along, so ``C <= 1``.
 
-Linear equations map terms to terms (``RULES``): negation, casts, sums and differences, products
-and quotients by chunk values or deferred values, products of two streamed values, and the
+Linear equations map terms to terms (``STREAM_RULES``): negation, casts, sums and
+differences, products and quotients by chunk values or deferred values, products of two
+streamed values (squares and small powers too), and the
 structural equations, each factor following the dimensions it varies along (``where``: one
 value dimension per dimension of its compact form). ``exp`` turns additive ``c * D`` terms into
 an ``Exp`` factor. A ``reduce_sum`` or contraction over the axis is a *sink*: it adds up the
@@ -36,6 +37,7 @@ Where a program is outside the table (``log`` of a streamed value, a ``select``,
 varying along a dimension that is summed), ``_plan`` keeps it after the loop, as before.
 """
 
+from jaxpr_accum._stream.emit import DEFERRED, apply, emitter, operands
 from jaxpr_accum._stream.layout import StreamLayout
 from jaxpr_accum._stream.online import (
     Sink,
@@ -46,7 +48,6 @@ from jaxpr_accum._stream.online import (
     merge_devices,
     origin,
 )
-from jaxpr_accum._stream.rules import DEFERRED, apply, emitter, operands
 from jaxpr_accum._stream.terms import (
     Deferred,
     Emitter,

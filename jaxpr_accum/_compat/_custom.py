@@ -1,0 +1,100 @@
+"""Custom derivative calls (``custom_jvp_call``, ``custom_vjp_call``): their bodies, their
+rules as jaxprs at the call's own shapes, and who defined them. Their parameter layouts are
+read through ``param``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import ClosedJaxpr, JaxprEqn
+
+from jaxpr_accum._compat._lookup import internal as _jax
+from jaxpr_accum._compat._lookup import param as _param
+from jaxpr_accum._compat._lookup import primitive
+
+
+def is_array(x: Any) -> bool:
+    """A concrete or traced array (not a symbolic zero or None)."""
+    return isinstance(x, (jax.Array, np.ndarray, _jax("jax.core.Tracer")))
+
+
+def is_custom_vjp_call(eqn: JaxprEqn) -> bool:
+    """A call of a ``jax.custom_vjp`` function."""
+    return eqn.primitive is primitive("custom_vjp_call")
+
+
+def custom_call_body(eqn: JaxprEqn) -> tuple[ClosedJaxpr, int]:
+    """``(primal jaxpr, number of leading constant operands)`` of a custom JVP/VJP call."""
+    return _param(eqn, "call_jaxpr"), _param(eqn, "num_consts")
+
+
+def custom_call_identity(eqn: JaxprEqn) -> tuple[str, str]:
+    """``(function name, where it is defined)`` of a custom JVP/VJP call's user function."""
+    info = _param(eqn, "call_jaxpr").jaxpr.debug_info
+    name = getattr(info, "func_name", None) or "<unknown>"
+    return name, getattr(info, "func_src_info", None) or name
+
+
+def custom_jvp_rule_jaxpr(eqn: JaxprEqn, zeros: Sequence[bool]) -> tuple[ClosedJaxpr, list]:
+    """The JVP rule of a ``custom_jvp_call`` as a jaxpr at the equation's own shapes.
+
+    Returns ``(jvp, out_zeros)``: ``jvp`` takes the non-const primals followed by the tangents
+    of the inputs whose ``zeros`` flag is False, and returns the primal outputs followed by the
+    tangents of the outputs whose ``out_zeros`` flag is False.
+    """
+    jvp_jaxpr, consts, out_zeros = _param(eqn, "jvp_jaxpr_fun").call_wrapped(*zeros)
+    return ClosedJaxpr(jvp_jaxpr, consts), list(out_zeros)
+
+
+def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable]:
+    """``(fwd_jaxpr_of(nonzeros) -> (ClosedJaxpr, [n_res, input_fwds]), bwd(*res, *cts))``.
+
+    ``fwd`` jaxprs take the non-const primals and output the residuals then the primal
+    outputs; residuals that the rule forwards straight from an operand are left out, and
+    ``input_fwds[i]`` is then that operand's index among the equation's operands.
+    """
+    fwd, out_trees, bwd_fun = (_param(eqn, k) for k in ("fwd_jaxpr_thunk", "out_trees", "bwd"))
+
+    def fwd_jaxpr_of(nonzeros: Sequence[bool]) -> tuple[ClosedJaxpr, list]:
+        jaxpr, consts = fwd.call_wrapped(*nonzeros)
+        _, res_tree, input_fwds = out_trees()
+        return ClosedJaxpr(jaxpr, consts), [res_tree.num_leaves, list(input_fwds)]
+
+    def bwd(*args: Any) -> list:
+        return list(bwd_fun.call_wrapped(*args))
+
+    return fwd_jaxpr_of, bwd
+
+
+def cotangent_aval(aval: Any) -> jax.ShapeDtypeStruct:
+    """The cotangent type of a primal: itself for inexact dtypes, ``float0`` otherwise."""
+    if np.issubdtype(aval.dtype, np.inexact):
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+    return jax.ShapeDtypeStruct(aval.shape, jax.dtypes.float0)
+
+
+def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJaxpr, list[bool]]:
+    """A custom VJP's backward rule as a jaxpr at the given (full-size) argument types.
+
+    Returns ``(jaxpr, returned)``: ``returned[i]`` says whether the rule gives an array for
+    primal operand ``i`` (the jaxpr outputs only those), or a zero / ``None``.
+    """
+    returned: list[bool] = []
+
+    def arrays_only(*args: Any) -> list:
+        outs = bwd(*args)
+        returned[:] = [is_array(x) for x in outs]
+        return [x for x in outs if is_array(x)]
+
+    structs = [
+        a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype)
+        for a in avals
+    ]
+    return jax.make_jaxpr(arrays_only)(*structs), returned
+
+
+def zeros_float0(shape: Sequence[int]) -> np.ndarray:
+    return np.zeros(tuple(shape), dtype=jax.dtypes.float0)

@@ -1,0 +1,55 @@
+"""The threefry counter layout of ``jax.random.bits`` (partitionable threefry), so that a
+chunk draws exactly the unchunked program's bits for its positions; key implementations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxpr_accum._compat._lookup import MissingInternal
+from jaxpr_accum._compat._lookup import internal as _jax
+
+
+def counter_draw_refusal(key_dtype: Any) -> str | None:
+    """Why draws with this key type do not follow the partitionable-threefry counter layout
+    (``threefry_counter_bits``), or None if they do."""
+    name = key_impl_name(key_dtype)
+    if name != "threefry2x32":
+        return f"`{name}` keys have no per-chunk counter formula"
+    # a JAX without the flag has only the partitionable layout
+    if not getattr(jax.config, "jax_threefry_partitionable", True):
+        return "the legacy (non-partitionable) threefry has no per-chunk counter formula"
+    return None
+
+
+def threefry_counter_bits(key: Any, counters: tuple[Any, Any]) -> tuple[Any, Any]:
+    """The two 32-bit threefry words JAX's partitionable ``random_bits`` computes for the
+    elements whose 64-bit row-major counters are ``(hi, lo)``."""
+    k1, k2 = (x for x in jax.random.key_data(key))
+    return tuple(_jax("jax.extend.random.threefry2x32_p").bind(k1, k2, *counters))
+
+
+def threefry_finish_bits(bits1: Any, bits2: Any, bit_width: int) -> Any:
+    """The draw from the two words, as ``_threefry_random_bits_partitionable`` finishes it."""
+    dtype = np.dtype(f"uint{bit_width}")
+    if bit_width == 64:
+        hi = jax.lax.convert_element_type(bits1, dtype)
+        lo = jax.lax.convert_element_type(bits2, dtype)
+        return jax.lax.shift_left(hi, np.asarray(32, dtype=dtype)) | lo
+    if bit_width == 32:
+        return bits1 ^ bits2
+    return jax.lax.convert_element_type(bits1 ^ bits2, dtype)
+
+
+def key_impl(dtype: Any) -> Any:
+    """The PRNG implementation behind a key dtype."""
+    try:
+        return dtype._impl
+    except AttributeError:
+        raise MissingInternal("the `_impl` attribute of PRNG key dtypes") from None
+
+
+def key_impl_name(dtype: Any) -> str:
+    return key_impl(dtype).name

@@ -1,0 +1,53 @@
+"""Placements: the named shardings of values, meshes (abstract and concrete) and what of
+them a plan depends on (its cache key)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxpr_accum._compat._lookup import internal as _jax
+
+
+def _device_ids(mesh: Any) -> tuple:
+    """A concrete mesh's device ids in mesh order (``()`` for an abstract mesh)."""
+    if not isinstance(mesh, jax.sharding.Mesh) or mesh.empty:
+        return ()
+    return tuple(np.asarray(mesh.device_ids).ravel().tolist())
+
+
+def placement_key(x: Any) -> tuple:
+    """What of a value's placement a plan depends on: its ``NamedSharding``'s mesh, with the
+    concrete device order (a plan's ``shard_map`` is bound to it), and its spec."""
+    sharding = named_sharding(x)
+    if sharding is None:
+        return ()
+    return (str(sharding.mesh.abstract_mesh), _device_ids(sharding.mesh), str(sharding.spec))
+
+
+def context_mesh_key() -> tuple:
+    """The context mesh (``jax.set_mesh``), abstract and concrete, and whether ``shard_map``
+    checks varying manual axes there, as part of a cache key."""
+    return (
+        str(jax.sharding.get_abstract_mesh()),
+        _device_ids(_jax("jax._src.mesh.get_concrete_mesh")()),
+        bool(_jax("jax._src.config._check_vma").value),
+    )
+
+
+def named_sharding(x: Any) -> Any:
+    """The ``NamedSharding`` of a value (concrete, or traced in explicit-sharding mode), or None."""
+    traced = isinstance(x, _jax("jax.core.Tracer"))
+    sharding = jax.typeof(x).sharding if traced else getattr(x, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.axis_names:
+        return sharding
+    return None
+
+
+def explicit_axes(mesh: Any, names: Sequence[str]) -> bool:
+    """Whether all of ``names`` are ``Explicit`` axes of ``mesh`` (shardings in the avals)."""
+    types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
+    return all(types.get(n) == jax.sharding.AxisType.Explicit for n in names)

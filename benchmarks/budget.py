@@ -48,7 +48,7 @@ from models import (  # noqa: E402
 )
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum import _budget  # noqa: E402
+from jaxpr_accum import _budget, _dtypes  # noqa: E402
 from jaxpr_accum._demo import fmt_bytes, print_table  # noqa: E402
 
 RATIO_TARGET, SLACK_S = 6.0, 2.0
@@ -76,14 +76,14 @@ def float_argnums(args: tuple) -> tuple[int, ...]:
     return tuple(
         i
         for i, a in enumerate(args)
-        if all(_budget.is_float(x) for x in jax.tree.leaves(a)) and jax.tree.leaves(a)
+        if all(_dtypes.is_float(x) for x in jax.tree.leaves(a)) and jax.tree.leaves(a)
     )
 
 
 def memory_at(loss: Any, args: tuple, **settings: Any) -> int:
     sf = ja.serialize_axis(loss, **settings) if settings else loss
     flat, tree = jax.tree.flatten(args)
-    diff = [i for i, x in enumerate(flat) if _budget.is_float(x)]
+    diff = [i for i, x in enumerate(flat) if _dtypes.is_float(x)]
 
     def run(*leaves: Any) -> list:
         return jax.tree.leaves(sf(*jax.tree.unflatten(tree, leaves)))

@@ -136,7 +136,8 @@ def seed_axes(settings: Any, call: Call) -> list | None:
     if settings.in_axes is None:
         return None
     per_leaf = _compat.flatten_in_axes(settings.in_axes, call.args)  # one per leaf of args
-    axes, sizes = [], {}
+    axes: list = []
+    sizes: dict[int, list[str]] = {}
     for path, leaf, dyn, ax in zip(call.paths, call.leaves, call.dynamic, per_leaf, strict=False):
         where = "args" + jax.tree_util.keystr(tuple(path[1:]))  # as jax.vmap names it
         if not dyn:
@@ -167,7 +168,8 @@ def _argnums_axes(settings: Any, call: Call) -> list:
             raise ArgumentError(
                 f"`argnums` {a} is out of range for a call with {n} positional argument(s)"
             )
-    dyn, sizes = call.dyn, {}
+    dyn = call.dyn
+    sizes: dict[int, list[str]] = {}
     named = set()
     for a in argnums:
         leaf_ids = call.ranges[a % n]

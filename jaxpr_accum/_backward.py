@@ -23,9 +23,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxpr_accum import _stream
+from jaxpr_accum import (
+    _compat,
+    _stream,
+)
 from jaxpr_accum._conv import canonicalize
-from jaxpr_accum._loop import ChunkLoop, accumulator_dtype, add_into, join, wanted
+from jaxpr_accum._dtypes import accumulator_dtype
+from jaxpr_accum._loop import ChunkLoop, add_into, join, wanted
 from jaxpr_accum._resize import scaled, take_chunk
 from jaxpr_accum._signature import Inputs, Outputs
 
@@ -64,7 +68,7 @@ def backward(
             out = f(a, b)
             return [out[g][j] for g, j in present], out.stabs
 
-        _, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)
+        _, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)  # type: ignore[var-annotated]
         ct_stacked = [
             None if ct is None else take_chunk(ct, loc, start, kk)
             for ct, loc in zip(cts.stacked, loop.stacked_locs, strict=True)
@@ -72,7 +76,7 @@ def backward(
         ct_parts = [
             None
             if ct is None
-            else _stream.chunk_cotangent(ct, s, s_final, factor).astype(sink.var.aval.dtype)
+            else _stream.chunk_cotangent(ct, s, s_final, factor).astype(_compat.dtype_of(sink.var))
             for ct, s, s_final, (sink, factor) in zip(
                 cts.streams, stabs, finals, loop.terms, strict=True
             )

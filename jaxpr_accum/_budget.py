@@ -50,6 +50,7 @@ import numpy as np
 from jaxpr_accum import _compat, _interpret
 from jaxpr_accum._assemble import build
 from jaxpr_accum._cost import Candidate, format_bytes, nbytes
+from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._errors import ArgumentError, SerializeError
 from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
 
@@ -121,11 +122,6 @@ def abstract(x: Any) -> Any:
     return jax.ShapeDtypeStruct(
         np.shape(x), aval.dtype, weak_type=aval.weak_type, sharding=_compat.named_sharding(x)
     )
-
-
-def is_float(x: Any) -> bool:
-    """Whether ``x`` (a value or a dtype) is a floating or complex one."""
-    return bool(jnp.issubdtype(getattr(x, "dtype", x), jnp.inexact))
 
 
 def scalar_of(outputs: Sequence[Any]) -> Any:
@@ -317,7 +313,7 @@ def impossible(split: Split, tried: list, limit: int, devices: int, wrt: str) ->
         for i in split.indices(PROLOGUE) + split.indices(EPILOGUE)
         for v in jaxpr.eqns[i].outvars
     )
-    params = sum(nbytes(v) for v in split.invariants if is_float(v.aval.dtype))
+    params = sum(nbytes(v) for v in split.invariants if is_float(v))
     parts = {
         "the unchunked prologue and epilogue (values computed once on the full axis, "
         f"{format_bytes(outside)})": outside,

@@ -42,8 +42,7 @@ def choose_split(
         ]
         n = _compat.shape_of(seeds[0][0])[seeds[0][1].dim]
         analysis = Analysis(jaxpr, n).run(seeds)
-        where = sorted({f"{names[v]} at axis {loc.dim}" for v, loc in seeds})
-        born = _listed(where)
+        born = _listed(sorted({f"{names[v]} at axis {loc.dim}" for v, loc in seeds}))
         candidates = [make_split(jaxpr, analysis, born, stream)]
         what = (
             f"`argnums` {settings.argnums}"
@@ -142,7 +141,7 @@ def find_candidates(
     covered: set = set()
     splits = []
     for v in values:
-        shape = v.aval.shape
+        shape = _compat.shape_of(v)
         for d, n in enumerate(shape):
             if size is not None and n != size:
                 continue

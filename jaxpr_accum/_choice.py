@@ -22,12 +22,12 @@ This module only chooses; each mode is built by its own module (``_remat``, ``_f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
 from jaxpr_accum._cost import FUSED_INTO_READERS, Candidate, format_bytes, nbytes
+from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._jacobians import gradient_sums, jacobian_width
 from jaxpr_accum._plan import BODY, EPILOGUE, Split
 
@@ -76,7 +76,7 @@ def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
     if width == 0:
         return "the region has no floating-point sum that carries a gradient"
     if any(
-        jnp.issubdtype(v.aval.dtype, jnp.complexfloating)
+        jnp.issubdtype(_compat.dtype_of(v), jnp.complexfloating)
         for v, f in zip(split.sums, flags, strict=True)
         if f
     ):
@@ -130,7 +130,7 @@ def fused_extra_bytes(candidate: Candidate) -> int:
     split = candidate.split
     width = jacobian_width(split)
     inputs = _differentiable_bytes(split)
-    invariant = sum(nbytes(v) for v in split.invariants if _is_float(v))
+    invariant = sum(nbytes(v) for v in split.invariants if is_float(v))
     held_over = invariant if _epilogue_bytes(split) > _chunk_bytes(candidate) else 0
     return (width - 1) * inputs + held_over
 
@@ -140,7 +140,7 @@ def remat_bytes_estimate(candidate: Candidate) -> int:
     inputs' gradient accumulators, or the program after the loop, whichever is more, plus the
     outputs stacked back to full size."""
     split = candidate.split
-    invariant = sum(nbytes(v) for v in split.invariants if _is_float(v))
+    invariant = sum(nbytes(v) for v in split.invariants if is_float(v))
     peak = max(_chunk_bytes(candidate) + invariant, _epilogue_bytes(split))
     return max(peak + split.stacked_bytes, 1)
 
@@ -159,10 +159,6 @@ def _epilogue_bytes(split: Split) -> int:
     )
 
 
-def _is_float(v: Any) -> bool:
-    return bool(jnp.issubdtype(v.aval.dtype, jnp.inexact))
-
-
 def _differentiable_bytes(split: Split) -> int:
     inputs = [*split.invariants, *(v for v, _ in split.chunked)]
-    return sum(nbytes(v) for v in inputs if jnp.issubdtype(v.aval.dtype, jnp.inexact))
+    return sum(nbytes(v) for v in inputs if is_float(v))

@@ -83,7 +83,7 @@ def canonical_conv(lhs: Any, rhs: Any, *, dimension_numbers: Any, **params: Any)
         )
     else:
         out = _conv_p.bind(lhs, rhs, dimension_numbers=numbers, **params)
-    return _transpose(out, np.argsort(out_perm))
+    return _transpose(out, [int(i) for i in np.argsort(out_perm)])
 
 
 def _is_float_conv(invals: Sequence[Any]) -> bool:

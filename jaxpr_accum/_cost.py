@@ -29,9 +29,8 @@ import dataclasses
 import math
 from typing import Any
 
-import jax.numpy as jnp
-
 from jaxpr_accum import _compat
+from jaxpr_accum._dtypes import is_float
 
 FUSED_INTO_READERS = frozenset(
     p
@@ -117,9 +116,7 @@ class Candidate:
         accumulators = sum(nbytes(v) for v in split.sums)
         accumulators += n_chunks * sum(nbytes(v) for v, _ in split.partials)
         accumulators += sum(s.nbytes * len(s.terms) for s in split.sinks)
-        cotangents = sum(
-            nbytes(v) for v in split.invariants if jnp.issubdtype(v.aval.dtype, jnp.inexact)
-        )
+        cotangents = sum(nbytes(v) for v in split.invariants if is_float(v))
         return self.avoided_bytes - split.stacked_bytes - accumulators - cotangents
 
     def warning(self) -> str | None:

@@ -79,7 +79,7 @@ def _build_modules(cfg: Seed1Config):
     def to_sigma(h):
         return cfg.sigma_floor + (1.0 - cfg.sigma_floor) * nn.softplus(h)
 
-    class Encoder(nn.Module):
+    class Encoder(nn.Module):  # type: ignore[name-defined]
         """Small on purpose: the encoder runs once, outside the sample axis."""
 
         @nn.compact
@@ -89,7 +89,7 @@ def _build_modules(cfg: Seed1Config):
             h = nn.Conv(features=2 * cfg.latent, kernel_size=(3, 3))(h)
             return h[..., : cfg.latent], to_sigma(h[..., cfg.latent :])
 
-    class Decoder(nn.Module):
+    class Decoder(nn.Module):  # type: ignore[name-defined]
         """The heavy part: its activations exist once per Monte-Carlo sample."""
 
         @nn.compact
@@ -100,7 +100,7 @@ def _build_modules(cfg: Seed1Config):
             h = nn.Conv(features=2 * cfg.channels, kernel_size=(3, 3))(h)
             return h[..., : cfg.channels], to_sigma(h[..., cfg.channels :])
 
-    class Model(nn.Module):
+    class Model(nn.Module):  # type: ignore[name-defined]
         @nn.compact
         def __call__(self, masked_x, rng, n_samples: int):
             mu, sigma = Encoder()(masked_x)

@@ -30,8 +30,8 @@ import jax
 import numpy as np
 
 from jaxpr_accum import _compat
+from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._errors import ArgumentError, SerializeError, warn
-from jaxpr_accum._signature import is_float
 
 STRICT_VARIABLE = "JAXPR_ACCUM_STRICT"
 T = TypeVar("T")

@@ -14,10 +14,10 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
+from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._jacobians import gradient_sums
 from jaxpr_accum._region_p import Mode
 from jaxpr_accum._remat import linearize as remat_linearize
-from jaxpr_accum._signature import is_float
 
 
 def linearize(

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import Literal
 from jaxpr_accum._conv import canonicalize
+from jaxpr_accum._dtypes import accumulator_dtype, is_float
 from jaxpr_accum._lattice import AxisLoc
-from jaxpr_accum._loop import ChunkLoop, accumulator_dtype, add_into, join, wanted
+from jaxpr_accum._loop import ChunkLoop, add_into, join, wanted
 from jaxpr_accum._plan import BODY, Split
 from jaxpr_accum._signature import Inputs
 
@@ -23,9 +24,6 @@ def gradient_sums(split: Split) -> list[bool]:
     """Which of the region's sums carry gradients: computed from a floating input of the
     region through floating values only. A token count made from integer labels, or an
     accuracy (through ``argmax`` and a comparison), carries none."""
-
-    def is_float(v: Any) -> bool:
-        return jnp.issubdtype(v.aval.dtype, jnp.inexact)
 
     dependent = {v for v in [*split.invariants, *(v for v, _ in split.chunked)] if is_float(v)}
     for i in split.indices(BODY):
@@ -38,14 +36,16 @@ def gradient_sums(split: Split) -> list[bool]:
 def jacobian_width(split: Split) -> int:
     """Entries of the sums whose Jacobian rows the fused mode keeps."""
     return sum(
-        math.prod(v.aval.shape) for v, g in zip(split.sums, gradient_sums(split), strict=True) if g
+        math.prod(_compat.shape_of(v))
+        for v, g in zip(split.sums, gradient_sums(split), strict=True)
+        if g
     )
 
 
 def jacobian_row_dtype(split: Split) -> Any:
     """The dtype of the fused Jacobian rows: the gradient-carrying sums' own, at least f32."""
     flags = gradient_sums(split)
-    dtypes = [v.aval.dtype for v, f in zip(split.sums, flags, strict=True) if f]
+    dtypes = [_compat.dtype_of(v) for v, f in zip(split.sums, flags, strict=True) if f]
     return jnp.result_type(jnp.float32, *dtypes)
 
 
@@ -74,7 +74,7 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
             sums = f(a, b).sums
             return jnp.concatenate([jnp.ravel(sums[i]).astype(row_dtype) for i in float_sums]), sums
 
-        rows_out, pullback, sums = jax.vjp(flat, *primals, has_aux=True)
+        rows_out, pullback, sums = jax.vjp(flat, *primals, has_aux=True)  # type: ignore[var-annotated]
         basis = _compat.vary(eye, _compat.varying_axes(rows_out))  # the rows' type (shard_map)
         if width == 1:  # no vmap: batching would make the convolutions non-canonical
             d_inv, d_ch = canonicalize(pullback)(basis[0])

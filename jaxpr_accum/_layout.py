@@ -132,7 +132,7 @@ def detect(
 
 
 def describe(layout: Layout, split: Split, chunk: int) -> str:
-    if layout.devices == 1:
+    if not isinstance(layout, ShardedLayout):
         return "one device, contiguous chunks"
     per = chunk // layout.devices
     return (

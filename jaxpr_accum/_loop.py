@@ -29,10 +29,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxpr_accum import _compat, _stream
+from jaxpr_accum._dtypes import accumulator_dtype, is_float
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._plan import BODY, Split
 from jaxpr_accum._resize import Resizer, shifted, take_chunk
-from jaxpr_accum._signature import Inputs, Outputs, Signature, is_float
+from jaxpr_accum._signature import Inputs, Outputs, Signature
 
 
 class ChunkOut(NamedTuple):
@@ -44,14 +45,6 @@ class ChunkOut(NamedTuple):
     stacked: list
     parts: list
     stabs: list
-
-
-def accumulator_dtype(dtype: Any, accum_dtype: Any) -> Any:
-    if accum_dtype is not None:
-        return jnp.dtype(accum_dtype)
-    if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4:
-        return jnp.dtype(jnp.float32)
-    return jnp.dtype(dtype)
 
 
 def unstack(ys: Any, loc: AxisLoc) -> Any:
@@ -153,7 +146,8 @@ class ChunkLoop:
         """
         carry = _compat.vary(carry, _compat.union_varying(carry, xs, reads))
         k, n = self.chunk, self.n_full
-        scanned = rest = None
+        scanned: Any = None
+        rest: Any = None
         if n:
 
             def scan_step(c: Any, index_and_x: tuple) -> tuple:
@@ -188,13 +182,13 @@ class ChunkLoop:
             )
 
         partials = [per_chunk(*parts(0, j)) for j in range(n_partials)]
-        stacked = [join(*parts(1, j), loc) for j, loc in enumerate(locs)]
+        stacked = [join(*parts(1, j), loc) for j, loc in enumerate(locs)]  # type: ignore[call-arg]
         return partials, stacked
 
     # -- accumulators --------------------------------------------------------------------
     def zero_sums(self) -> list:
         return [
-            jnp.zeros(v.aval.shape, accumulator_dtype(v.aval.dtype, None))
+            jnp.zeros(_compat.shape_of(v), accumulator_dtype(_compat.dtype_of(v), None))
             for v in self.signature.sums
         ]
 
@@ -202,7 +196,7 @@ class ChunkLoop:
         """Accumulators of the streamed terms, and their running stabilisers (``-inf``)."""
         accs, stabs = [], []
         for sink, factor in self.terms:
-            dtype = accumulator_dtype(sink.var.aval.dtype, None)
+            dtype = accumulator_dtype(_compat.dtype_of(sink.var), None)
             accs.append(jnp.zeros(sink.shape, dtype))
             compact = [sink.shape[d] for d in factor.where] if factor is not None else None
             stabs.append(None if compact is None else jnp.full(compact, -jnp.inf, dtype))

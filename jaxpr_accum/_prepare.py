@@ -31,6 +31,7 @@ from jaxpr_accum import (
 )
 from jaxpr_accum._assemble import build
 from jaxpr_accum._cost import Candidate
+from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._plan import Split
 from jaxpr_accum._report import Plan
 from jaxpr_accum._settings import Settings
@@ -72,7 +73,7 @@ class Prepared:
         run: Callable | None = None,
     ):
         self.traced, self.split, self.plan, self.as_written = traced, split, plan, as_written
-        self.run = run if run is not None else functools.partial(as_written, traced.jaxpr)
+        self.run = run if run is not None else functools.partial(run_as_written, traced.jaxpr)
         self.jitted = jax.jit(self.run)
         self.warned = split is None
 
@@ -132,7 +133,7 @@ class Planner:
             chosen = fitted
         with stage("building"):
             run = build(chosen.split, chosen.chunk, grad, self.settings.accum_dtype, layout)
-        original = functools.partial(as_written, traced.jaxpr)
+        original = functools.partial(run_as_written, traced.jaxpr)
         with stage("tracing the forward and backward passes"):
             _fallback.validate(run, inputs, original)
         plan = Plan.from_candidate(chosen, usable, grad, reason, layout, budget)
@@ -197,7 +198,8 @@ class Planner:
         return chosen, grad, reason, layout, budget
 
 
-def as_written(jaxpr: Any, *flat: Any) -> list:
+def run_as_written(jaxpr: Any, *flat: Any) -> list:
+    """The traced program evaluated as written (no region)."""
     return _interpret.eval_jaxpr(jaxpr, flat)
 
 
@@ -208,13 +210,13 @@ def differentiated_inputs(traced: _trace.Traced, inputs: list, pattern: tuple | 
     if pattern is None:
         return float_arguments(traced, inputs)
     nc = traced.n_consts
-    consts = [i for i in range(nc) if _budget.is_float(inputs[i])]
+    consts = [i for i in range(nc) if is_float(inputs[i])]
     consts = [i for i in consts if _compat.differentiated(inputs[i])]
-    args = [nc + j for j, p in enumerate(pattern) if p and _budget.is_float(inputs[nc + j])]
+    args = [nc + j for j, p in enumerate(pattern) if p and is_float(inputs[nc + j])]
     return consts + args
 
 
 def float_arguments(traced: _trace.Traced, inputs: list) -> list[int]:
     """Indices in ``inputs`` of the floating arguments (closed-over constants excluded)."""
     nc = traced.n_consts
-    return [i for i, x in enumerate(inputs) if i >= nc and _budget.is_float(x)]
+    return [i for i, x in enumerate(inputs) if i >= nc and is_float(x)]

@@ -23,9 +23,10 @@ from typing import Any
 import jax
 
 from jaxpr_accum import _compat
+from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._region import Region
 from jaxpr_accum._region_p import Mode
-from jaxpr_accum._signature import Inputs, is_float
+from jaxpr_accum._signature import Inputs
 
 
 def _perturbed(region: Region, flags: Sequence[bool]) -> Inputs:

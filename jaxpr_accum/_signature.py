@@ -22,17 +22,11 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import jax.numpy as jnp
-
+from jaxpr_accum import _compat
 from jaxpr_accum._compat import Var
+from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._stream.layout import StreamLayout
-
-
-def is_float(x: Any) -> bool:
-    """Whether ``x`` (an array, an aval, a jaxpr variable or a dtype) is floating or complex."""
-    aval = getattr(x, "aval", x)
-    return bool(jnp.issubdtype(getattr(aval, "dtype", aval), jnp.inexact))
 
 
 class Inputs(NamedTuple):
@@ -94,18 +88,19 @@ class Signature:
         return Inputs(list(self.invariants), [v for v, _ in self.chunked])
 
     # -- outputs -------------------------------------------------------------------------
-    def sizes(self) -> Outputs:
-        """The length of every output group (as an ``Outputs`` of ints)."""
-        return Outputs(
+    def sizes(self) -> tuple[int, int, int, int, int]:
+        """The length of every output group, in the order of ``Outputs``."""
+        return (
             len(self.sums),
             len(self.partials),
             len(self.stacked),
             self.streams.n_terms,
             self.streams.n_finals,
-        )  # type: ignore[arg-type]
+        )
 
     def outputs(self, flat: Sequence) -> Outputs:
-        groups, start = [], 0
+        groups: list[list] = []
+        start = 0
         for n in self.sizes():
             groups.append(list(flat[start : start + n]))
             start += n
@@ -123,4 +118,4 @@ class Signature:
         )
 
     def sum_dtypes(self) -> list:
-        return [v.aval.dtype for v in self.sums]
+        return [_compat.dtype_of(v) for v in self.sums]

@@ -141,14 +141,15 @@ class Stages:
             ops = _stream.operands(eqn, self._kind)
             if not any(isinstance(op, _stream.Streamed | _stream.Deferred) for op in ops):
                 return False
-            result = _stream.apply(_stream.Emitter(eqn, sink), ops, None if sink else out_loc.dim)
+            axis = None if out_loc is None else out_loc.dim
+            result = _stream.apply(_stream.Emitter(eqn, sink), ops, axis)
         except _stream.NotStreamable:
             return False
         self.streamed_eqns.add(idx)
         self.deferred.update(op.var for op in ops if isinstance(op, _stream.Deferred))
         if sink:
             var = eqn.outvars[0]
-            shape = var.aval.shape if result.shape is None else result.shape
+            shape = _compat.shape_of(var) if result.shape is None else result.shape
             self.sinks.append(_stream.Sink(var, idx, result.terms, shape, result.later))
             self.reductions.append(Stop(eqn, "reduces the axis (a streamed sum)"))
         else:

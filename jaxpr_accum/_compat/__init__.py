@@ -226,9 +226,14 @@ def jax_version() -> str:
     return jax.__version__
 
 
-def shape_of(v: Var) -> tuple[int, ...]:
+def shape_of(v: Any) -> tuple[int, ...]:
     """The shape of a jaxpr variable (its aval is a ``ShapedArray``)."""
-    return tuple(v.aval.shape)  # type: ignore[attr-defined]
+    return tuple(v.aval.shape)
+
+
+def dtype_of(v: Any) -> np.dtype:
+    """The dtype of a jaxpr variable (its aval is a ``ShapedArray``)."""
+    return np.dtype(v.aval.dtype)
 
 
 def gather_fill_value(eqn: JaxprEqn) -> Any:
@@ -237,13 +242,12 @@ def gather_fill_value(eqn: JaxprEqn) -> Any:
     fill = eqn.params.get("fill_value")
     if fill is not None:
         return fill
-    dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    dtype = dtype_of(eqn.outvars[0])
     if np.issubdtype(dtype, np.inexact):
         return np.nan
-    if np.issubdtype(dtype, np.signedinteger):
-        return np.iinfo(dtype).min
-    if np.issubdtype(dtype, np.unsignedinteger):
-        return np.iinfo(dtype).max
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype.type)  # type: ignore[type-var]
+        return info.min if np.issubdtype(dtype, np.signedinteger) else info.max
     return True
 
 

@@ -27,11 +27,11 @@ def link_call(view: Any, eqn: Any, path: tuple, sub: Any, operands: list, result
     """Link ``operands`` to ``sub``'s inputs and ``sub``'s outputs to ``results``; register it."""
     inner = open_jaxpr(sub)
     ctx = view.sub_ctx(path)
-    for outer, v in zip(operands, inner.invars, strict=True):
-        view.link((view.ctx, outer), (ctx, v))
+    for operand, v in zip(operands, inner.invars, strict=True):
+        view.link((view.ctx, operand), (ctx, v))
     view.walk(path, sub)
-    for v, outer in zip(inner.outvars, results, strict=True):
-        view.link((ctx, v), (view.ctx, outer))
+    for out, result in zip(inner.outvars, results, strict=True):
+        view.link((ctx, out), (view.ctx, result))
 
 
 def _passed(sub: Any) -> list[tuple[int, int, list[int]]]:
@@ -118,7 +118,7 @@ class Scan(Rule):
             outs = r.eval(("jaxpr",), p["jaxpr"], [*consts, *carry, *x])
             return outs[:ncarry], outs[ncarry:]
 
-        carry, ys = lax.scan(
+        carry, ys = lax.scan(  # type: ignore[var-annotated]
             body, list(init), list(xs), length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
         )
         return [*carry, *ys]
@@ -161,7 +161,7 @@ class While(Rule):
         def body_fun(carry: list) -> list:
             return r.eval(("body_jaxpr",), p["body_jaxpr"], [*bconsts, *carry])
 
-        return list(lax.while_loop(cond_fun, body_fun, list(init)))
+        return list(lax.while_loop(cond_fun, body_fun, list(init)))  # type: ignore[arg-type]
 
 
 class Cond(Rule):

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import Literal
+from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._errors import SerializeError
 from jaxpr_accum._rules.control_flow import link_call
 from jaxpr_accum._rules.rule_check import RESIDUAL, check_rule
@@ -48,11 +49,11 @@ _ACTIVE: set = set()  # identities of the custom functions whose rules are being
 
 
 def _nondiff(v: Any) -> bool:
-    return not jnp.issubdtype(v.aval.dtype, jnp.inexact)
+    return not is_float(v)
 
 
 def _zero_tangent(x: Any) -> Any:
-    if jnp.issubdtype(x.dtype, jnp.inexact):
+    if is_float(x):
         return jnp.zeros_like(x)
     return _compat.zeros_float0(x.shape)
 

@@ -119,7 +119,7 @@ def _first_problem(analysis: Any, inner: Any, out_locs: Sequence, partial_output
     return None
 
 
-def _is_linear_in_partials(eqn: Any, analysis: Any, partials: set, tainted: set) -> bool:
+def _is_linear_in_partials(eqn: Any, analysis: Any, partials: set, tainted: dict) -> bool:
     prim = eqn.primitive
     operands = list(eqn.invars)
 

@@ -12,6 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
+from jaxpr_accum import _compat
 from jaxpr_accum._compat import Literal, Var
 from jaxpr_accum._stream.terms import Exp, Power, Term, compact, finite, place, rescale
 
@@ -29,7 +30,7 @@ class Sink:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * self.var.aval.dtype.itemsize
+        return math.prod(self.shape) * _compat.dtype_of(self.var).itemsize
 
 
 def accumulate(acc: Any, s_run: Any, part: Any, s_chunk: Any, factor: Exp | None) -> tuple:
@@ -66,7 +67,7 @@ def combine(sink: Sink, accs: Sequence, shifts: Sequence, read: Callable) -> Any
     """``sum_j acc_j * F_j`` with the deferred values ``read(var)`` and the final
     stabilisers ``shifts`` (one per ``Exp`` term, in order), summed over ``sink.later``."""
     shape, total = sink.shape, None
-    shifts = iter(shifts)
+    remaining = iter(shifts)
     for term, acc in zip(sink.terms, accs, strict=True):
         value = acc
         for f in term.factors:
@@ -75,14 +76,15 @@ def combine(sink: Sink, accs: Sequence, shifts: Sequence, read: Callable) -> Any
                 d = d if abs(f.power) == 1 else d ** abs(f.power)
                 value = value * d if f.power > 0 else value / d  # divided, as the original
             else:
-                exponent = place(lax.stop_gradient(finite(next(shifts))), f.where, shape)
+                exponent = place(lax.stop_gradient(finite(next(remaining))), f.where, shape)
                 for v, c, w in f.lin:
                     exponent = exponent + c * place(compact(read(v)).astype(acc.dtype), w, shape)
                 value = value * jnp.exp(exponent)
         total = value if total is None else total + value
+    assert total is not None, "a sink without terms"
     if sink.later:
         total = jnp.sum(total, axis=sink.later)
-    return total.astype(sink.var.aval.dtype)
+    return total.astype(_compat.dtype_of(sink.var))
 
 
 def origin(definition: Callable[[Any], Any], v: Var) -> Any:

@@ -178,7 +178,7 @@ def _broadcast(em: Emitter, ops: list, axis: Any) -> Streamed:
     dims = em.eqn.params["broadcast_dimensions"]
     op = ops[0]
     if isinstance(op, Deferred):
-        shape = op.var.aval.shape
+        shape = _compat.shape_of(op.var)
         where = tuple(dims[i] for i, n in enumerate(shape) if n != 1)
         if axis in where:
             raise NotStreamable("a deferred value broadcast along the axis")

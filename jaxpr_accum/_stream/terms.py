@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxpr_accum import _compat
 from jaxpr_accum._compat import Var
 
 MAX_TERMS = 8  # terms of one streamed value (a product multiplies the counts)
@@ -130,7 +131,7 @@ def negated(c: Any) -> Any:
 
 def where_of(d: Var, out: Var, axis_dim: int | None) -> tuple[int, ...]:
     """The dimensions of ``out`` that deferred ``d`` (same rank, or a scalar) varies along."""
-    dshape, oshape = d.aval.shape, out.aval.shape
+    dshape, oshape = _compat.shape_of(d), _compat.shape_of(out)
     if not dshape:
         return ()
     if len(dshape) != len(oshape):

@@ -96,7 +96,7 @@ class Difference(NamedTuple):
     max_abs: float
     max_rel: float
     path: str
-    index: tuple
+    index: tuple  # type: ignore[assignment]  # a field named like tuple.index
 
 
 @dataclasses.dataclass
@@ -134,7 +134,7 @@ def _compare(
     ``label(path)`` names a leaf in messages; ``noise``: see ``_compare_leaves``."""
     ref_items, ref_tree = jax.tree_util.tree_flatten_with_path(ref)
     got_leaves, got_tree = jax.tree_util.tree_flatten(got)
-    if got_tree != ref_tree:
+    if got_tree != ref_tree:  # type: ignore[operator]
         lines = [f"pytree structure: serialized {got_tree}", f"original {ref_tree}"]
         return _Compared(_Mismatch(label(()) or "<root>", lines), Difference(0.0, 0.0, "", ()))
     pairs = [

@@ -95,7 +95,7 @@ class _LeafSpec:
         if self.kind == "static":
             return self.like
         if self.kind == "float":
-            value = rng.standard_normal(self.shape)
+            value: Any = rng.standard_normal(self.shape)
             if jnp.issubdtype(self.dtype, jnp.complexfloating):
                 value = value + 1j * rng.standard_normal(self.shape)
             elif self.nonneg:

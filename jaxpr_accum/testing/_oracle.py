@@ -129,12 +129,12 @@ def _runner(fun: Callable, s: _Split, primal: bool, seed: int, noisy: bool = Fal
     """
     key = (fun, s.treedef, s.kinds, s.static, primal, seed, noisy)
     try:
-        run = _RUNNERS[key]
+        cached = _RUNNERS[key]
     except (KeyError, TypeError):
         pass
     else:
         _RUNNERS.move_to_end(key)
-        return run
+        return cached
 
     def call(diff: list, dyn: list) -> tuple[Any, Any]:
         args, kwargs = _rebuild(s, diff, dyn)

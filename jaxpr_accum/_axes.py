@@ -243,7 +243,7 @@ class Analysis:
             eqn = contexts[ctx].eqns[idx]
             self.eqns[key] = eqn
             rule, view = rule_for(eqn.primitive), View(self, ctx, idx, eqn)
-            if not getattr(rule, "middle_factor_ok", False) and self._meets_middle_factor(ctx, eqn):
+            if not rule.middle_factor_ok and self._meets_middle_factor(ctx, eqn):
                 view.barrier(
                     f"`{eqn.primitive.name}` meets the axis as a middle factor of a merged "
                     "dimension (after a reshape such as [T, B, H] -> [T * B, H]) and has no "
@@ -264,9 +264,7 @@ class Analysis:
         self._mark_conflicts()
         for key in sorted(self.eqns, key=_order):
             eqn = self.eqns[key]
-            finalize = getattr(rule_for(eqn.primitive), "finalize", None)
-            if finalize is not None:
-                finalize(eqn, View(self, key[0], key[1], eqn))
+            rule_for(eqn.primitive).finalize(eqn, View(self, key[0], key[1], eqn))
         if self._queue:  # a finalize added facts: propagate them too
             self._fixpoint()
             self._mark_conflicts()
@@ -328,7 +326,7 @@ class Analysis:
         for path, sub in rule.children(eqn, View(self, ctx, idx, eqn)):
             sub_ctx = ctx + ((idx, path),)
             body = open_jaxpr(sub)
-            passed = passed_through(body) if getattr(rule, "passes_reductions", False) else set()
+            passed = passed_through(body) if rule.passes_reductions else set()
             for j, inner in enumerate(body.eqns):
                 if not self.touches(sub_ctx, inner):
                     continue

@@ -14,9 +14,10 @@ together (JAX's ``batching.py`` keys its rules the same way):
   results. ``r.k`` is the chunk length, ``r.start`` the traced index of the chunk's first
   position, ``r.in_locs`` / ``r.out_locs`` the axis positions.
 
-Optional: ``children(eqn, view)`` (sub-jaxprs that must be chunkable too; by default every
-sub-jaxpr in the parameters) and ``finalize(eqn, view)`` (called once after the analysis has
-converged; custom derivative rules are analysed there).
+Declared hooks with defaults: ``children(eqn, view)`` (sub-jaxprs that must be chunkable
+too; by default every sub-jaxpr in the parameters), ``finalize(eqn, view)`` (called once
+after the analysis has converged; custom derivative rules are analysed there), and the flags
+``middle_factor_ok`` and ``passes_reductions`` (see ``Rule``).
 
 Rules are plugins (``jaxpr_accum._rules``) that import this module; this module imports no
 rule. A primitive without a rule gets ``UNKNOWN``, a barrier that says how to register one.
@@ -30,35 +31,51 @@ never a silent no-op.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxpr_accum import _compat
+from jaxpr_accum._compat import JaxprEqn
 from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._view import View
+
+if TYPE_CHECKING:  # the resizer imports this module
+    from jaxpr_accum._resize import EqnResize
 
 
 class Rule:
     """Base rule: shape-free re-emission. Subclasses override ``propagate``.
 
-    ``middle_factor_ok``: the rule accepts the axis as a middle factor of a merged dimension
-    (``AxisLoc.outer > 1``) because it never indexes along a dimension that holds the axis:
-    elementwise functions, layout changes, contractions and reductions of it. For every
-    other rule the analysis turns such an equation into a barrier before the rule runs.
+    Declared hooks (the analysis reads nothing else):
+
+    - ``middle_factor_ok``: the rule accepts the axis as a middle factor of a merged
+      dimension (``AxisLoc.outer > 1``) because it never indexes along a dimension that holds
+      the axis: elementwise functions, layout changes, contractions and reductions of it. For
+      every other rule the analysis turns such an equation into a barrier before the rule runs.
+    - ``passes_reductions``: a reduction over the axis whose result is a direct output of a
+      sub-jaxpr makes that output of the equation a reduction too (an inlined call).
+    - ``children``: the sub-jaxprs that must be chunkable for the equation to be.
+    - ``finalize``: called once per analysed equation after the analysis has converged
+      (custom derivative rules are analysed there); a no-op by default.
     """
 
-    middle_factor_ok = False
+    middle_factor_ok: bool = False
+    passes_reductions: bool = False
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         raise NotImplementedError
 
-    def resize_params(self, eqn: Any, r: Any) -> dict:
+    def resize_params(self, eqn: JaxprEqn, r: EqnResize) -> dict:
         return eqn.params
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list) -> list:
         return _compat.bind(eqn, invals, self.resize_params(eqn, r))
 
-    def children(self, eqn: Any, view: Any) -> list:
+    def children(self, eqn: JaxprEqn, view: View) -> list:
         """Sub-jaxprs that must be mappable for this equation to be chunked."""
         return list(_compat.sub_jaxprs(eqn.params))
+
+    def finalize(self, eqn: JaxprEqn, view: View) -> None:
+        """After the analysis has converged (nothing by default)."""
 
 
 class Barrier(Rule):

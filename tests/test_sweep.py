@@ -56,7 +56,11 @@ def test_rows_are_the_original_then_every_chunk_and_mode(sweep):
     for r in sweep.rows[1:]:
         assert r["memory_ratio"] == pytest.approx(r["temp_bytes"] / original["temp_bytes"])
         assert r["time_ratio"] == pytest.approx(r["time_s"] / original["time_s"])
-        assert r["mode"] in ("remat", "fused") and (r["grad"] == "auto" or r["mode"] == "remat")
+        if r["grad"] == "auto" and r["chunk"] >= 2:  # one chunk: auto runs it as written
+            assert r["mode"] == "none", r
+        else:
+            assert r["mode"] in ("remat", "fused"), r
+            assert r["grad"] == "auto" or r["mode"] == "remat", r
     whole = [r for r in sweep.rows if r["chunk"] == 2]
     assert all("holds the whole axis" in r["warning"] for r in whole), whole
 
@@ -253,7 +257,8 @@ def stops_at_a_transpose(x):
 
 
 def test_plan_html_shows_the_plan_at_a_glance():
-    plan = ja.serialize_axis(stops_at_a_transpose, chunk=4, argnums=0).explain(jnp.ones((10, 10)))
+    sf = ja.serialize_axis(stops_at_a_transpose, chunk=4, argnums=0, grad="remat")
+    plan = sf.explain(jnp.ones((10, 10)))  # an explicit mode keeps the loop (and the warning)
     html = plan._repr_html_()
     line = stops_at_a_transpose.__code__.co_firstlineno + 1
     assert plan.stops and plan.warning, str(plan)

@@ -49,8 +49,11 @@ class _UserRule(Rule):
 
     def __init__(self, user: Any):
         self.user = user
-        if hasattr(user, "finalize"):
-            self.finalize = user.finalize
+        self.middle_factor_ok = bool(getattr(user, "middle_factor_ok", False))
+
+    def finalize(self, eqn: Any, view: Any) -> None:
+        if hasattr(self.user, "finalize"):
+            self.user.finalize(eqn, view)
 
     def propagate(self, eqn: Any, view: Any) -> None:
         self.user.propagate(eqn, view)

@@ -70,6 +70,48 @@ def test_the_import_graph_has_no_cycle():
             visit(m)
 
 
+DOC = PACKAGE.parent / "docs" / "how-it-works.md"
+
+
+def declared_layers() -> list[list[str]]:
+    """The layers ``docs/how-it-works.md`` declares, top first: module names per layer."""
+    text = DOC.read_text()
+    table = text.split("<!-- layers:begin -->")[1].split("<!-- layers:end -->")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]  # no header
+    return [re.findall(r"`([\w.]+)`", row.split("|")[2]) for row in rows]
+
+
+def layer_of() -> dict[str, int]:
+    """Every package module -> its layer's index (a submodule belongs to its package's)."""
+    layers = declared_layers()
+    where = {name: i for i, names in enumerate(layers) for name in names}
+    found = {}
+    for module in import_graph():
+        parts = module.split(".")[1:] or ["jaxpr_accum"]
+        key = next((p for p in (parts[0], ".".join(parts)) if p in where), None)
+        assert key is not None, f"{module} is in no layer of docs/how-it-works.md"
+        found[module] = where[key]
+    return found
+
+
+def test_every_module_imports_only_its_own_layer_and_those_above():
+    layer = layer_of()
+    names = [", ".join(n) for n in declared_layers()]
+    bad = [
+        f"{m} ({names[layer[m]]}) imports {d} ({names[layer[d]]})"
+        for m, deps in import_graph().items()
+        for d in deps
+        if layer[d] > layer[m] and not (m == "jaxpr_accum" or d == "jaxpr_accum")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layers_name_every_module_once():
+    declared = [n for names in declared_layers() for n in names]
+    assert len(declared) == len(set(declared)), declared
+    layer_of()  # every module is in one
+
+
 def test_the_engine_imports_no_rule():
     graph = import_graph()
     for engine in ("_lattice", "_table", "_axes", "_resize", "_interpret", "_compat", "_errors"):
@@ -77,10 +119,23 @@ def test_the_engine_imports_no_rule():
         assert not any(d.startswith("jaxpr_accum._rules") for d in deps), (engine, deps)
 
 
-def test_no_module_is_much_over_300_lines():
-    sizes = {p.name: len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    too_big = {n: s for n, s in sizes.items() if s > 400 and n != "_demo.py"}
+def test_no_module_is_over_300_lines():
+    sizes = {
+        str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")
+    }
+    too_big = {n: s for n, s in sizes.items() if s > 300}
     assert not too_big, too_big
+
+
+def test_no_function_is_much_over_60_lines():
+    long = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 65:
+                    long[f"{path.relative_to(PACKAGE)}:{node.name}"] = n
+    assert not long, long
 
 
 def test_rules_are_keyed_by_the_primitive_objects_of_this_jax():

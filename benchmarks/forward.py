@@ -52,6 +52,7 @@ import jaxpr_accum as ja  # noqa: E402
 from jaxpr_accum._demo import fmt_bytes, print_table  # noqa: E402
 
 MODES = ("auto", "remat", "fused", "native")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JVP_TARGET, DIFF_TARGET = 0.5, 2e-4
 
 
@@ -197,7 +198,7 @@ def jacobian_cases(quick: bool) -> tuple[list[dict], dict]:
                 "base_time": timed.median_time("original"),
                 "axis": plan.axis_size,
                 "auto_axis": auto_plan.axis_size,
-                "auto_born": auto_plan.born,
+                "auto_born": auto_plan.born.replace(ROOT + os.sep, ""),
                 "stacked": sum(b for _, b in plan.stacked),
             }
         )

@@ -508,13 +508,21 @@ def tree_rel_error(got: Any, ref: Any, *, floor: float = 1e-3) -> float:
 
 
 #: The sections of ``docs/benchmarks.md``, in order; each script rewrites its own.
-DOC_SECTIONS = ("peers", "accuracy", "tracing", "random_memory", "budget", "normalisers")
+DOC_SECTIONS = (
+    "peers",
+    "accuracy",
+    "tracing",
+    "random_memory",
+    "budget",
+    "normalisers",
+    "forward",
+)
 DOC_HEADER = """# Benchmarks
 
 Written by the scripts in `benchmarks/` (each one rewrites its own section below): `python
 benchmarks/peers.py`, `python benchmarks/accuracy.py`, `python benchmarks/tracing.py`, `python
 benchmarks/random_memory.py`, `python benchmarks/budget.py`, `python benchmarks/normalisers.py
---write`. Memory is XLA's own accounting of
+--write`, `python benchmarks/forward.py`. Memory is XLA's own accounting of
 the compiled `jax.jit(jax.value_and_grad(f))`
 (`compiled.memory_analysis().temp_size_in_bytes`); times are medians of *paired* ratios from
 interleaved repeats (every round runs the original and each variant back to back, the ratio is

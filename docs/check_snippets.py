@@ -58,6 +58,7 @@ PAGES = [
     "multi-device.md",
     "testing.md",
     "normalisers.md",
+    "jacobians.md",
 ]
 TIMEOUT_S = 900
 

@@ -26,6 +26,7 @@ EXAMPLES = [
     "nnx_grad_accum.py",
     "long_attention.py",
     "large_vocab_loss.py",
+    "vmc_sr.py",
 ]
 COMMANDS = {name: [str(ROOT / "examples" / name), "--quick"] for name in EXAMPLES}
 COMMANDS["demo"] = ["-m", "jaxpr_accum", "demo", "--quick"]

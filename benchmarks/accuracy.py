@@ -31,10 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from models import MLPConfig, benchmark_options, mlp_problem, write_doc_section  # noqa: E402
+from harness import benchmark_options, print_table, write_doc_section  # noqa: E402
+from models import MLPConfig, mlp_problem  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._demo import print_table  # noqa: E402
 
 TARGET = 1.5
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

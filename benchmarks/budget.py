@@ -36,20 +36,18 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
+from harness import benchmark_options, fmt_bytes, print_table, write_doc_section  # noqa: E402
 from models import (  # noqa: E402
     MLPConfig,
     Seed1Config,
     TransformerConfig,
-    benchmark_options,
     mlp_problem,
     seed1_problem,
     transformer_problem,
-    write_doc_section,
 )
 
 import jaxpr_accum as ja  # noqa: E402
 from jaxpr_accum import _budget, _dtypes  # noqa: E402
-from jaxpr_accum._demo import fmt_bytes, print_table  # noqa: E402
 
 RATIO_TARGET, SLACK_S = 6.0, 2.0
 

@@ -40,16 +40,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from models import (  # noqa: E402
+from harness import (  # noqa: E402
     benchmark_options,
+    fmt_bytes,
     md_table,
+    print_table,
     time_paired,
     tree_rel_error,
     write_doc_section,
 )
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._demo import fmt_bytes, print_table  # noqa: E402
 
 MODES = ("auto", "remat", "fused", "native")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

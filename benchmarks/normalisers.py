@@ -60,13 +60,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import models  # noqa: E402
 import optax  # noqa: E402
+from harness import (  # noqa: E402
+    compile_all,
+    fmt_bytes,
+    md_table,
+    time_paired,
+    tree_rel_error,
+    write_doc_section,
+)
 from jax import lax  # noqa: E402
-from models import compile_all, md_table, time_paired, tree_rel_error  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._demo import fmt_bytes  # noqa: E402
+from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "normalisers"
@@ -351,10 +357,6 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".split("\n")[0]
 
 
-def temp_bytes(compiled: Any) -> int:
-    return compiled.memory_analysis().temp_size_in_bytes
-
-
 _PATH = re.compile(r"(/[^\s:`]+/)([^/\s:`]+\.py)")
 
 
@@ -410,7 +412,7 @@ def run_case(case: Case, s: Sizes, verbose: bool) -> dict[str, Any]:
     )[case.key]
     t_time = time.perf_counter() - t1
 
-    base = temp_bytes(compiled["original"])
+    base = temp_bytes_of(compiled["original"])
     ref = timings.outputs["original"]
     rows: dict[str, dict[str, Any]] = {}
     for name in fns:
@@ -420,7 +422,7 @@ def run_case(case: Case, s: Sizes, verbose: bool) -> dict[str, Any]:
             rows[name] = {"error": errors[name]}
             continue
         out = timings.outputs[name]
-        temp = temp_bytes(compiled[name])
+        temp = temp_bytes_of(compiled[name])
         rows[name] = {
             "temp": temp,
             "mem_ratio": temp / base,
@@ -458,7 +460,7 @@ def measure_growth(case: Case, verbose: bool) -> dict[int, dict[str, int | str]]
             **peers,
         }
         compiled, errors = compile_all(fns, args, verbose, argnums=case.diff, describe=_err)
-        out[n] = {name: temp_bytes(c) for name, c in compiled.items()} | errors
+        out[n] = {name: temp_bytes_of(c) for name, c in compiled.items()} | errors
     return out
 
 
@@ -666,22 +668,7 @@ def write_section(path: str, text: str) -> None:
 
     Also names this script in the list of scripts at the top of the file.
     """
-    if SECTION in getattr(models, "DOC_SECTIONS", ()):
-        models.write_doc_section(path, SECTION, text)  # the shared writer knows the section
-    else:
-        old = ""
-        if os.path.exists(path):
-            with open(path) as fh:
-                old = fh.read()
-        pattern = re.compile(rf"<!-- {SECTION}:begin -->\n.*?<!-- {SECTION}:end -->\n", re.S)
-        block = f"<!-- {SECTION}:begin -->\n{text.rstrip()}\n<!-- {SECTION}:end -->\n"
-        if pattern.search(old):
-            new = pattern.sub(lambda _: block, old, count=1)
-        else:
-            new = (old.rstrip("\n") + "\n\n" if old else models.DOC_HEADER + "\n") + block
-        with open(path, "w") as fh:
-            fh.write(new)
-        print(f"wrote {os.path.relpath(path)}")
+    write_doc_section(path, SECTION, text)
     with open(path) as fh:
         head, sep, rest = fh.read().partition("<!-- ")
     if "benchmarks/normalisers.py" not in head:

@@ -44,23 +44,28 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
-from models import (  # noqa: E402
-    MLPConfig,
-    Seed1Config,
-    TransformerConfig,
+from harness import (  # noqa: E402
     compile_all,
+    fmt_bytes,
     md_table,
-    mlp_peers,
-    mlp_problem,
-    seed1_peers,
-    seed1_problem,
+    print_table,
     time_paired,
     tree_rel_error,
     write_doc_section,
 )
+from models import (  # noqa: E402
+    MLPConfig,
+    Seed1Config,
+    TransformerConfig,
+    mlp_peers,
+    mlp_problem,
+    seed1_peers,
+    seed1_problem,
+)
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._demo import QUICK_SEED1, fmt_bytes, print_table  # noqa: E402
+from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
+from jaxpr_accum._seed1 import QUICK_SEED1  # noqa: E402
 
 PEERS = ("scan+checkpoint", "lax.map", "lax.map+checkpoint")
 MODES = ("fused", "remat", "native")
@@ -201,7 +206,7 @@ def run_model(model: Model, verbose: bool, deadline: float) -> dict[str, Any]:
     timings = time_paired(groups, reference="original", budget_s=budget, max_rounds=40)
     t_time = time.perf_counter() - t1
 
-    base_temp = compiled["original"].memory_analysis().temp_size_in_bytes
+    base_temp = temp_bytes_of(compiled["original"])
     rows = {}
     for k in model.chunks:
         res = timings[k]
@@ -210,7 +215,7 @@ def run_model(model: Model, verbose: bool, deadline: float) -> dict[str, Any]:
             if (k, name) in errors:
                 rows[(k, name)] = {"error": errors[(k, name)]}
                 continue
-            temp = compiled[(k, name)].memory_analysis().temp_size_in_bytes
+            temp = temp_bytes_of(compiled[(k, name)])
             exact = name in MODES or model.peers_exact
             out = res.outputs[name]
             rows[(k, name)] = {

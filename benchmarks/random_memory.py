@@ -37,17 +37,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
-from models import (  # noqa: E402
-    Seed1Config,
-    TransformerConfig,
-    benchmark_options,
-    seed1_problem,
-    transformer_problem,
-    write_doc_section,
-)
+from harness import benchmark_options, fmt_bytes, print_table, write_doc_section  # noqa: E402
+from models import Seed1Config, TransformerConfig, seed1_problem, transformer_problem  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._demo import QUICK_SEED1, compile_value_and_grad, fmt_bytes, print_table  # noqa: E402
+from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
+from jaxpr_accum._measure import compile_value_and_grad  # noqa: E402
+from jaxpr_accum._seed1 import QUICK_SEED1  # noqa: E402
 
 CHUNK = 4
 RATIO_TOL = 1.1
@@ -93,13 +89,11 @@ def dropout_memory(quick: bool) -> tuple[list[list[str]], list[tuple[str, str, b
     for label, rate in (("with dropout", 0.1), ("without dropout", 0.0)):
         cfg = TransformerConfig(dropout=rate, **size)
         loss, args = transformer_problem(cfg)
-        temps[(label, "original")] = (
-            compile_value_and_grad(loss, args).memory_analysis().temp_size_in_bytes
-        )
+        temps[(label, "original")] = temp_bytes_of(compile_value_and_grad(loss, args))
         for mode in ("auto", "remat"):
             sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1, grad=mode)
             compiled = compile_value_and_grad(sf, args)
-            temps[(label, mode)] = compiled.memory_analysis().temp_size_in_bytes
+            temps[(label, mode)] = temp_bytes_of(compiled)
             if mode == "auto":
                 info[f"auto mode ({label})"] = sf.explain(*args).grad
             if rate > 0 and mode == "auto":

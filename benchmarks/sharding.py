@@ -44,6 +44,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
+from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
+from jaxpr_accum._cost import format_bytes  # noqa: E402
 
 N_DEVICES = 8
 
@@ -71,18 +73,6 @@ def make_problem(rows: int, width: int, depth: int, seed: int = 0) -> tuple[Any,
         return jnp.mean((h @ w + b - y) ** 2)
 
     return loss, params, batch
-
-
-def temp_bytes(compiled: Any) -> int:
-    return int(compiled.memory_analysis().temp_size_in_bytes)
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
 
 
 def rel_err(a: Any, b: Any) -> float:
@@ -137,8 +127,8 @@ def measure(grad: str, args: argparse.Namespace, mesh: Any) -> dict[str, Any]:
     q1, _, q3 = statistics.quantiles(ratios, n=4)
     return {
         "grad": sf.explain(*sharded).grad,
-        "temp_one": temp_bytes(c_one),
-        "temp_sharded": temp_bytes(c_sh),
+        "temp_one": temp_bytes_of(c_one),
+        "temp_sharded": temp_bytes_of(c_sh),
         "time_one": statistics.median(t_one),
         "time_sharded": statistics.median(t_sh),
         "ratio": statistics.median(ratios),
@@ -181,8 +171,8 @@ def main() -> None:
     for r in rows:
         cells = [
             r["grad"],
-            fmt_bytes(r["temp_sharded"]),
-            fmt_bytes(r["temp_one"]),
+            format_bytes(r["temp_sharded"]),
+            format_bytes(r["temp_one"]),
             f"{r['temp_sharded'] / r['temp_one']:.3f}",
             f"{r['time_sharded'] * 1e3:.1f} ms",
             f"{r['time_one'] * 1e3:.1f} ms",

@@ -30,16 +30,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
-from models import (  # noqa: E402
-    TransformerConfig,
-    benchmark_options,
-    make_transformer_loss,
-    transformer_problem,
-    write_doc_section,
-)
+from harness import benchmark_options, print_table, write_doc_section  # noqa: E402
+from models import TransformerConfig, make_transformer_loss, transformer_problem  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._demo import print_table  # noqa: E402
 
 TARGET_S = 2.0
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,16 +18,16 @@ loop: e.g. a random draw along it), *barrier* (mixes positions along the axis; t
 stops there).
 
 **Algorithm (a worklist fixpoint).** Each context's equations are indexed once, when it is
-first walked: variable -> equations that read or define it. Seeding a value, and every later
-change of a value's fact, enqueues only its *neighbours*: the equations of its context that
-read or define it and, when the value is an input or output of a sub-jaxpr, the enclosing
-equation (whose rule re-links the sub-jaxpr to its operands). A new reduction inside a
-sub-jaxpr also re-enqueues the enclosing equation (a ``jit`` passes reductions out). Popping
-an equation applies its primitive's rule, both directions. Rules with sub-jaxprs link their
-boundaries (``View.link``) and *register* them (``View.walk``): the first registration
-indexes the context and enqueues every equation in it that touches the axis; later ones
-add nothing (the changes themselves enqueued what they concern). The queue empties at the
-fixpoint. Then:
+first walked (``_view.Context``: variable -> equations that read or define it). Seeding a
+value, and every later change of a value's fact, enqueues only its *neighbours*: the
+equations of its context that read or define it and, when the value is an input or output
+of a sub-jaxpr, the enclosing equation (whose rule re-links the sub-jaxpr to its operands).
+A new reduction inside a sub-jaxpr also re-enqueues the enclosing equation (a ``jit`` passes
+reductions out). Popping an equation applies its primitive's rule, both directions. Rules
+with sub-jaxprs link their boundaries (``View.link``) and *register* them (``View.walk``):
+the first registration indexes the context and enqueues every equation in it that touches
+the axis; later ones add nothing (the changes themselves enqueued what they concern). The
+queue empties at the fixpoint. Then:
 
 1. every equation (any context) that reads or defines a ``CONFLICT`` value becomes a barrier
    ("the axis would sit at two places in ..."); a conflicted sub-jaxpr input or output that
@@ -65,44 +65,7 @@ from jaxpr_accum import _compat
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
 from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict, is_middle_factor
 from jaxpr_accum._table import passed_through, rule_for
-from jaxpr_accum._view import Ctx, EqnKey, View
-
-Ref = tuple  # (ctx, Var)
-
-
-class _Context:
-    """One (sub-)jaxpr in one context: its equations and who reads or defines each value."""
-
-    __slots__ = ("eqns", "users", "boundary")
-
-    def __init__(self, jaxpr: Jaxpr | ClosedJaxpr):
-        inner = open_jaxpr(jaxpr)
-        self.eqns = inner.eqns
-        users: dict[Var, list[int]] = {}
-        for idx, eqn in enumerate(self.eqns):
-            for v in (*eqn.invars, *eqn.outvars):
-                if isinstance(v, (Literal, _compat.DropVar)):
-                    continue
-                found = users.setdefault(v, [])
-                if not found or found[-1] != idx:
-                    found.append(idx)
-        self.users = users
-        self.boundary = {v for v in (*inner.invars, *inner.outvars) if not isinstance(v, Literal)}
-
-
-def _parent(ctx: Ctx) -> EqnKey:
-    """The equation whose sub-jaxpr ``ctx`` is (``ctx`` is not the top level)."""
-    return (ctx[:-1], ctx[-1][0])
-
-
-def _order(key: EqnKey) -> tuple:
-    """A total, program-derived order on equation keys: by context, then index."""
-    ctx, idx = key
-    steps = tuple(
-        (i, tuple((0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in path))
-        for i, path in ctx
-    )
-    return (steps, idx)
+from jaxpr_accum._view import Context, Ctx, EqnKey, Ref, View, order, parent
 
 
 class Analysis:
@@ -120,7 +83,7 @@ class Analysis:
         self.reductions: dict[EqnKey, dict[int, str]] = {}
         self.eqns: dict[EqnKey, JaxprEqn] = {}
         self.memo: dict[Any, Any] = {}
-        self._contexts: dict[Ctx, _Context] = {}
+        self._contexts: dict[Ctx, Context] = {}
         self._queue: deque[EqnKey] = deque()
         self._queued: set[EqnKey] = set()
 
@@ -202,7 +165,7 @@ class Analysis:
             marks[j] = kind
             ctx = key[0]
             if ctx:  # a call passes reductions of its body out: let its rule see this one
-                self._enqueue(_parent(ctx))
+                self._enqueue(parent(ctx))
 
     # -- the worklist --------------------------------------------------------------------
     def _enqueue(self, key: EqnKey) -> None:
@@ -218,7 +181,7 @@ class Analysis:
         for idx in context.users.get(v, ()):
             self._enqueue((ctx, idx))
         if ctx and v in context.boundary:
-            self._enqueue(_parent(ctx))
+            self._enqueue(parent(ctx))
 
     def walk(self, jaxpr: Jaxpr | ClosedJaxpr, ctx: Ctx) -> None:
         """Register ``jaxpr`` as context ``ctx``; the first time, enqueue what touches the axis.
@@ -227,7 +190,7 @@ class Analysis:
         """
         if ctx in self._contexts:
             return
-        context = self._contexts[ctx] = _Context(jaxpr)
+        context = self._contexts[ctx] = Context(jaxpr)
         for idx, eqn in enumerate(context.eqns):
             if self.touches(ctx, eqn):
                 self._enqueue((ctx, idx))
@@ -243,7 +206,9 @@ class Analysis:
             eqn = contexts[ctx].eqns[idx]
             self.eqns[key] = eqn
             rule, view = rule_for(eqn.primitive), View(self, ctx, idx, eqn)
-            if not rule.middle_factor_ok and self._meets_middle_factor(ctx, eqn):
+            if not rule.middle_factor_ok and any(
+                is_middle_factor(self.loc(ctx, v)) for v in (*eqn.invars, *eqn.outvars)
+            ):
                 view.barrier(
                     f"`{eqn.primitive.name}` meets the axis as a middle factor of a merged "
                     "dimension (after a reshape such as [T, B, H] -> [T * B, H]) and has no "
@@ -252,9 +217,6 @@ class Analysis:
                 continue
             rule.propagate(eqn, view)
 
-    def _meets_middle_factor(self, ctx: Ctx, eqn: JaxprEqn) -> bool:
-        return any(is_middle_factor(self.loc(ctx, v)) for v in (*eqn.invars, *eqn.outvars))
-
     # -- running -------------------------------------------------------------------------
     def run(self, seeds: Iterable[tuple[Var, AxisLoc]]) -> Analysis:
         self.walk(self.jaxpr, ())
@@ -262,17 +224,16 @@ class Analysis:
             self.set((), v, loc, ((), -1))
         self._fixpoint()
         self._mark_conflicts()
-        for key in sorted(self.eqns, key=_order):
+        for key in sorted(self.eqns, key=order):
             eqn = self.eqns[key]
             rule_for(eqn.primitive).finalize(eqn, View(self, key[0], key[1], eqn))
         if self._queue:  # a finalize added facts: propagate them too
             self._fixpoint()
             self._mark_conflicts()
-        for key in sorted(self.eqns, key=_order):
-            ctx, idx = key
+        for key in sorted(self.eqns, key=order):
             eqn = self.eqns[key]
-            if not rule_for(eqn.primitive).children(eqn, View(self, ctx, idx, eqn)):
-                self._check_outputs_accounted(ctx, idx, eqn)
+            if not rule_for(eqn.primitive).children(eqn, View(self, key[0], key[1], eqn)):
+                self._check_outputs_accounted(key[0], key[1], eqn)
         return self
 
     def _mark_conflicts(self) -> None:
@@ -288,8 +249,8 @@ class Analysis:
             for idx in users:
                 marks.setdefault((ctx, idx), reason)
             if ctx and not users:  # passed straight through a sub-jaxpr: its caller links it
-                marks.setdefault(_parent(ctx), reason)
-        for key in sorted(marks, key=_order):
+                marks.setdefault(parent(ctx), reason)
+        for key in sorted(marks, key=order):
             ctx, idx = key
             if key not in self.eqns:
                 self.eqns[key] = self._contexts[ctx].eqns[idx]

@@ -54,36 +54,10 @@ def backward(
     ``finals``: the streamed terms' final stabilisers, one per term (None without ``Exp``);
     ``perturbed``: per input, whether the caller differentiates it.
     """
-    flags = loop.signature.differentiable()
-    present = _present(cts, flags)
     diff = Inputs(
         wanted(inputs.invariants, perturbed.invariants), wanted(inputs.chunked, perturbed.chunked)
     )
-
-    def pull(kk: int, start: Any, ct_partials: list) -> tuple:
-        chunk = loop.chunk_inputs(inputs, start, kk)
-        f, primals = loop.differentiable(chunk, kk, start, diff)
-
-        def picked(a: list, b: list) -> tuple:
-            out = f(a, b)
-            return [out[g][j] for g, j in present], out.stabs
-
-        _, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)  # type: ignore[var-annotated]
-        ct_stacked = [
-            None if ct is None else take_chunk(ct, loc, start, kk)
-            for ct, loc in zip(cts.stacked, loop.stacked_locs, strict=True)
-        ]
-        ct_parts = [
-            None
-            if ct is None
-            else _stream.chunk_cotangent(ct, s, s_final, factor).astype(_compat.dtype_of(sink.var))
-            for ct, s, s_final, (sink, factor) in zip(
-                cts.streams, stabs, finals, loop.terms, strict=True
-            )
-        ]
-        groups = (cts.sums, ct_partials, ct_stacked, ct_parts)
-        return canonicalize(pullback)([groups[g][j] for g, j in present])
-
+    pull = _Pullback(loop, inputs, cts, finals, diff)
     acc = [
         jnp.zeros(
             inputs.invariants[i].shape,
@@ -114,7 +88,6 @@ def backward(
     (acc, buffers), scanned, rest = loop.over_chunks(
         step, (acc, buffers), list(cts.partials), reads=(inputs, cts, finals)
     )
-
     ct_inv: list = [None] * len(inputs.invariants)
     for i, a in zip(diff.invariants, acc, strict=True):
         ct_inv[i] = a
@@ -131,3 +104,43 @@ def backward(
             loop.chunk_locs[i],
         )
     return Inputs(ct_inv, ct_ch)
+
+
+class _Pullback:
+    """One chunk recomputed under ``jax.vjp`` and pulled back with its share of the output
+    cotangents: ``(cotangents of the differentiated invariant inputs, of the chunked ones)``."""
+
+    def __init__(
+        self, loop: ChunkLoop, inputs: Inputs, cts: Outputs, finals: Sequence, diff: Inputs
+    ):
+        self.loop, self.inputs, self.cts, self.finals, self.diff = loop, inputs, cts, finals, diff
+        self.present = _present(cts, loop.signature.differentiable())
+
+    def __call__(self, kk: int, start: Any, ct_partials: list) -> tuple:
+        loop, cts, present = self.loop, self.cts, self.present
+        chunk = loop.chunk_inputs(self.inputs, start, kk)
+        f, primals = loop.differentiable(chunk, kk, start, self.diff)
+
+        def picked(a: list, b: list) -> tuple:
+            out = f(a, b)
+            return [out[g][j] for g, j in present], out.stabs
+
+        _, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)  # type: ignore[var-annotated]
+        ct_stacked = [
+            None if ct is None else take_chunk(ct, loc, start, kk)
+            for ct, loc in zip(cts.stacked, loop.stacked_locs, strict=True)
+        ]
+        groups = (cts.sums, ct_partials, ct_stacked, self.stream_shares(stabs))
+        return canonicalize(pullback)([groups[g][j] for g, j in present])
+
+    def stream_shares(self, stabs: Sequence) -> list:
+        """Each streamed term's share: the accumulator's cotangent rescaled by
+        ``exp(s_chunk - s_final)``, in the dtype of the term's sink."""
+        return [
+            None
+            if ct is None
+            else _stream.chunk_cotangent(ct, s, s_final, factor).astype(_compat.dtype_of(sink.var))
+            for ct, s, s_final, (sink, factor) in zip(
+                self.cts.streams, stabs, self.finals, self.loop.terms, strict=True
+            )
+        ]

@@ -8,38 +8,24 @@ device's). Several floating outputs are summed into the scalar that is different
 original function is never compiled here (``original_memory`` compiles it once, lazily,
 when ``explain`` is asked).
 
-The search, in units of the per-device chunk ``c`` (chunk ``= c * devices``) on ``[1, n]``:
-
-1. ``m(n)``: one chunk. Within the budget: done, one compile.
-2. ``m(1)``. Over the budget: under ``grad="auto"`` with fused chosen, the search is redone in
-   remat (fused keeps one parameter-sized Jacobian accumulator, which a tight budget may not
-   afford); otherwise the budget is impossible and ``SerializeError`` names the smallest
-   measured memory, its chunk, and what dominates it.
-3. Between ``lo`` (measured to fit) and ``hi`` (measured not to), predict the boundary from
-   the affine model through the two (memory is close to affine in the chunk), measure the
-   prediction, and move ``lo`` or ``hi`` to it. When the previous prediction missed by more
-   than ``FIT_TOLERANCE`` of the bracket's span, the next step is a bisection instead. Stop
-   when the model puts the boundary at ``lo``, when ``hi - lo`` is within ``1/16`` of ``lo``
-   (or 1), or after ``MAX_COMPILES``. The steps run over the divisors of ``n`` first (a
-   remainder chunk costs a second body and a concatenation of the stacked values: memory jumps
-   off the affine line), then, where the next divisor is more than twice the result, over the
-   chunks in between, in the order an affine model in the *extent* (the chunk plus the
-   remainder's own body, ``chunk + N mod chunk``) ranks them, largest first.
+The search (``_chunk_search.ChunkSearch``, one per gradient mode, in units of the per-device
+chunk ``c``: chunk ``= c * devices``) measures ``m(n)`` (one chunk) first, then ``m(1)``. Over
+the budget at chunk 1: under ``grad="auto"`` with fused chosen, the search is redone in remat
+(fused keeps one parameter-sized Jacobian accumulator, which a tight budget may not afford);
+otherwise the budget is impossible and ``SerializeError`` names the smallest measured memory,
+its chunk, and what dominates it.
 
 Invariants: the chosen chunk was itself compiled and measured within the budget (never only
 predicted); every chunk measured over the budget is larger than the chosen one; the axis
 analysis and the stages are computed once (``Candidate.at`` only rescales the estimate).
 Fused is kept whenever it fits at some chunk: it saves one forward pass per chunk, which a
-larger remat chunk does not buy back. The result would be wrong only if memory were not
-monotone in the chunk between ``lo`` and ``hi`` (a larger chunk that fits could be missed;
-the chosen one still fits). The choice is cached per call signature by ``_api``.
+larger remat chunk does not buy back. The choice is cached per call signature by ``_api``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,14 +35,11 @@ import numpy as np
 
 from jaxpr_accum import _compat, _interpret
 from jaxpr_accum._assemble import build
+from jaxpr_accum._chunk_search import ChunkSearch
 from jaxpr_accum._cost import Candidate, format_bytes, nbytes
 from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._errors import ArgumentError, SerializeError
 from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
-
-MAX_COMPILES = 6  # per gradient mode, over the divisors of the axis
-BETWEEN_COMPILES = 4  # more, for chunks between divisors (a remainder chunk)
-FIT_TOLERANCE = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,117 +124,24 @@ def temp_bytes(run: Callable, inputs: list, diff: list[int]) -> int:
         return scalar_of(run(*xs))
 
     fn = jax.value_and_grad(scalar, argnums=tuple(diff)) if diff else scalar
-    stats = jax.jit(fn).lower(*[abstract(x) for x in inputs]).compile().memory_analysis()
-    if stats is None:
+    measured = temp_bytes_of(jax.jit(fn).lower(*[abstract(x) for x in inputs]).compile())
+    if measured is None:
         raise SerializeError(
             f"the {jax.default_backend()} backend does not report compiled memory "
             "(`memory_analysis()` is None), so `memory=` cannot choose a chunk; pass `chunk=`"
         )
-    return int(stats.temp_size_in_bytes)
+    return measured
+
+
+def temp_bytes_of(compiled: Any) -> int | None:
+    """XLA's temp bytes of a compiled computation (None: the backend does not report them)."""
+    stats = compiled.memory_analysis()
+    return None if stats is None else int(stats.temp_size_in_bytes)
 
 
 def original_memory(jaxpr: Any, inputs: list, diff: list[int]) -> int:
     """The original's ``m``: the traced program as written (compiled once, for ``explain``)."""
     return temp_bytes(lambda *xs: _interpret.eval_jaxpr(jaxpr, xs), inputs, diff)
-
-
-class _Search:
-    """The measurements of one gradient mode, by per-device chunk."""
-
-    def __init__(self, measure: Callable[[int], int], limit: int, n: int):
-        self.measure, self.limit, self.n = measure, limit, n
-        self.points: dict[int, int] = {}
-
-    def at(self, c: int) -> int:
-        if c not in self.points:
-            self.points[c] = self.measure(c)
-        return self.points[c]
-
-    def run(self) -> int | None:
-        """The largest per-device chunk measured to fit, or None if chunk 1 does not.
-
-        Divisors of ``n`` first: a remainder chunk adds a second copy of the body and a
-        concatenation of the stacked values, so memory is monotone over divisors but jumps
-        between them. Where the next divisor above the result is more than twice as large
-        (few divisors), the chunks in between are searched too."""
-        divisors = [d for d in range(1, self.n + 1) if self.n % d == 0]
-        c = self.bracket(divisors)
-        if c is None:
-            return None
-        above = min((d for d in divisors if d > c), default=c)
-        if above > 2 * c:
-            c = self.between(c, above)
-        return c
-
-    def extent(self, c: int) -> int:
-        """Positions one pass of chunk ``c`` holds: the chunk, and the remainder's own body
-        after the scan (memory goes about as ``a + b * extent``, not ``a + b * c``)."""
-        return c + self.n % c
-
-    def between(self, lo: int, hi: int) -> int:
-        """The largest chunk in ``(lo, hi)`` that fits, where ``lo`` fits and ``hi`` does
-        not: candidates in decreasing order of the chunk among those the affine model in
-        ``extent`` (fitted to every measurement) puts within the budget, each measured, for
-        ``BETWEEN_COMPILES`` more compiles at most."""
-        best, failed = lo, set()
-        for _ in range(BETWEEN_COMPILES):
-            a, b = self.fit_extent()
-            fits = [
-                c
-                for c in range(best + 1, hi)
-                if c not in failed and a + b * self.extent(c) <= self.limit
-            ]
-            if not fits:
-                break
-            c = max(fits)
-            if self.at(c) <= self.limit:
-                best = c
-            else:
-                failed.add(c)
-        return best
-
-    def fit_extent(self) -> tuple[float, float]:
-        """``(a, b)`` of ``bytes ~ a + b * extent`` over the measurements."""
-        ks = sorted(self.points)
-        xs = np.asarray([self.extent(k) for k in ks], float)
-        ms = np.asarray([self.points[k] for k in ks], float)
-        if len(set(xs)) < 2:
-            return float(ms[0]), 0.0
-        b, a = np.polyfit(xs, ms, 1)
-        return float(a), float(b)
-
-    def bracket(self, chunks: Sequence[int]) -> int | None:
-        """Secant steps (bisection where the fit missed) between ``lo`` (fits) and ``hi``
-        (does not) over the ascending ``chunks``; the largest measured to fit."""
-        limit = self.limit
-        if self.at(chunks[-1]) <= limit:
-            return chunks[-1]
-        if self.at(chunks[0]) > limit:
-            return None
-        lo, hi, bisect = 0, len(chunks) - 1, False
-        while hi - lo > 1 and len(self.points) < MAX_COMPILES:
-            k_lo, k_hi = chunks[lo], chunks[hi]
-            if k_hi - k_lo <= k_lo // 16:
-                break
-            m_lo, m_hi = self.points[k_lo], self.points[k_hi]
-            predicted = k_lo + (limit - m_lo) * (k_hi - k_lo) / max(m_hi - m_lo, 1)
-            guess = (lo + hi) // 2 if bisect else bisect_right(chunks, predicted) - 1
-            if guess <= lo and not bisect:
-                break  # the model puts the boundary at lo
-            guess = min(max(guess, lo + 1), hi - 1)
-            k = chunks[guess]
-            expected = m_lo + (m_hi - m_lo) * (k - k_lo) / (k_hi - k_lo)
-            m = self.at(k)
-            bisect = abs(m - expected) > FIT_TOLERANCE * max(m_hi - m_lo, 1)
-            lo, hi = (guess, hi) if m <= limit else (lo, guess)
-        return chunks[lo]
-
-    def fit(self) -> tuple[float, float] | None:
-        if len(self.points) < 2:
-            return None
-        ks, ms = zip(*sorted(self.points.items()), strict=True)
-        b, a = np.polyfit(np.asarray(ks, float), np.asarray(ms, float), 1)
-        return float(a), float(b)
 
 
 def choose_chunk(
@@ -285,7 +175,7 @@ def choose_chunk(
             tried.append((mode, k, m))
             return m
 
-        search = _Search(measure, limit, n)
+        search = ChunkSearch(measure, limit, n)
         searches.append(search)
         c = search.run()
         if c is not None:

@@ -24,6 +24,7 @@ from jaxpr_accum._axes import Analysis, Ctx
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._table import rule_for
+from jaxpr_accum._view import EqnResize
 
 
 def scaled(index: Any, factor: int) -> Any:
@@ -84,51 +85,3 @@ class Resizer:
             return _compat.bind(eqn, invals)
 
         _interpret.eval_eqns(eqns, env, emit, indices)
-
-
-class EqnResize:
-    """What a rule's ``resize`` sees: the axis positions, the chunk, and sub-jaxpr evaluation."""
-
-    __slots__ = ("resizer", "ctx", "idx", "eqn")
-
-    def __init__(self, resizer: Resizer, ctx: Ctx, idx: int, eqn: JaxprEqn):
-        self.resizer, self.ctx, self.idx, self.eqn = resizer, ctx, idx, eqn
-
-    @property
-    def analysis(self) -> Analysis:
-        return self.resizer.analysis
-
-    @property
-    def key(self) -> tuple:
-        return (self.ctx, self.idx)
-
-    @property
-    def k(self) -> int:
-        return self.resizer.k
-
-    @property
-    def start(self) -> Any:
-        return self.resizer.start
-
-    @property
-    def in_locs(self) -> list[AxisLoc | None]:
-        return [self.analysis.loc(self.ctx, v) for v in self.eqn.invars]
-
-    @property
-    def out_locs(self) -> list[AxisLoc | None]:
-        return [self.analysis.loc(self.ctx, v) for v in self.eqn.outvars]
-
-    def chunk_shape(self, v: Any) -> tuple[int, ...]:
-        """The shape of ``v`` at chunk size."""
-        shape = list(getattr(v.aval, "shape", ()))
-        loc = self.analysis.loc(self.ctx, v)
-        if loc is not None:
-            shape[loc.dim] = self.rows(loc)
-        return tuple(shape)
-
-    def rows(self, loc: AxisLoc) -> int:
-        """Length at chunk size of the dimension that holds the axis at ``loc``."""
-        return loc.outer * self.k * loc.inner
-
-    def eval(self, path: tuple, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Any]) -> list:
-        return self.resizer.eval_jaxpr(self.ctx + ((self.idx, path),), jaxpr, args)

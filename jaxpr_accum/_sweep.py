@@ -36,8 +36,9 @@ import jax
 import numpy as np
 
 from jaxpr_accum import _sweep_view
-from jaxpr_accum._budget import scalar_of
+from jaxpr_accum._budget import temp_bytes_of
 from jaxpr_accum._errors import PlanWarning
+from jaxpr_accum._measure import Program, difference
 from jaxpr_accum._settings import GRAD_MODES, Settings
 
 
@@ -155,6 +156,40 @@ def measure_sweep(
     many rounds would take longer than this, judged by the warm-up round; ``check_precision``,
     off CPU the values and gradients compared are those of programs compiled again at that
     matmul precision (``"highest"``: no TF32 rounding to drown the differences checked)."""
+    modes, nums, dynamic, progress = _check_call(args, chunks, grads, argnums, repeats, progress)
+    say = _Progress(progress)
+    plan = sf.explain(*args)
+    diff = tuple(dynamic.index(i) for i in nums)
+    program = Program(args, dynamic, diff[0] if isinstance(argnums, int) else diff)
+    entries = [(_row(None, None) | {"axis": _axis(plan)}, sf.original)]
+    fields = {f.name: getattr(sf.settings, f.name) for f in dataclasses.fields(Settings)}
+    for g in modes:
+        for c in check_chunks(chunks, plan.axis_size):
+            settings = Settings.validated(**{**fields, "chunk": c, "grad": g, "memory": None})
+            entries.append((_row(c, g), type(sf)(sf.original, settings)))
+
+    compiled, results, first_calls = [], [], []
+    for step, (row, f) in enumerate(entries):
+        say(f"[{step + 1}/{len(entries)}] compiling and checking {_sweep_view.label(row)}")
+        exe, out, seconds = _compile_and_check(program, row, f, check_precision)
+        row["temp_bytes"] = None if exe is None else temp_bytes_of(exe)
+        compiled.append(exe)
+        results.append(out)
+        first_calls.append(seconds)
+
+    if time_budget_s is not None and sum(first_calls) > 0:
+        repeats = max(1, min(repeats, int(time_budget_s / sum(first_calls))))
+    times = _time_rounds(program, compiled, repeats, say)
+    _fill_rows([row for row, _ in entries], results, times)
+    name = getattr(sf.original, "__name__", repr(sf.original))
+    return Sweep([row for row, _ in entries], name, plan.axis_size, nums, repeats)
+
+
+def _check_call(
+    args: tuple, chunks: Any, grads: Any, argnums: Any, repeats: Any, progress: Any
+) -> tuple[list[str], tuple[int, ...], list[int], bool]:
+    """The sweep's arguments checked before anything is traced: ``(modes, argnums, the
+    positions of the arguments with array leaves, progress on or off)``."""
     if isinstance(repeats, bool) or not isinstance(repeats, int):
         raise TypeError(f"`repeats` must be an int >= 1, got {repeats!r}")
     if repeats < 1:
@@ -170,98 +205,52 @@ def measure_sweep(
         raise ValueError(f"`argnums` {argnums!r} names an argument with no array leaves")
     if progress is None:
         progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
-    say = _Progress(progress)
+    return modes, nums, dynamic, progress
 
-    plan = sf.explain(*args)
-    diff = tuple(dynamic.index(i) for i in nums)
-    program = _Program(args, dynamic, diff[0] if isinstance(argnums, int) else diff)
-    entries = [(_row(None, None) | {"axis": _axis(plan)}, sf.original)]
-    fields = {f.name: getattr(sf.settings, f.name) for f in dataclasses.fields(Settings)}
-    for g in modes:
-        for c in check_chunks(chunks, plan.axis_size):
-            settings = Settings.validated(**{**fields, "chunk": c, "grad": g, "memory": None})
-            entries.append((_row(c, g), type(sf)(sf.original, settings)))
 
-    compiled, results, first_calls = [], [], []
-    for step, (row, f) in enumerate(entries):
-        say(f"[{step + 1}/{len(entries)}] compiling and checking {_sweep_view.label(row)}")
-        try:
-            exe, out, seconds = program.compile_and_check(row, f, check_precision)
-        except Exception as e:
-            if row["chunk"] is None:
-                raise
-            row["error"] = f"{type(e).__name__}: {e}"
-            exe, out, seconds = None, None, 0.0
-        stats = None if exe is None else exe.memory_analysis()
-        row["temp_bytes"] = None if stats is None else int(stats.temp_size_in_bytes)
-        compiled.append(exe)
-        results.append(out)
-        first_calls.append(seconds)
+def _compile_and_check(program: Program, row: dict, f: Any, precision: str | None) -> tuple:
+    """``Program.compile_and_check`` of one row's function; a copy's row gets its plan's mode,
+    axis and warning (the copy's own ``PlanWarning`` is not issued: the row carries it), or
+    its ``error`` and ``(None, None, 0.0)`` where it fails (the original failing is an error
+    of the sweep itself)."""
+    try:
+        with warnings.catch_warnings():
+            if row["chunk"] is not None:
+                warnings.simplefilter("ignore", PlanWarning)
+                plan = f.explain(*program.args)
+                row["mode"], row["warning"], row["axis"] = plan.grad, plan.warning, _axis(plan)
+            return program.compile_and_check(f, precision)
+    except Exception as e:
+        if row["chunk"] is None:
+            raise
+        row["error"] = f"{type(e).__name__}: {e}"
+        return None, None, 0.0
 
-    if time_budget_s is not None and sum(first_calls) > 0:
-        repeats = max(1, min(repeats, int(time_budget_s / sum(first_calls))))
-    times: list[list[float]] = [[] for _ in entries]
+
+def _time_rounds(
+    program: Program, compiled: list, repeats: int, say: Callable[[str], None]
+) -> list[list[float]]:
+    """``repeats`` rounds, each calling every compiled program once in the same order."""
+    times: list[list[float]] = [[] for _ in compiled]
     for r in range(repeats):
-        say(f"timing round {r + 1}/{repeats} ({len(entries)} functions)")
+        say(f"timing round {r + 1}/{repeats} ({len(compiled)} functions)")
         for exe, ts in zip(compiled, times, strict=True):
             if exe is not None:
                 ts.append(program.time(exe))
+    return times
 
-    base, (v0, g0) = entries[0][0], results[0]
-    for (row, _), out, ts in zip(entries, results, times, strict=True):
+
+def _fill_rows(rows: list[dict], results: list, times: list[list[float]]) -> None:
+    """Each row that ran: its median time, its ratios to the original's (the first row) and
+    its differences from the original's value and gradients."""
+    base, (v0, g0) = rows[0], results[0]
+    for row, out, ts in zip(rows, results, times, strict=True):
         if out is not None:
             row["time_s"] = statistics.median(ts)
             row["memory_ratio"] = _div(row["temp_bytes"], base["temp_bytes"])
             row["time_ratio"] = _div(row["time_s"], base["time_s"])
-            row["value_rel_err"] = _difference(out[0], v0)
-            row["max_rel_err"] = _difference(out[1], g0)
-    name = getattr(sf.original, "__name__", repr(sf.original))
-    return Sweep([row for row, _ in entries], name, plan.axis_size, nums, repeats)
-
-
-class _Program:
-    """``jax.jit(jax.value_and_grad(g, argnums))`` of a function at the sweep's arguments,
-    the arguments without array leaves closed over."""
-
-    def __init__(self, args: tuple, dynamic: list[int], argnums: int | tuple[int, ...]):
-        self.args, self.dynamic, self.argnums = args, dynamic, argnums
-        self.dyn_args = [args[i] for i in dynamic]
-
-    def scalar(self, f: Callable) -> Callable:
-        def g(*dyn: Any) -> Any:
-            full = list(self.args)
-            for i, x in zip(self.dynamic, dyn, strict=True):
-                full[i] = x
-            return scalar_of(jax.tree.leaves(f(*full)))
-
-        return g
-
-    def compile(self, f: Callable) -> Any:
-        fn = jax.jit(jax.value_and_grad(self.scalar(f), argnums=self.argnums))
-        return fn.lower(*self.dyn_args).compile()
-
-    def time(self, exe: Any) -> float:
-        t0 = time.perf_counter()
-        jax.block_until_ready(exe(*self.dyn_args))
-        return time.perf_counter() - t0
-
-    def compile_and_check(self, row: dict, f: Any, precision: str | None) -> tuple:
-        """``(compiled, (value, gradients) of its first call, that call's seconds)``; for a
-        copy, the row gets its plan's mode, axis and warning (the copy's own ``PlanWarning``
-        is not issued: the row carries it)."""
-        with warnings.catch_warnings():
-            if row["chunk"] is not None:
-                warnings.simplefilter("ignore", PlanWarning)
-                plan = f.explain(*self.args)
-                row["mode"], row["warning"], row["axis"] = plan.grad, plan.warning, _axis(plan)
-            exe = self.compile(f)
-            t0 = time.perf_counter()
-            out = jax.block_until_ready(exe(*self.dyn_args))
-            seconds = time.perf_counter() - t0
-            if precision is not None and jax.default_backend() != "cpu":
-                with jax.default_matmul_precision(precision):
-                    out = self.compile(f)(*self.dyn_args)
-        return exe, out, seconds
+            row["value_rel_err"] = difference(out[0], v0)
+            row["max_rel_err"] = difference(out[1], g0)
 
 
 def _row(chunk: int | None, grad: str | None) -> dict[str, Any]:
@@ -277,15 +266,6 @@ def _axis(plan: Any) -> str:
 
 def _div(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
-
-
-def _difference(got: Any, ref: Any) -> float:
-    from jaxpr_accum.testing import tree_difference
-
-    try:
-        return float(tree_difference(got, ref).max_rel)
-    except AssertionError:  # the trees differ in structure, shapes or dtypes
-        return float("inf")
 
 
 class _Progress:

@@ -155,25 +155,22 @@ def _err(x: float | None) -> str:
 
 
 def _cells(r: dict[str, Any]) -> list[str]:
+    memory = "n/a" if r["temp_bytes"] is None else format_bytes(r["temp_bytes"])
     if r["chunk"] is None:
-        return ["original", "-", _bytes(r["temp_bytes"]), "1", _time(r["time_s"]), "1", "-", "-"]
+        return ["original", "-", memory, "1", _time(r["time_s"]), "1", "-", "-"]
     grad = r["grad"] if r["mode"] in (None, r["grad"]) else f"{r['grad']} ({r['mode']})"
     if r["error"]:
         return [str(r["chunk"]), grad, "error", "-", "-", "-", "-", "-"]
     return [
         str(r["chunk"]),
         grad,
-        _bytes(r["temp_bytes"]),
+        memory,
         _ratio(r["memory_ratio"]),
         _time(r["time_s"]),
         _ratio(r["time_ratio"]),
         _err(r["value_rel_err"]),
         _err(r["max_rel_err"]),
     ]
-
-
-def _bytes(n: int | None) -> str:
-    return "n/a" if n is None else format_bytes(n)
 
 
 def _time(t: float | None) -> str:

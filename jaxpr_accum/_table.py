@@ -31,15 +31,12 @@ never a silent no-op.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import JaxprEqn
 from jaxpr_accum._lattice import AxisLoc
-from jaxpr_accum._view import View
-
-if TYPE_CHECKING:  # the resizer imports this module
-    from jaxpr_accum._resize import EqnResize
+from jaxpr_accum._view import EqnResize, View
 
 
 class Rule:

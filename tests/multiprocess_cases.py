@@ -35,7 +35,6 @@ import jax
 
 LOCAL_DEVICES = 4
 CHUNK = 16  # 64 rows over 8 devices: 8 rows each, 2 per chunk, 4 chunks
-MODES = ("auto", "remat", "fused", "native")
 STEPS = 3
 
 
@@ -74,6 +73,7 @@ def cases(outdir: Path, rank: int) -> dict[str, Any]:
     from jax.sharding import PartitionSpec as P
 
     import jaxpr_accum as ja
+    from tests.oracle import MODES
     from tests.sharding_cases import dropout_problem, hlo_facts, mlp_problem, rel_err
 
     def devices() -> dict[str, Any]:

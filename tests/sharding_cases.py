@@ -41,6 +41,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
+from tests.oracle import MODES  # noqa: E402
 
 N_DEVICES = 8
 BATCH = 64  # 8 rows per device
@@ -572,7 +573,7 @@ def case_shard_map_inside() -> dict[str, Any]:
     for name, loss in (("mlp", mlp), ("pooled", pooled)):
         for check_vma in (True, False):
             ref = step(loss, check_vma)(w, x)
-            for grad in ("auto", "remat", "fused", "native"):
+            for grad in MODES:
                 key = f"{name}-{grad}-check_vma={check_vma}"
                 sf = ja.serialize_axis(loss, chunk=3, argnums=1, grad=grad)
                 try:

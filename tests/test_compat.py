@@ -137,19 +137,26 @@ def test_every_private_lookup_resolves_on_this_jax():
 # -- primitive tables --------------------------------------------------------------------------
 
 
-def test_a_name_this_jax_lacks_is_skipped_in_the_tables_but_an_error_for_users():
+def test_a_version_dependent_name_is_skipped_a_misspelt_one_is_an_error(monkeypatch):
+    """A table may name a primitive that only some tested JAX has (``VERSION_DEPENDENT``): where
+    the installed JAX lacks it, it is skipped and recorded in ``ABSENT``. Any other unknown
+    name in a table is an error (a misspelling), as it is for a user's ``register_rule``."""
+    name = "no_such_primitive_for_the_test"
     before = dict(_table.RULES)
+    monkeypatch.setattr(_lookup, "VERSION_DEPENDENT", frozenset({name}))
     try:
-        _table.register(["no_such_primitive_for_the_test", "sin"], _table.UNKNOWN)
-        assert "no_such_primitive_for_the_test" in _compat.ABSENT
+        _table.register([name, "sin"], _table.UNKNOWN)
+        assert name in _compat.ABSENT
         assert _table.RULES[jax.lax.sin_p] is _table.UNKNOWN
         assert len(_table.RULES) == len(before)
+        assert _compat.primitives(f"add {name}") == {jax.lax.add_p}
     finally:
         _table.RULES.clear()
         _table.RULES.update(before)
-        _compat.ABSENT.discard("no_such_primitive_for_the_test")
-    assert _compat.primitives("add no_such_primitive_for_the_test") == {jax.lax.add_p}
-    _compat.ABSENT.discard("no_such_primitive_for_the_test")
+        _compat.ABSENT.discard(name)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=rf"no primitive named '{name}'.*misspelt"):
+        _table.register([name], _table.UNKNOWN)
     with pytest.raises(ValueError, match=rf"no primitive named 'nonexistent'.*{jax.__version__}"):
         ja.register_rule("nonexistent", "elementwise")
 

@@ -38,18 +38,8 @@ CASES = [
 ]
 
 
-# The default tier keeps one case (feature groups: the cheapest to run eagerly); the slow
-# tier has them all.
-DEFAULT_CASE = 3
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, id=f"case{i}", marks=() if i == DEFAULT_CASE else pytest.mark.slow)
-        for i, c in enumerate(CASES)
-    ],
-)
+@pytest.mark.slow  # every case compiles convolutions eagerly
+@pytest.mark.parametrize("case", [pytest.param(c, id=f"case{i}") for i, c in enumerate(CASES)])
 def test_canonical_conv_matches_lax(case):
     lhs_shape, rhs_shape, strides, padding, lhs_dil, rhs_dil, dn, groups = case
     k1, k2 = jax.random.split(jax.random.key(0))

@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("flax")
 pytest.importorskip("optax")
+pytestmark = pytest.mark.slow  # whole example models, trained and checked
 
 
 # --- docs/testing.md, "A Flax NNX model" ---

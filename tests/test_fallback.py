@@ -17,8 +17,7 @@ import pytest
 
 import jaxpr_accum as ja
 from jaxpr_accum import _candidates, _loop, _prepare, _region, _resize, _stream
-
-from .oracle import assert_tree_close
+from jaxpr_accum.testing import assert_tree_close
 
 _rs = np.random.RandomState(0)
 W = jnp.asarray(_rs.normal(size=(4, 3)) * 0.5, jnp.float32)

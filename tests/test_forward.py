@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
+from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import assert_tree_close, iter_eqns
+from .oracle import MODES, iter_eqns, modes
 
 slow = pytest.mark.slow
-MODES = ["auto", "remat", "fused", "native"]
 
 _rs = np.random.RandomState(11)
 W1 = jnp.asarray(_rs.normal(size=(5, 8)) * 0.4, jnp.float32)
@@ -136,7 +136,7 @@ def test_compositions(grad):
         assert_tree_close(run(sf), run(mlp), what=f"{name} ({grad})")
 
 
-@pytest.mark.parametrize("grad", ["remat", "native"])
+@pytest.mark.parametrize("grad", modes("remat", "native"))
 def test_jvp_program_scans_over_chunks_without_full_size_activations(grad):
     n, chunk = 40, 8
     x = jnp.asarray(np.random.RandomState(0).normal(size=(n, 5)), jnp.float32)

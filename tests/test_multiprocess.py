@@ -37,13 +37,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from .oracle import MODES
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "multiprocess_cases.py"
 N_PROCESSES = 2
 LOCAL_DEVICES = 4
-MODES = ("auto", "remat", "fused", "native")
 MODELS = ("mlp", "dropout")
 RTOL = 2e-4
 TIMEOUT_S = 600

@@ -20,7 +20,8 @@ Two families:
   are products of numbers in 1..6).
 
 Chunk sizes are drawn from {1, N, N + 3, a divisor of N, a non-divisor of N}. Values and
-gradients with respect to every float input are compared (``oracle.assert_matches_original``).
+gradients with respect to every float input are compared
+(``jaxpr_accum.testing.assert_matches_original``).
 
 The number of examples comes from the Hypothesis profile (see ``conftest.py``).
 """
@@ -39,8 +40,9 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxpr_accum as ja
+from jaxpr_accum.testing import assert_matches_original
 
-from .oracle import assert_matches_original, find_eqns
+from .oracle import MODES, find_eqns
 
 PROPERTY_SETTINGS = settings(
     deadline=None,
@@ -287,9 +289,10 @@ def finish(h: jax.Array, final: str, per_example: bool) -> Any:
     chain=op_chains(),
     n=st.integers(1, 12),
     per_example=st.booleans(),
-    grad=st.sampled_from(["auto", "remat", "fused", "native"]),
+    grad=st.sampled_from(MODES),
     seed=st.integers(0, 2**16),
 )
+@pytest.mark.slow
 def test_microbatched_program(data, chain, n, per_example, grad, seed):
     feat, ops, final = chain
     chunk = data.draw(chunks_for(n), label="chunk")
@@ -301,7 +304,7 @@ def test_microbatched_program(data, chain, n, per_example, grad, seed):
 
     note(f"N={n} feat={feat} chunk={chunk} grad={grad} ops={ops} final={final}")
     sf = ja.serialize_axis(f, chunk=chunk, argnums=0, grad=grad)
-    assert_matches_original(f, sf, x, params)
+    assert_matches_original(sf, x, params, vmap=False)
     assert_chunked(sf, n, chunk, x, params)
 
 
@@ -312,7 +315,7 @@ def test_microbatched_program(data, chain, n, per_example, grad, seed):
     chain=op_chains(),
     s=st.sampled_from([7, 11]),
     per_example=st.booleans(),
-    grad=st.sampled_from(["auto", "remat", "fused", "native"]),
+    grad=st.sampled_from(MODES),
     seed=st.integers(0, 2**16),
 )
 def test_monte_carlo_program(data, chain, s, per_example, grad, seed):
@@ -331,5 +334,5 @@ def test_monte_carlo_program(data, chain, s, per_example, grad, seed):
 
     note(f"S={s} feat={feat} chunk={chunk} grad={grad} ops={ops} final={final}")
     sf = ja.serialize_axis(f, chunk=chunk, size=s, grad=grad)
-    assert_matches_original(f, sf, mu, log_sigma, params, key)
+    assert_matches_original(sf, mu, log_sigma, params, key, vmap=False)
     assert_chunked(sf, s, chunk, mu, log_sigma, params, key)

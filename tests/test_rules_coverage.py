@@ -3,8 +3,8 @@ reductions, and the coverage check: every primitive of the installed JAX has a r
 documented reason to be a barrier (``docs/limitations.md``).
 
 Each family is serialized over its batch axis and compared with the unchunked original,
-values and reverse-mode derivatives (``oracle.assert_matches_original``); where the primitive
-acts *along* the axis the region must stop there, name it, and still match.
+values and reverse-mode derivatives (``jaxpr_accum.testing.assert_matches_original``); where
+the primitive acts *along* the axis the region must stop there, name it, and still match.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def f_decompositions(a):
 
 
 @cases
+@pytest.mark.slow
 def test_linalg_decompositions(grad, chunk):
-    check(f_decompositions, _spd(3, 2), chunk=chunk, grad=grad, argnums=0, rtol=2e-3)
+    check(f_decompositions, _spd(3, 2), chunk=chunk, grad=grad, argnums=0, rtol={jnp.float32: 2e-3})
 
 
 def f_tridiagonal(dl, d, du, b):
@@ -66,6 +67,7 @@ def f_tridiagonal(dl, d, du, b):
 
 
 @cases
+@pytest.mark.slow
 def test_linalg_tridiagonal_solve(grad, chunk):
     m = 4
     dl = _rand((N, m), 3, scale=0.1).at[:, 0].set(0.0)
@@ -76,6 +78,7 @@ def test_linalg_tridiagonal_solve(grad, chunk):
     )
 
 
+@pytest.mark.slow
 def test_linalg_along_the_axis_is_a_barrier():
     """A factorisation whose matrix rows are the axis couples them: the region stops."""
 
@@ -103,6 +106,7 @@ def f_fft(x):
 
 
 @cases
+@pytest.mark.slow
 def test_fft_along_other_axes(grad, chunk):
     check(f_fft, _rand((N, 8), 8), chunk=chunk, grad=grad, argnums=0)
 
@@ -135,6 +139,7 @@ def f_lstm_cell(w, x):
 
 
 @cases
+@pytest.mark.slow
 def test_lstm_cell_chunks_whole(grad, chunk):
     check(
         f_lstm_cell,
@@ -157,6 +162,7 @@ def f_variadic_reduce(x):
 
 
 @cases
+@pytest.mark.slow
 def test_variadic_reduce_over_other_axes(grad, chunk):
     check(f_variadic_reduce, _rand((N, 5), 12), chunk=chunk, grad=grad, argnums=0)
 
@@ -169,6 +175,7 @@ def f_maxpool(x):
 
 
 @cases
+@pytest.mark.slow
 def test_max_pool_and_its_gradient(grad, chunk):
     check(f_maxpool, _rand((N, 4, 4, 2), 13), chunk=chunk, grad=grad, argnums=0)
 
@@ -179,6 +186,7 @@ def f_approx_top_k(x):
 
 
 @cases
+@pytest.mark.slow
 def test_approx_top_k_along_other_axes(grad, chunk):
     check(f_approx_top_k, _rand((N, 8), 14), chunk=chunk, grad=grad, argnums=0)
 
@@ -189,6 +197,7 @@ def f_gamma(alpha, key):
 
 
 @cases
+@pytest.mark.slow
 def test_random_gamma_per_sample(grad, chunk):
     alpha = 1.0 + jnp.abs(_rand((3,), 15))
     plan = check(
@@ -256,6 +265,7 @@ def f_named(w, x):
 
 
 @cases
+@pytest.mark.slow
 def test_checkpoint_name_and_policy(grad, chunk):
     check(f_named, _rand((3, 4), 16), _rand((N, 3), 17), chunk=chunk, grad=grad, argnums=1)
 
@@ -273,10 +283,11 @@ def test_per_row_lookup_with_the_rows_own_position(grad, chunk):
     """``logp[jnp.arange(N), y]``: each row looks itself up, so the lookup is chunked."""
     w, h = _rand((6, 5), 18), _rand((N, 6), 19)
     y = jnp.asarray(np.random.RandomState(20).randint(-5, 5, size=N), jnp.int32)
-    plan = check(f_per_row, w, h, y, chunk=chunk, grad=grad, argnums=(1, 2), diff_argnums=(0, 1))
+    plan = check(f_per_row, w, h, y, chunk=chunk, grad=grad, argnums=(1, 2))
     assert plan.counts["epilogue"] <= 3 and not plan.stacked, str(plan)  # only the scalar tail
 
 
+@pytest.mark.slow
 def test_per_row_lookup_saves_memory():
     rs = np.random.RandomState(0)
     w = jnp.asarray(rs.normal(size=(64, 512)), jnp.float32)
@@ -304,7 +315,7 @@ def test_lookup_of_other_rows_is_a_barrier():
 
     h = _rand((N, 5), 22)
     y = jnp.asarray(np.random.RandomState(23).randint(0, 5, size=N), jnp.int32)
-    plan = check(f, h, y, chunk=3, grad="remat", argnums=(0, 1), diff_argnums=0, expect_whole=False)
+    plan = check(f, h, y, chunk=3, grad="remat", argnums=(0, 1), expect_whole=False)
     assert any("gather" in s for s in plan.stops), str(plan)
 
 

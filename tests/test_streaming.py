@@ -56,7 +56,7 @@ from jax import lax
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_matches_original, chunk_sizes
 
-GRAD_MODES = ("auto", "remat", "fused", "native")
+from .oracle import MODES
 
 # Where the region stops at the normaliser, it stacks the logits back to full size and warns
 # that it does not expect to save memory: expected here, where exactness is the subject.
@@ -369,7 +369,7 @@ _GIVEN = {
     "data": st.data(),
     "spec": programs(),
     "seed": st.integers(0, 2**16),
-    "grad": st.sampled_from(GRAD_MODES),
+    "grad": st.sampled_from(MODES),
 }
 
 
@@ -675,7 +675,7 @@ def _every_mode(name: str, chunks: Any, x64: bool = False) -> None:
     n = ja.serialize_axis(f, chunk=1, **kwargs).explain(*args).axis_size
     for chunk in chunks(n):
         checked = set()
-        for grad in GRAD_MODES:
+        for grad in MODES:
             sf = ja.serialize_axis(f, chunk=chunk, grad=grad, **kwargs)
             effective = sf.explain(*args).grad
             if effective not in checked:
@@ -771,6 +771,7 @@ def test_max_gradient_of_a_hand_written_softmax():
         assert_matches_original(sf, q, k, b)
 
 
+@pytest.mark.slow
 def test_float64_attention_and_vocab_ce():
     with jax.enable_x64(True):
         for name, chunk, grad in (("attention", 4, "fused"), ("vocab_ce", 3, "remat")):

@@ -25,7 +25,7 @@ from jax.interpreters import ad, mlir
 import jaxpr_accum as ja
 from jaxpr_accum import testing
 
-MODES = ["remat", "fused", "native"]
+MODES = testing.MODES  # what ``check`` tries: every mode but "auto", which is one of them
 
 
 def _mlp_loss(params, x):
@@ -134,6 +134,7 @@ def test_tree_difference_reports_the_worst_leaf():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_assert_matches_original_in_every_mode_and_chunk():
     params, x = _mlp_args()
     sf = ja.serialize_axis(_mlp_loss, chunk=3, argnums=1)
@@ -141,6 +142,7 @@ def test_assert_matches_original_in_every_mode_and_chunk():
     testing.assert_matches_original(sf, params, x, modes=MODES, chunks=[1, 4, 10, 13])
 
 
+@pytest.mark.slow
 def test_integer_and_key_inputs_and_outputs():
     """Keys and labels pass through undifferentiated; integer outputs are compared exactly."""
 
@@ -176,6 +178,7 @@ def test_nothing_to_differentiate_is_a_clear_error():
         testing.assert_matches_original(sf, jnp.arange(6))
 
 
+@pytest.mark.slow
 def test_automatic_axis_is_kept_at_chunks_as_long_as_the_axis():
     """Automatic selection only looks at axes longer than ``chunk``; the copies at other
     chunk sizes keep the axis that ``sf`` serializes."""
@@ -276,6 +279,7 @@ def _batch_statistic_loss(params, x):
     return jnp.sum((h @ params["w2"]) ** 2)
 
 
+@pytest.mark.slow
 def test_batch_statistic_custom_vjp_matches_the_original():
     """Chunking this call would centre each chunk's cotangent on the chunk's own mean; the
     library must keep it unchunked (exact) in every mode, at every chunk size."""
@@ -284,6 +288,7 @@ def test_batch_statistic_custom_vjp_matches_the_original():
     testing.assert_matches_original(sf, params, x, modes=MODES, chunks=[1, 3, 4, 10])
 
 
+@pytest.mark.slow
 def test_batch_statistic_custom_vjp_passes_check():
     params, x = _mlp_args()
     sf = ja.serialize_axis(_batch_statistic_loss, chunk=3, argnums=1)
@@ -369,11 +374,13 @@ def test_arrays_like_nnx_module_is_a_new_module():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_check_passes_on_a_small_model():
     params, x = _mlp_args(n=9)
     testing.check(ja.serialize_axis(_mlp_loss, chunk=4, argnums=1), params, x, max_examples=6)
 
 
+@pytest.mark.slow
 def test_check_on_an_nnx_model_with_dropout():
     """Dropout draws and the Rngs counter after the call are the original's."""
     nnx = pytest.importorskip("flax.nnx")

@@ -56,6 +56,7 @@ def timed_check(sf, *args):
     return took
 
 
+@pytest.mark.slow
 def test_check_mc_vae():
     """Seed 1: the 16 Monte-Carlo samples, found automatically inside the Flax module."""
     import optax
@@ -74,6 +75,7 @@ def test_check_mc_vae():
     timed_check(sf, params)
 
 
+@pytest.mark.slow
 def test_check_dropout_transformer():
     """Seed 2: the batch of tokens in chunks, dropout bits per chunk (one device here)."""
     dt = load_example("dropout_transformer.py")

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
+from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import assert_tree_close
+from .oracle import MODES, modes
 
 slow = pytest.mark.slow
-MODES = ["auto", "remat", "fused", "native"]
 
 _rs = np.random.RandomState(7)
 W = jnp.asarray(_rs.normal(size=(5, 3)) * 0.5, jnp.float32)
@@ -78,7 +78,7 @@ def test_r13_grad_of_vmap_over_the_temperature(grad):
     assert_tree_close(outer(_serialized(mixed, grad)), outer(mixed), what="grad of vmap")
 
 
-@pytest.mark.parametrize("grad", ["remat", pytest.param("fused", marks=slow)])
+@pytest.mark.parametrize("grad", modes("remat", slow=("fused",)))
 @pytest.mark.parametrize("in_axes", IN_AXES, ids=str)
 def test_values_grad_and_vjp_for_any_in_axes(grad, in_axes):
     args = batched_args(in_axes)

@@ -144,6 +144,18 @@ def _compare(
     return _compare_leaves(pairs, rtol, noise)
 
 
+class _Float(NamedTuple):
+    """A floating leaf, checked for shape, dtype and non-finite entries, ready to compare."""
+
+    where: str
+    dtype: Any
+    got: np.ndarray  # float64 (complex128)
+    ref: np.ndarray
+    finite: np.ndarray  # where ``ref`` is finite
+    own: float  # ``max|ref|`` over its finite entries
+    noise: float
+
+
 def _compare_leaves(
     pairs: list[tuple[str, Any, Any]], rtol: Tolerance, noise: Sequence[float] | None = None
 ) -> _Compared:
@@ -153,92 +165,102 @@ def _compare_leaves(
     rounding error (absolute); a leaf may differ by ``_NOISE_FACTOR`` times that."""
     none = Difference(0.0, 0.0, "", ())
     floats = []
-    top = 0.0
     noise = [0.0] * len(pairs) if noise is None else list(noise)
     for (where, g, r), leaf_noise in zip(pairs, noise, strict=True):
-        if not _is_array(r):
-            if not (g is r or g == r):
-                return _Compared(_Mismatch(where, [f"serialized {g!r}, original {r!r}"]), none)
-            continue
-        if not _is_array(g):
-            lines = [f"serialized is a {type(g).__name__}, original an array"]
-            return _Compared(_Mismatch(where, lines), none)
-        if g.shape != r.shape or g.dtype != r.dtype:
-            lines = [f"serialized {g.dtype}{list(g.shape)}, original {r.dtype}{list(r.shape)}"]
-            return _Compared(_Mismatch(where, lines), none)
-        if r.dtype == jax.dtypes.float0:
-            continue
-        if _is_key(r):
-            g, r = jax.random.key_data(g), jax.random.key_data(r)
-        if not jnp.issubdtype(r.dtype, jnp.inexact):
-            g_np, r_np = np.asarray(g), np.asarray(r)
-            if not np.array_equal(g_np, r_np):
-                bad = tuple(np.argwhere(g_np != r_np)[0]) if g_np.ndim else ()
-                n = int(np.sum(g_np != r_np))
-                line = (
-                    f"{r.dtype} values must be bit-identical; {n} of {r_np.size} differ, first "
-                    f"at index {_fmt_index(bad)}: serialized {g_np[bad]}, original {r_np[bad]}"
-                )
-                return _Compared(_Mismatch(where, [line]), none)
-            continue
-        g64, r64 = _as_f64(g), _as_f64(r)
-        finite = np.isfinite(r64)
-        same = (g64 == r64) | (np.isnan(g64) & np.isnan(r64))
-        bad_mask = (np.isfinite(g64) != finite) | (~finite & ~same)
-        if np.any(bad_mask):
-            bad = tuple(np.argwhere(bad_mask)[0]) if r64.ndim else ()
-            line = (
-                f"non-finite entries differ, first at index {_fmt_index(bad)}: "
-                f"serialized {g64[bad]}, original {r64[bad]}"
-            )
-            return _Compared(_Mismatch(where, [line]), none)
-        own = float(np.max(np.abs(r64[finite]), initial=0.0))
-        top = max(top, own)
-        floats.append((where, r.dtype, g64, r64, finite, own, leaf_noise))
-
+        checked = _check_leaf(where, g, r, leaf_noise)
+        if isinstance(checked, _Mismatch):
+            return _Compared(checked, none)
+        if checked is not None:
+            floats.append(checked)
+    top = max((leaf.own for leaf in floats), default=0.0)
     worst = none
     first: _Mismatch | None = None
-    for where, dtype, g64, r64, finite, own, leaf_noise in floats:
-        if r64.size == 0:
+    for leaf in floats:
+        if leaf.ref.size == 0:
             continue
-        scale = max(own, _FLOOR * top, _ABS_FLOOR)
-        err_all = np.zeros(r64.shape)
-        err_all[finite] = np.abs(g64[finite] - r64[finite])
+        scale = max(leaf.own, _FLOOR * top, _ABS_FLOOR)
+        err_all = np.zeros(leaf.ref.shape)
+        err_all[leaf.finite] = np.abs(leaf.got[leaf.finite] - leaf.ref[leaf.finite])
         flat = int(np.argmax(err_all))
         index = tuple(int(i) for i in np.unravel_index(flat, err_all.shape))
         err = float(err_all.reshape(-1)[flat])
         rel = err / scale
         if rel > worst.max_rel:
-            worst = Difference(max(worst.max_abs, err), rel, where, index)
+            worst = Difference(max(worst.max_abs, err), rel, leaf.where, index)
         else:
             worst = worst._replace(max_abs=max(worst.max_abs, err))
-        tol = _rtol_for(dtype, rtol)
-        allowed = max(tol * scale, _NOISE_FACTOR * leaf_noise)
+        tol = _rtol_for(leaf.dtype, rtol)
+        allowed = max(tol * scale, _NOISE_FACTOR * leaf.noise)
         if first is None and not err <= allowed:
-            if scale == own:
-                basis = "the leaf's own magnitude"
-            elif scale > _ABS_FLOOR:
-                basis = f"{_FLOOR:g} of the largest leaf's magnitude {top:.4g}"
-            else:
-                basis = "the absolute floor: the original is zero everywhere"
-            first = _Mismatch(
-                where,
-                [
-                    f"worst |serialized - original| = {err:.3e} at index {_fmt_index(index)}: "
-                    f"serialized {g64[index]:.8g}, original {r64[index]:.8g}",
-                    f"relative error {rel:.3e} > tolerance {tol:.1e} ({dtype}), at scale "
-                    f"{scale:.4g} ({basis})",
-                    *(
-                        [
-                            f"and > {_NOISE_FACTOR:g} x {leaf_noise:.3e}, what the original "
-                            "itself moves by when its values move by one rounding error"
-                        ]
-                        if leaf_noise > 0
-                        else []
-                    ),
-                ],
-            )
+            first = _float_mismatch(leaf, index, err, tol, scale, top)
     return _Compared(first, worst)
+
+
+def _check_leaf(where: str, g: Any, r: Any, leaf_noise: float) -> _Mismatch | _Float | None:
+    """One leaf's checks that need no tolerance: a non-array equal, the same shape and dtype,
+    integer, boolean and key leaves bit-identical, non-finite entries alike. A mismatch, the
+    floating leaf to compare, or None (nothing more to compare)."""
+    if not _is_array(r):
+        if not (g is r or g == r):
+            return _Mismatch(where, [f"serialized {g!r}, original {r!r}"])
+        return None
+    if not _is_array(g):
+        return _Mismatch(where, [f"serialized is a {type(g).__name__}, original an array"])
+    if g.shape != r.shape or g.dtype != r.dtype:
+        lines = [f"serialized {g.dtype}{list(g.shape)}, original {r.dtype}{list(r.shape)}"]
+        return _Mismatch(where, lines)
+    if r.dtype == jax.dtypes.float0:
+        return None
+    if _is_key(r):
+        g, r = jax.random.key_data(g), jax.random.key_data(r)
+    if not jnp.issubdtype(r.dtype, jnp.inexact):
+        g_np, r_np = np.asarray(g), np.asarray(r)
+        if not np.array_equal(g_np, r_np):
+            bad = tuple(np.argwhere(g_np != r_np)[0]) if g_np.ndim else ()
+            n = int(np.sum(g_np != r_np))
+            line = (
+                f"{r.dtype} values must be bit-identical; {n} of {r_np.size} differ, first "
+                f"at index {_fmt_index(bad)}: serialized {g_np[bad]}, original {r_np[bad]}"
+            )
+            return _Mismatch(where, [line])
+        return None
+    g64, r64 = _as_f64(g), _as_f64(r)
+    finite = np.isfinite(r64)
+    same = (g64 == r64) | (np.isnan(g64) & np.isnan(r64))
+    bad_mask = (np.isfinite(g64) != finite) | (~finite & ~same)
+    if np.any(bad_mask):
+        bad = tuple(np.argwhere(bad_mask)[0]) if r64.ndim else ()
+        line = (
+            f"non-finite entries differ, first at index {_fmt_index(bad)}: "
+            f"serialized {g64[bad]}, original {r64[bad]}"
+        )
+        return _Mismatch(where, [line])
+    own = float(np.max(np.abs(r64[finite]), initial=0.0))
+    return _Float(where, r.dtype, g64, r64, finite, own, leaf_noise)
+
+
+def _float_mismatch(
+    leaf: _Float, index: tuple, err: float, tol: float, scale: float, top: float
+) -> _Mismatch:
+    """The message of a floating leaf outside its tolerance."""
+    if scale == leaf.own:
+        basis = "the leaf's own magnitude"
+    elif scale > _ABS_FLOOR:
+        basis = f"{_FLOOR:g} of the largest leaf's magnitude {top:.4g}"
+    else:
+        basis = "the absolute floor: the original is zero everywhere"
+    lines = [
+        f"worst |serialized - original| = {err:.3e} at index {_fmt_index(index)}: "
+        f"serialized {leaf.got[index]:.8g}, original {leaf.ref[index]:.8g}",
+        f"relative error {err / scale:.3e} > tolerance {tol:.1e} ({leaf.dtype}), at scale "
+        f"{scale:.4g} ({basis})",
+    ]
+    if leaf.noise > 0:
+        lines.append(
+            f"and > {_NOISE_FACTOR:g} x {leaf.noise:.3e}, what the original itself moves by "
+            "when its values move by one rounding error"
+        )
+    return _Mismatch(leaf.where, lines)
 
 
 def tree_difference(got: Any, ref: Any) -> Difference:

@@ -22,13 +22,9 @@ from jaxpr_accum.testing._compare import (
     _is_key,
     _real_dtype,
 )
-from jaxpr_accum.testing._oracle import (
-    _assert_one,
-    _check_serialized,
-    _Reference,
-    _variant,
-    assert_in_contexts,
-)
+from jaxpr_accum.testing._oracle import _assert_one, _check_serialized, assert_in_contexts
+from jaxpr_accum.testing._runner import _Reference
+from jaxpr_accum.testing._variants import _variant
 
 #: Every gradient mode that ``check`` tries by default.
 MODES = ("remat", "fused", "native")

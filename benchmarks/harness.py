@@ -233,13 +233,14 @@ DOC_SECTIONS = (
     "budget",
     "normalisers",
     "forward",
+    "auto_choice",
 )
 DOC_HEADER = """# Benchmarks
 
 Written by the scripts in `benchmarks/` (each one rewrites its own section below): `python
 benchmarks/peers.py`, `python benchmarks/accuracy.py`, `python benchmarks/tracing.py`, `python
 benchmarks/random_memory.py`, `python benchmarks/budget.py`, `python benchmarks/normalisers.py
---write`, `python benchmarks/forward.py`. Memory is XLA's own accounting of
+--write`, `python benchmarks/forward.py`, `python benchmarks/auto_choice.py --write`. Memory is XLA's own accounting of
 the compiled `jax.jit(jax.value_and_grad(f))`
 (`compiled.memory_analysis().temp_size_in_bytes`); times are medians of *paired* ratios from
 interleaved repeats (every round runs the original and each variant back to back, the ratio is

@@ -164,9 +164,11 @@ class SerializedFunction:
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[Prepared, list]:
         call = _arguments.flatten(args, kwargs)
         key = _arguments.cache_key(call)
-        # ``memory=`` budgets what the caller differentiates: a plan per perturbation pattern
-        pattern = _arguments.perturbation(call) if self.memory is not None else None
-        if key is not None and self.memory is not None:
+        # ``memory=`` budgets, and auto measures, what the caller differentiates: a plan per
+        # perturbation pattern
+        weighs = self.memory is not None or self.settings.grad == "auto"
+        pattern = _arguments.perturbation(call) if weighs else None
+        if key is not None and weighs:
             key = (key, pattern)
         prepared = self._cache.get(key) if key is not None else None
         if prepared is None:

@@ -118,6 +118,7 @@ class Planner:
         with stage("planning"):
             chosen, usable = _candidates.choose_split(traced, self.settings, stream)
         budget = None
+        measure = _Measure(inputs, differentiated_inputs(traced, inputs, pattern))
         if self.settings.chunk is not None:
             with stage("choosing the gradient mode"):
                 grad, reason = _choice.choose(chosen, requested)
@@ -133,15 +134,19 @@ class Planner:
             chosen = fitted
         with stage("building"):
             run = build(chosen.split, chosen.chunk, grad, self.settings.accum_dtype, layout)
+        if requested == "auto" and grad == "fused" and budget is None and measure.diff:
+            with stage("measuring fused against remat"):
+                remat = build(
+                    chosen.split, chosen.chunk, "remat", self.settings.accum_dtype, layout
+                )
+                grad, reason = _choice.confirm_fused(reason, measure(run), measure(remat))
+                run = remat if grad == "remat" else run
         original = functools.partial(run_as_written, traced.jaxpr)
         with stage("tracing the forward and backward passes"):
             _fallback.validate(run, inputs, original)
         plan = Plan.from_candidate(chosen, usable, grad, reason, layout, budget)
         with stage("weighing the plan against the function as written"):
-            diff = float_arguments(traced, inputs)
-            why = _worth.as_written_instead(
-                chosen, requested, run, original, lambda f: _budget.temp_bytes(f, inputs, diff)
-            )
+            why = _worth.as_written_instead(chosen, requested, run, original, measure)
         if why is not None:
             plan = dataclasses.replace(plan, grad="none", grad_reason=why, warning=why)
             return Prepared(traced, chosen.split, plan, as_written=True)
@@ -196,6 +201,21 @@ class Planner:
         if key is not None:
             self.chunks.put(key, (grad, reason, budget))
         return chosen, grad, reason, layout, budget
+
+
+class _Measure:
+    """XLA's temp bytes of a program's ``value_and_grad`` with respect to ``diff`` (the
+    floating arguments), compiled once per program: auto's confirmation of fused and the
+    never-worse check may ask for the same one."""
+
+    def __init__(self, inputs: list, diff: list[int]):
+        self.inputs, self.diff = inputs, diff
+        self.measured: dict[int, tuple[Callable, int]] = {}
+
+    def __call__(self, run: Callable) -> int:
+        if id(run) not in self.measured:  # the program is kept with its figure: ids stay unique
+            self.measured[id(run)] = (run, _budget.temp_bytes(run, self.inputs, self.diff))
+        return self.measured[id(run)][1]
 
 
 def run_as_written(jaxpr: Any, *flat: Any) -> list:

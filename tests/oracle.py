@@ -4,6 +4,9 @@ of tolerances by dtype, and ``assert_tree_close``):
 
 * :data:`MODES`, every gradient mode, and :func:`modes`, a choice of them as ``pytest``
   parameters split between the default and the slow tier;
+* :func:`covering`, the rows of a parameter matrix too large to run whole in the slow tier
+  (every value of one factor with every value of each other factor), or the whole product
+  with ``JAXPR_ACCUM_FULL_MATRIX=1``;
 * :data:`NOT_WORTH_IT`, the warning filter for toy programs that the cost model expects to
   save no memory;
 * :func:`iter_eqns` and its helpers walk a (Closed)Jaxpr recursively into every sub-jaxpr,
@@ -14,7 +17,9 @@ of tolerances by dtype, and ``assert_tree_close``):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import itertools
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -41,6 +46,36 @@ def modes(*fast: str, slow: Iterable[str] = ()) -> list:
         for m in MODES
         if m in fast | slow
     ]
+
+
+#: ``JAXPR_ACCUM_FULL_MATRIX=1``: :func:`covering` gives the whole product (a long run).
+FULL_MATRIX = os.environ.get("JAXPR_ACCUM_FULL_MATRIX", "") not in ("", "0")
+
+
+def covering(
+    primary: Sequence, *others: Sequence, ids: Sequence[str] | None = None, per: int = 0
+) -> list:
+    """``pytest.param`` rows over ``primary`` and ``others`` that pair every value of
+    ``primary`` with every value of each other factor at least once: row ``j`` of value
+    ``i`` takes ``other[(i + j) % len(other)]`` of each, for ``j`` up to the longest other
+    factor, so the others' values meet each other in varying pairs too. A ``primary`` value
+    that is a tuple is spread into its row (as ``pytest.mark.parametrize`` takes it). With
+    ``JAXPR_ACCUM_FULL_MATRIX=1``, the whole product. ``ids``: one per ``primary`` value;
+    ``per``: rows per ``primary`` value, fewer than the longest factor (each other value
+    then meets only some primary values, in rotation)."""
+    width = per or max(len(o) for o in others)
+    rows = []
+    for i, value in enumerate(primary):
+        head = value if isinstance(value, tuple) else (value,)
+        combos = (
+            itertools.product(*others)
+            if FULL_MATRIX
+            else (tuple(o[(i + j) % len(o)] for o in others) for j in range(width))
+        )
+        for combo in combos:
+            name = "-".join(map(str, (ids[i] if ids else i, *combo)))
+            rows.append(pytest.param(*head, *combo, id=name))
+    return rows
 
 
 # --------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from jax import lax
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_matches_original, assert_tree_close
 
-from .oracle import MODES, NOT_WORTH_IT, modes
+from .oracle import MODES, NOT_WORTH_IT, covering, modes
 
 
 def diagonal(names: list[str]) -> list:
@@ -153,16 +153,16 @@ MATRIX += [("softmax", w) for w in ("checkpoint", "scan", "vjp", "vmap")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, wrapper", MATRIX)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind, wrapper, mode", covering(MATRIX, MODES, per=2))
 def test_composition_matrix(mode, kind, wrapper):
     assert check_subsets_in_orders(mode, kind, wrapper) == 14
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("chunk", [1, 4, 5, N, N + 3])
-@pytest.mark.parametrize("kind", ["float32", "float64", "complex", "softmax"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "kind, mode, chunk",
+    covering(["float32", "float64", "complex", "softmax"], MODES, [1, 4, 5, N, N + 3]),
+)
 def test_composition_chunks(mode, kind, chunk):
     with jax.enable_x64(True) if kind == "float64" else _nullcontext():
         args = _args(kind)

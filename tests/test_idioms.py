@@ -19,7 +19,7 @@ import pytest
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_matches_original
 
-from .oracle import MODES, modes
+from .oracle import MODES, covering, modes
 
 slow = pytest.mark.slow
 N = 10
@@ -133,9 +133,10 @@ def test_chunked_and_exact_in_auto(program, args, streamed):
 
 
 @slow
-@pytest.mark.parametrize("grad", MODES)
-@pytest.mark.parametrize("chunk", [1, 3, 5, N, N + 3])
-@pytest.mark.parametrize("program, args, streamed", PROGRAMS, ids=IDS)
+@pytest.mark.parametrize(
+    "program, args, streamed, grad, chunk",
+    covering(PROGRAMS, MODES, [1, 3, 5, N, N + 3], ids=IDS),
+)
 def test_every_mode_and_chunk(program, args, streamed, grad, chunk):
     sf = ja.serialize_axis(program, chunk=chunk, argnums=1, grad=grad)
     assert_matches_original(sf, *args, vmap=False)

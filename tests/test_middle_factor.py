@@ -18,7 +18,7 @@ import pytest
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_matches_original
 
-from .oracle import MODES, modes
+from .oracle import MODES, covering, modes
 
 T, B, H, V = 5, 12, 6, 7
 
@@ -89,10 +89,13 @@ STOPPED = {
 }
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", sorted(CHUNKED))
 @pytest.mark.parametrize(
-    "chunk", [pytest.param(1, marks=pytest.mark.slow), 5, pytest.param(12, marks=pytest.mark.slow)]
+    "name, mode, chunk",
+    covering(sorted(CHUNKED), MODES, [5], per=1)  # one mode each by default, in rotation
+    + [
+        pytest.param(*p.values, id=p.id, marks=pytest.mark.slow)
+        for p in covering(sorted(CHUNKED), MODES, [1, 12])
+    ],
 )
 def test_merged_axis_chunks_through_to_the_loss(name, mode, chunk):
     fn = CHUNKED[name]

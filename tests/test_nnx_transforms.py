@@ -17,7 +17,7 @@ from flax import nnx
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import MODES
+from .oracle import MODES, covering
 
 slow = pytest.mark.slow
 N, D, LAYERS = 12, 6, 3
@@ -103,8 +103,6 @@ def test_nnx_transform_chunks_and_is_exact(name):
 
 
 @slow
-@pytest.mark.parametrize("grad", MODES)
-@pytest.mark.parametrize("chunk", [1, 4, N])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name, grad, chunk", covering(list(CASES), MODES, [1, 4, N]))
 def test_nnx_transform_every_mode(name, grad, chunk):
     _check(name, grad, chunk)

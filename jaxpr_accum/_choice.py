@@ -125,9 +125,12 @@ def choose(candidate: Candidate, requested: str) -> tuple[str, str]:
     )
 
 
-def confirm_fused(why: str, fused_bytes: int, remat_bytes: int) -> tuple[str, str]:
+def confirm_fused(why: str, fused_bytes: int | None, remat_bytes: int | None) -> tuple[str, str]:
     """``(mode, why)`` for auto's estimated pick of fused (``why``), given XLA's temp bytes of
-    both modes' ``value_and_grad``: fused while within ``MEMORY_SLACK`` of remat, else remat."""
+    both modes' ``value_and_grad``: fused while within ``MEMORY_SLACK`` of remat, else remat;
+    the estimate's fused where they cannot be measured (None)."""
+    if fused_bytes is None or remat_bytes is None:
+        return "fused", f"{why}; not measured (not compilable outside the caller's context)"
     measured = f"measured: fused {format_bytes(fused_bytes)}, remat {format_bytes(remat_bytes)}"
     if fused_bytes > (1 + MEMORY_SLACK) * remat_bytes:
         estimate = why.removeprefix("auto: ")

@@ -124,8 +124,11 @@ class ChunkLoop:
         )
 
     def slices(self, chunked: Sequence, start: Any, k: int) -> list:
+        """The chunk at ``start`` (of length ``k``) of each chunked input; None stays None (a
+        tangent of an input the caller does not perturb)."""
         return [
-            take_chunk(x, loc, start, k) for x, loc in zip(chunked, self.chunk_locs, strict=True)
+            None if x is None else take_chunk(x, loc, start, k)
+            for x, loc in zip(chunked, self.chunk_locs, strict=True)
         ]
 
     def chunk_inputs(self, inputs: Inputs, start: Any, k: int) -> Inputs:

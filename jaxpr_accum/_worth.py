@@ -32,16 +32,19 @@ def as_written_instead(
     requested: str,
     run: Callable,
     original: Callable,
-    measure: Callable[[Callable], int],
+    measure: Callable[[Callable], int | None],
 ) -> str | None:
     """Why the function should run as written instead of ``run`` (None: keep the loop).
-    ``measure(fun)``: XLA's temp bytes of ``fun``'s ``value_and_grad``."""
+    ``measure(fun)``: XLA's temp bytes of ``fun``'s ``value_and_grad`` (None: not
+    measurable in isolation, and the estimate decides)."""
     warning = candidate.warning()
     if warning is None or requested != "auto":
         return None
     if _certain(candidate):
         return f"{warning}; the function runs as written{FORCE_HINT}"
     chunked, written = measure(run), measure(original)
+    if chunked is None or written is None:
+        return f"{warning}; the function runs as written{FORCE_HINT}"
     if chunked < written:
         return None
     return (

@@ -90,6 +90,26 @@ def test_linearize_applied_to_several_tangents(grad):
     )
 
 
+def weighted(params, x, y):  # two chunked inputs: data and per-row weights
+    return jnp.mean(jnp.tanh(x @ params["w1"]) @ params["w2"] * y[:, None])
+
+
+@pytest.mark.parametrize("grad", MODES)
+def test_linearize_with_a_chunked_input_held_constant(grad):
+    """Forward mode with respect to some of the chunked inputs: the per-row weights ``y``
+    are chunked but not perturbed (closed over by the caller), so their tangent is absent
+    and the loop slices only the tangents it has."""
+    y = jnp.cos(jnp.arange(12.0))
+    sf = ja.serialize_axis(weighted, chunk=5, argnums=(1, 2), grad=grad)
+    out, f_lin = jax.linearize(lambda p, x: sf(p, x, y), PARAMS, X)
+    ref_out, ref_lin = jax.linearize(lambda p, x: weighted(p, x, y), PARAMS, X)
+    tangents = (tangents_like(PARAMS), tangents_like(X))
+    assert_tree_close((out, f_lin(*tangents)), (ref_out, ref_lin(*tangents)))
+    t_x = tangents_like(X, -2.0)
+    got = jax.jvp(lambda x: sf(PARAMS, x, y), (X,), (t_x,))
+    assert_tree_close(got, jax.jvp(lambda x: weighted(PARAMS, x, y), (X,), (t_x,)))
+
+
 @pytest.mark.parametrize("grad", MODES)
 def test_closed_over_values(grad):
     def outer(w2):

@@ -141,3 +141,36 @@ def test_a_plan_not_expected_to_save_runs_as_written():
     assert plan.grad == "remat" and "not expected to save memory" in plan.warning, plan
     assert "serialized_region" in {e.primitive.name for e in forced.jaxpr(big, wide).eqns}
     assert_matches_original(forced, big, wide, vmap=False)
+
+
+def test_auto_where_the_program_cannot_be_measured_alone():
+    """Auto's measurement compiles the program out of the caller's context; where that
+    cannot be done (a collective over the caller's ``vmap`` axis name; a ``while_loop``,
+    which has no reverse mode, under a plain call) the estimate decides, with no fallback
+    (the tests run strict) and the original's values."""
+    w = jnp.asarray(RS.normal(size=(16, 128)) / 4, jnp.float32)
+    xs = jnp.asarray(RS.normal(size=(2, 96, 16)), jnp.float32)
+
+    def centred_over_the_vmap_axis(w, x):
+        h = jnp.tanh(x @ w)
+        centre = jax.lax.pmean(jnp.mean(h, 0), "b")  # over the caller's vmap axis
+        return jnp.mean(h**2) - jnp.sum(centre**2)
+
+    sf = ja.serialize_axis(centred_over_the_vmap_axis, chunk=8, argnums=1)
+    for f in (lambda g: g, jax.grad):
+        got = jax.vmap(f(sf), (None, 0), axis_name="b")(w, xs)
+        want = jax.vmap(f(centred_over_the_vmap_axis), (None, 0), axis_name="b")(w, xs)
+        assert_tree_close(got, want)
+
+    def halve_until_small(row):
+        return jax.lax.while_loop(lambda r: jnp.max(jnp.abs(r)) > 0.1, lambda r: r * 0.5, row)
+
+    def halved_until_small(w, x):
+        return jnp.mean(jax.vmap(halve_until_small)(jnp.tanh(x @ w)) ** 2)
+
+    sf = ja.serialize_axis(halved_until_small, chunk=8, argnums=1)
+    x = xs[0]
+    t = (jnp.ones_like(w), jnp.ones_like(x))
+    with pytest.warns(ja.PlanWarning, match="not expected to save memory"):  # h is stacked
+        assert_tree_close(sf(w, x), halved_until_small(w, x))
+        assert_tree_close(jax.jvp(sf, (w, x), t), jax.jvp(halved_until_small, (w, x), t))

@@ -123,7 +123,7 @@ class Candidate:
         """Why this plan is not expected to save memory, or None."""
         split, avoided = self.split, self.avoided_bytes
         if split.size == 0:
-            return "the axis has size 0: the function runs as written"
+            return "the axis has size 0: there is nothing to chunk"
         if split.stacked and avoided <= split.stacked_bytes:
             why = (
                 f"the region stacks {format_bytes(split.stacked_bytes)} of outputs back to full "

@@ -27,7 +27,7 @@ from typing import Any
 
 import jax
 
-from jaxpr_accum import _compat
+from jaxpr_accum import _compat, _table
 from jaxpr_accum._region import Region
 from jaxpr_accum._signature import Inputs, Outputs
 
@@ -91,4 +91,13 @@ region_p = _compat.define_primitive(
     jvp=_jvp,
     batch=_batch,
     linearize=_linearize,
+)
+
+# An outer ``serialize_axis`` does not enter an inner one's region: its loop is already chunked.
+_table.register(
+    region_p,
+    _table.Barrier(
+        "this is the region of an inner `serialize_axis` (primitive `{name}`), already "
+        "chunked: serialize the inner function's `.original` instead, or drop one of the two"
+    ),
 )

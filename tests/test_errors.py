@@ -68,3 +68,21 @@ def test_in_axes_on_a_python_scalar_is_a_value_error():
     sf = ja.serialize_axis(f, chunk=2, in_axes=(None, 0, 0))
     with pytest.raises(ValueError, match=r"`in_axes` 0 names args\[2\], a float and not an array"):
         sf(W, jnp.ones((6, H)), 2.0)
+
+
+def test_serializing_a_serialized_function_again_says_so():
+    """The outer serialization meets the inner one's region, already chunked: the error says
+    what to do in the user's terms (not "register a rule" for the library's own primitive)."""
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    inner = ja.serialize_axis(loss, chunk=5, argnums=1)
+    outer = ja.serialize_axis(lambda w, x: inner(w, x), chunk=3, argnums=1)
+    x = jnp.linspace(-1, 1, 36).reshape(12, 3)
+    with pytest.raises(ja.SerializeError, match=r"inner `serialize_axis`.*`\.original`") as info:
+        outer(W, x)
+    assert "register_rule" not in str(info.value)
+    # serializing the inner function's original works, and is the same function
+    again = ja.serialize_axis(inner.original, chunk=3, argnums=1)
+    assert jnp.allclose(again(W, x), loss(W, x))

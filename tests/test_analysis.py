@@ -61,6 +61,7 @@ def test_long_chain_on_an_axis_carrying_constant_is_chunked():
     assert_matches_original(sf, _x(), vmap=False)
 
 
+@pytest.mark.slow
 def test_long_backward_chain_in_a_scan_body_terminates_quickly():
     # Inside the body a closed-over constant goes through 150 equations; the axis is learnt
     # at the last one (`h * x`) and must travel back to the body's input, one step per
@@ -216,6 +217,7 @@ def test_analysis_does_not_depend_on_equation_order():
 
 
 @pytest.mark.filterwarnings(NOT_WORTH_IT)  # toys with several stops: the plans save nothing
+@pytest.mark.slow
 def test_plans_do_not_depend_on_statement_order():
     def f_a(x, w):
         y = jnp.sin(x)

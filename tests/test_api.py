@@ -87,6 +87,7 @@ def test_grad_modes_accepted(grad):
     assert_matches_original(sf, W, X, vmap=False)
 
 
+@pytest.mark.slow
 def test_keyword_arguments_at_call():
     sf = ja.serialize_axis(loss, chunk=CHUNK)
     assert jnp.allclose(sf(W, x=X), loss(W, X), rtol=2e-4)
@@ -302,6 +303,7 @@ def test_two_candidate_axes_of_requested_size():
     assert_matches_original(sf, a, b, vmap=False)
 
 
+@pytest.mark.slow
 def test_cost_model_sign_agrees_with_xla_on_each_axis_of_a_recurrent_model():
     """The estimate ``explain`` shows for an axis (``Plan.candidates``) has the sign of what
     XLA measures, on the axes of a time-major recurrent model: the batch (dimension 1 of

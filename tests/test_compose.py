@@ -29,6 +29,7 @@ def mlp():
 
 
 @pytest.mark.parametrize("grad", GRAD_MODES)
+@pytest.mark.slow
 def test_jit_of_grad(mlp, grad):
     loss, args = mlp
     sf = ja.serialize_axis(loss, chunk=3, argnums=1, grad=grad)
@@ -409,6 +410,7 @@ def test_native_jvp():
     assert_tree_close(got, ref, what="jvp")
 
 
+@pytest.mark.slow
 def test_native_hessian():
     f, w, x = _small_problem()
     sf = ja.serialize_axis(f, chunk=3, argnums=1, grad="native")

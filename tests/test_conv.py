@@ -61,6 +61,7 @@ def test_canonical_conv_matches_lax(case):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_chunked_backward_convolutions_are_canonical():
     def loss(w, x):
         h = lax.conv_general_dilated(

@@ -192,6 +192,7 @@ def test_hessian_forward_over_reverse_and_reverse_over_reverse(mode):
 
 
 @pytest.mark.parametrize("mode", modes("remat", slow=MODES))
+@pytest.mark.slow
 def test_perturbed_mask_does_not_leak_between_traces(mode):
     """r1/r2: after grads w.r.t. (w, x) then w alone, grad of jit/checkpoint(sf) is exact."""
     w, _, x = _args("float32")
@@ -305,6 +306,7 @@ def test_polymorphic_custom_rules_are_chunked(mode):
 
 
 @pytest.mark.parametrize("mode", modes("remat", slow=MODES))
+@pytest.mark.slow
 def test_serialized_inside_serialized(mode):
     w, _, _ = _args("float32")
     xx = jax.random.normal(jax.random.key(3), (6, N, 4))
@@ -332,6 +334,7 @@ def test_serialized_inside_serialized(mode):
 
 
 @pytest.mark.parametrize("mode", modes("remat", "fused", slow=MODES))
+@pytest.mark.slow
 def test_float64_is_float64_accurate(mode):
     with jax.enable_x64(True):
         w, b, x = _args("float64", n=13)
@@ -404,6 +407,7 @@ def test_size_zero_axis_returns_what_the_original_returns(mode):
 
 
 @pytest.mark.parametrize("mode, where", diagonal(["top", "scan body", "while body"]))
+@pytest.mark.slow
 def test_nested_jit_constant_along_the_axis_is_sliced(mode, where):
     """r5: a constant of a nested jit that carries the axis, inside loop bodies."""
     w, _, x = _args("float32")
@@ -523,6 +527,7 @@ def test_size_chooses_among_several_axes_by_cost():
 # -- 8. the analysis terminates on long chains ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_long_chain_on_an_axis_carrying_constant():
     const = np.linspace(0, 1, N * 4, dtype=np.float32).reshape(N, 4)
 
@@ -540,6 +545,7 @@ def test_long_chain_on_an_axis_carrying_constant():
 # -- 9. never worse than the original ------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings(NOT_WORTH_IT)  # the derivatives' own plans (auto plans per pattern)
 def test_a_plan_that_cannot_save_memory_says_so_and_warns_once():
     rs = np.random.RandomState(0)
     x = jnp.asarray(rs.normal(size=(256, 16)), jnp.float32)

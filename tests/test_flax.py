@@ -41,6 +41,7 @@ def _max_diff(a, b):
 
 
 @pytest.mark.parametrize("grad", modes("remat", slow=("auto",)))
+@pytest.mark.slow
 def test_nnx_value_and_grad_with_dropout_then_second_call(grad):
     original, serialized = DropoutMLP(nnx.Rngs(0, dropout=1)), DropoutMLP(nnx.Rngs(0, dropout=1))
     sloss = ja.serialize_axis(mse, chunk=6, argnums=1, grad=grad)
@@ -57,6 +58,7 @@ def test_nnx_value_and_grad_with_dropout_then_second_call(grad):
     assert losses[0] != losses[1]  # the second call drew a different mask
 
 
+@pytest.mark.slow
 def test_nnx_train_step_under_nnx_jit():
     models = [DropoutMLP(nnx.Rngs(0, dropout=1)) for _ in range(2)]
     opts = [nnx.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param) for m in models]

@@ -126,6 +126,7 @@ def test_closed_over_values(grad):
 
 
 @pytest.mark.parametrize("grad", MODES)
+@pytest.mark.slow
 def test_axis_born_inside_with_random_draws(grad):
     sf = ja.serialize_axis(mc_samples, chunk=4, size=16, grad=grad)
     mu, key = jnp.ones((3, 5)) * 0.1, jax.random.key(3)
@@ -139,6 +140,7 @@ def test_axis_born_inside_with_random_draws(grad):
 
 
 @pytest.mark.parametrize("grad", MODES)
+@pytest.mark.slow
 def test_compositions(grad):
     sf = serialized(mlp, grad)
     t = (tangents_like(PARAMS), tangents_like(X))
@@ -176,6 +178,7 @@ def test_jvp_program_scans_over_chunks_without_full_size_activations(grad):
     assert not big, [str(e) for e in big]
 
 
+@pytest.mark.slow
 def test_jvp_memory_scales_with_the_chunk():
     d, n, layers = 64, 512, 4
     ks = jax.random.split(jax.random.key(0), layers + 1)

@@ -104,6 +104,7 @@ def test_reverse_mode_derivatives_of_a_jacobian(form, grad):
 
 
 @pytest.mark.parametrize("form,grad", matrix({"jacrev": None, "jacfwd": "fused", "hessian": None}))
+@pytest.mark.slow
 def test_loss_on_the_jacobian(form, grad):
     fun, size = FORMS[form]
     penalty = squared_norm(fun)

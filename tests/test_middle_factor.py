@@ -130,6 +130,7 @@ def test_a_merged_input_is_not_sliced(mode):
         assert_matches_original(sf, *args, vmap=False)
 
 
+@pytest.mark.slow
 def test_automatic_mode_finds_the_merged_batch_and_the_report_names_it():
     args = _args(4)
     sf = ja.serialize_axis(batch_apply_loss, chunk=4, axis=None)

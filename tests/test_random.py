@@ -181,6 +181,7 @@ def fold_in_per_index(mu, key):
 
 
 @pytest.mark.parametrize("grad, chunk", [("remat", 3), pytest.param("native", 1, marks=slow)])
+@pytest.mark.slow
 def test_split_key_per_sample(grad, chunk):
     x = _rand((N, D), 4)
     sf, _ = serialize_checked(split_per_sample, x, KEY, chunk=chunk, grad=grad, argnums=0)

@@ -43,6 +43,7 @@ def f_cholesky_solve(a, b):
 
 
 @cases
+@pytest.mark.slow
 def test_linalg_cholesky_triangular_solve(grad, chunk):
     """NumPyro's multivariate normal: a batch of Cholesky factors and triangular solves."""
     check(f_cholesky_solve, _spd(3, 0), _rand((N, 3, 2), 1), chunk=chunk, grad=grad, argnums=(0, 1))

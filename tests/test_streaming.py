@@ -375,6 +375,7 @@ _GIVEN = {
 
 @settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(**_GIVEN)
+@pytest.mark.slow
 def test_random_programs_quick(data, spec, seed, grad):
     """A few float32 examples in the default tier, a failure not shrunk (that takes minutes on
     2 cores); the slow tier's runs below shrink a failure to the smallest program."""
@@ -683,7 +684,13 @@ def _every_mode(name: str, chunks: Any, x64: bool = False) -> None:
                 assert_matches_original(sf, *args)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize(
+    "name",
+    [
+        n if n in ("vocab_ce", "logsumexp") else pytest.param(n, marks=pytest.mark.slow)
+        for n in sorted(CASES)
+    ],
+)
 def test_case(name):
     chunk, grad = DEFAULT[name]
     sf, args = _serialized(name, chunk, grad)
@@ -706,6 +713,7 @@ def test_nan_rows_of_out_of_range_labels_are_kept():
     np.testing.assert_array_equal(np.isnan(np.asarray(opt)), expected)
 
 
+@pytest.mark.slow
 def test_indexing_with_out_of_range_labels():
     """``x[rows, y]`` (JAX's default modes) clamps an out-of-range label for the value and
     drops it in the gradient: the original's gradient is zero there, and so must a per-chunk
@@ -721,6 +729,7 @@ def test_indexing_with_out_of_range_labels():
     assert_matches_original(sf, h, W, y)
 
 
+@pytest.mark.slow
 def test_stopped_max_after_a_multiply_add():
     """A softmax whose max is behind ``stop_gradient``, of logits ``-(q @ k.T + b)`` with one
     feature (XLA turns the dot into a multiply, then a multiply-add). JAX's autodiff of the
@@ -827,6 +836,7 @@ def test_streamed_ignores_source_locations():
     "and `logits` would carry the axis twice (a barrier at the transpose); summing each "
     "direction first, the same loss, is streamed",
 )
+@pytest.mark.slow
 def test_contrastive_losses_added_row_by_row_are_streamed():
     rs = np.random.RandomState(5)
     a, b = _normal(rs, 8, 4), _normal(rs, 8, 4)

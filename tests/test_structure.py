@@ -96,6 +96,7 @@ def seed1():
 @pytest.mark.parametrize(
     "chunk, length", [pytest.param(4, 4, marks=pytest.mark.slow), (3, 5), (1, 16)]
 )
+@pytest.mark.slow
 def test_seed1_scan_over_samples(seed1, chunk, length):
     """No hint: the scan runs over the 16 samples (16 // chunk iterations), not the batch."""
     loss, args = seed1
@@ -106,6 +107,7 @@ def test_seed1_scan_over_samples(seed1, chunk, length):
 
 
 @pytest.mark.parametrize("grad", modes("remat", slow=("native",)))
+@pytest.mark.slow
 def test_seed1_no_full_size_buffers(seed1, grad):
     """Neither the random draws nor the decoder's activations exist at 16 samples at once."""
     loss, args = seed1

@@ -74,6 +74,7 @@ def test_memory_is_xla_temp_bytes_of_value_and_grad(sweep):
     assert row["temp_bytes"] < sweep.rows[0]["temp_bytes"]
 
 
+@pytest.mark.slow
 def test_a_wrong_gradient_is_measured():
     """A copy whose outputs are off by 1e-3 shows errors of 1e-3 (the measure can fail)."""
 

@@ -243,6 +243,7 @@ def test_seeded_scaled_gradient_is_caught_and_named(mode):
     assert "w1" not in msg and "w2" not in msg, msg
 
 
+@pytest.mark.slow
 def test_check_finds_the_seeded_defect():
     params, x = _mlp_args()
     sf = ja.serialize_axis(_seeded_loss, chunk=3, argnums=1)
@@ -404,6 +405,7 @@ def test_check_on_an_nnx_model_with_dropout():
     assert int(model.dropout.rngs.count[...]) == 0  # the caller's model is left alone
 
 
+@pytest.mark.slow
 def test_missing_hypothesis_is_a_clear_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "hypothesis", None)
     monkeypatch.setitem(sys.modules, "hypothesis.strategies", None)

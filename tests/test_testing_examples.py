@@ -86,6 +86,7 @@ def test_check_dropout_transformer():
     timed_check(sf, params, tokens, jax.random.key(2))
 
 
+@pytest.mark.slow
 def test_check_nnx_grad_accum():
     """Seed 3: microbatches of a Flax NNX model with dropout; the Rngs state is compared."""
     from flax import nnx

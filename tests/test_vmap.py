@@ -117,6 +117,7 @@ def test_vmap_of_grad_and_grad_of_vmap_agree(grad):
 
 
 @pytest.mark.parametrize("grad", MODES)
+@pytest.mark.slow
 def test_nested_vmaps(grad):
     ts = jnp.stack([T, 2 * T])  # [2, 3]
     xs = jnp.stack([X, X[::-1]])  # [2, 12, 5]

@@ -51,19 +51,58 @@ def purify(fun: Callable) -> Callable:
         nnx = _nnx()
         arg_defs, kw_items = _defs.value
         kw_defs = dict(kw_items)
+        # the given leaves, before the call (merged modules may update a state in place)
+        given = [jax.tree_util.tree_leaves(s) for s in states]
+        kw_given = {k: jax.tree_util.tree_leaves(s) for k, s in kw_states.items()}
         args = [s if d is None else nnx.merge(d, s) for d, s in zip(arg_defs, states, strict=True)]
         kwargs = {
             k: s if kw_defs[k] is None else nnx.merge(kw_defs[k], s) for k, s in kw_states.items()
         }
         out = fun(*args, **kwargs)
         new_states = [
-            None if d is None else nnx.split(a)[1] for d, a in zip(arg_defs, args, strict=True)
+            None if d is None else _changed(nnx.split(a)[1], g)
+            for d, a, g in zip(arg_defs, args, given, strict=True)
         ]
-        new_kw = {k: None if kw_defs[k] is None else nnx.split(a)[1] for k, a in kwargs.items()}
+        new_kw = {
+            k: None if kw_defs[k] is None else _changed(nnx.split(a)[1], kw_given[k])
+            for k, a in kwargs.items()
+        }
         return out, new_states, new_kw
 
     pure.__name__ = getattr(fun, "__name__", "pure")
     return pure
+
+
+def _changed(new: Any, old_leaves: list) -> Any:
+    """The leaves of the state ``new`` that the call changed (None where a leaf is still the
+    one it was given, in ``old_leaves``): only those come back to be written, so that a module
+    the caller does not differentiate is not written with the caller's tracers (NNX forbids
+    mutating a module from another trace level, as an unchanged parameter would under
+    ``jax.grad``)."""
+    new_leaves = jax.tree_util.tree_leaves(new)
+    if len(new_leaves) != len(old_leaves):
+        return new  # the call added or removed state: all of it is written
+    return _Changed([None if n is o else n for n, o in zip(new_leaves, old_leaves, strict=True)])
+
+
+class _Changed(list):
+    """The changed leaves of a state, in its flattened order (a list: a pytree)."""
+
+
+jax.tree_util.register_pytree_node(
+    _Changed, lambda c: (list(c), None), lambda _, leaves: _Changed(leaves)
+)
+
+
+def _written(node: Any, state: Any) -> Any:
+    """The state to write into ``node``: ``state`` itself, or its changed leaves over the
+    node's current ones."""
+    if not isinstance(state, _Changed):
+        return state
+    current = _nnx().split(node)[1]
+    leaves, treedef = jax.tree_util.tree_flatten(current)
+    merged = [c if n is None else n for c, n in zip(leaves, state, strict=True)]
+    return jax.tree_util.tree_unflatten(treedef, merged)
 
 
 def pure_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -80,11 +119,18 @@ def write_back(args: tuple, kwargs: dict, new_states: list, new_kw: dict) -> Non
     """Leave the caller's graph nodes as the original call would have."""
     nnx = _nnx()
     for a, s in zip(args, new_states, strict=True):
-        if s is not None:
-            nnx.update(a, s)
+        if _any_change(s):
+            nnx.update(a, _written(a, s))
     for k, s in new_kw.items():
-        if s is not None:
-            nnx.update(kwargs[k], s)
+        if _any_change(s):
+            nnx.update(kwargs[k], _written(kwargs[k], s))
+
+
+def _any_change(state: Any) -> bool:
+    """Whether ``state`` (from the pure call) has anything to write back."""
+    if isinstance(state, _Changed):
+        return any(leaf is not None for leaf in state)
+    return state is not None
 
 
 class _Static:

@@ -132,3 +132,23 @@ def test_linen_apply_dropout_only_matches_original():
         return net.apply(params, x, rngs={"dropout": key})
 
     assert_matches_original(ja.serialize_axis(f, chunk=5, argnums=1), params, x, vmap=False)
+
+
+@pytest.mark.parametrize("grad", modes("remat", slow=("auto", "fused", "native")))
+def test_nnx_module_not_differentiated_under_grad_and_jvp_of_the_data(grad):
+    """A module passed as an ordinary argument while the caller differentiates only the data
+    (fuzzer f05): nothing of it changes, so nothing is written back into it from inside the
+    caller's trace (NNX forbids that); a module the call does change (dropout's counter) is
+    still written back (the test above)."""
+    lin = nnx.Linear(8, 5, rngs=nnx.Rngs(0))
+
+    def f(lin, x):
+        return jnp.mean(jnp.tanh(lin(x)) ** 2)
+
+    sf = ja.serialize_axis(f, chunk=6, argnums=1, grad=grad)
+    np.testing.assert_allclose(
+        jax.grad(sf, argnums=1)(lin, X), jax.grad(f, argnums=1)(lin, X), rtol=2e-5, atol=1e-7
+    )
+    t = jnp.cos(X)
+    got, want = jax.jvp(lambda x: sf(lin, x), (X,), (t,)), jax.jvp(lambda x: f(lin, x), (X,), (t,))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)

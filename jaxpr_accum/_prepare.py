@@ -200,13 +200,14 @@ class Planner:
         pairs the axis with itself and two passes are expected to save more than one; None
         otherwise. Auto's pick of fused for a pass is confirmed by measurement, as in one."""
         with _fallback.stage("planning two passes for a pairing of the axis with itself"):
-            two = _pairwise.plan(chosen, stream)
+            names = _candidates.input_names(traced)
+            two = _pairwise.plan(chosen, names, stream)
         if two is None or two.net_saving <= chosen.net_saving:
             return None
         run, grads = _pairwise.choose_and_build(
             two, requested, self.settings.accum_dtype, measure if measure.diff else None
         )
-        plan = _pairwise.plan_of(two, grads, layout, _candidates.input_names(traced))
+        plan = _pairwise.plan_of(two, grads, layout, names)
         return run, plan, two
 
     def _fit_budget(

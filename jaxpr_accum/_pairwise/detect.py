@@ -17,29 +17,32 @@ layout equations from a column root to its operand is what pass 2 re-emits on th
 stacked value.
 
 ``find(split)`` looks first in the split's own analysis: pairings of the axis being chunked
-(the encoder's batch, paired in the loss). If there is none, it looks for a pairing among the
-equations after the loop, of an axis born after a barrier (``jnp.concatenate`` of two views
-along the batch makes a batch of ``2N`` rows that are then paired): each candidate equation's
-row operand is seeded along each of its dimensions (at most ``MAX_SEEDS`` analyses), and the
-first analysis in which that equation pairs its axis with itself is taken. Every pairing of
-that analysis is then a *use*: pass 2 rewires them all.
+(the encoder's batch, paired in the loss). If there is none, it looks for a pairing of an axis
+*born again* at one of the split's stops as a multiple of the chunked one: ``jnp.concatenate``
+of two views along the batch stops the region and makes a batch of ``2N`` rows, which the
+loss then pairs. Each such result is seeded along that dimension (at most ``MAX_SEEDS``
+analyses) and the first analysis with a pairing is taken. Every pairing of the analysis
+taken is a *use*: pass 2 rewires them all. An axis unrelated to the chunked one (the
+sequence of an attention after the loop) is never considered: a program that does not pair
+the chunked axis, or a multiple of it, plans exactly as it would without this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._lattice import AxisLoc
-from jaxpr_accum._plan import EPILOGUE, Split
+from jaxpr_accum._plan import Split
 from jaxpr_accum._rules.elementwise import Elementwise
 from jaxpr_accum._stages import variables
 from jaxpr_accum._table import rule_for
 
-MAX_SEEDS = 8  # analyses tried for a pairing of an axis born after the loop
+MAX_SEEDS = 4  # analyses tried for a pairing of an axis born again at a stop
 
 LAYOUT = (
     "broadcast_in_dim transpose reshape squeeze expand_dims convert_element_type copy "
@@ -122,7 +125,7 @@ def _definitions(jaxpr: Jaxpr) -> dict:
     return {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
 
 
-def root_of(jaxpr: Jaxpr, v: Var, defined: dict) -> tuple[Var, tuple[int, ...]]:
+def root_of(jaxpr: Jaxpr, v: Any, defined: dict) -> tuple[Var, tuple[int, ...]]:
     """``(root, chain)``: the value ``v`` is a layout of, and the layout equations from it
     to ``v`` (indices in program order)."""
     chain: list[int] = []
@@ -158,37 +161,34 @@ def _pairing(jaxpr: Jaxpr, analysis: Analysis) -> Pairing | None:
     return Pairing(jaxpr, analysis, tuple(uses), tuple(roots))
 
 
-def _seeds(jaxpr: Jaxpr, eqn: JaxprEqn) -> list[tuple[Var, AxisLoc, int]]:
-    """Where to seed an axis that ``eqn`` may pair with itself: each dimension of its first
-    operand (the free ones of a ``dot_general``'s lhs) longer than 1."""
-    ins = eqn.invars
-    if len(variables(ins)) < 2 or not isinstance(ins[0], Var) or ins[0] not in variables(ins):
-        return []
-    shape = _compat.shape_of(ins[0])
-    dims = range(len(shape))
-    if eqn.primitive is _dot_general():
-        (lc, _), (lb, _) = eqn.params["dimension_numbers"]
-        dims = [d for d in dims if d not in (*lc, *lb)]
-    elif not isinstance(rule_for(eqn.primitive), Elementwise):
-        return []
-    return [(ins[0], AxisLoc(d), shape[d]) for d in dims if shape[d] > 1]
+def _reborn(split: Split) -> list[tuple[Var, AxisLoc, int]]:
+    """Axes born again at a stop of ``split``: a result that is ``c * N`` long (``c > 1``)
+    where an operand carries the axis of size ``N`` (``jnp.concatenate`` of two views along
+    the batch): the value, where, and its length."""
+    n, loc = split.size, split.analysis.loc
+    found: list[tuple[Var, AxisLoc, int]] = []
+    for stop in split.stops:
+        eqn = stop.eqn
+        dims = {a.dim for v in variables(eqn.invars) if (a := loc((), v)) is not None and _plain(a)}
+        for out in eqn.outvars:
+            shape = _compat.shape_of(out)
+            found.extend(
+                (out, AxisLoc(d), shape[d])
+                for d in sorted(dims)
+                if d < len(shape) and n and shape[d] % n == 0 and shape[d] > n
+            )
+    return found
 
 
 def find(split: Split) -> Pairing | None:
-    """The pairings of ``split``'s axis, or else of an axis born after its loop (see the
-    module docstring); None when nothing pairs an axis with itself."""
+    """The pairings of ``split``'s axis, or else of an axis born again at one of its stops
+    (see the module docstring); None when nothing pairs either with itself."""
     jaxpr = split.jaxpr
     found = _pairing(jaxpr, split.analysis)
     if found is not None:
         return found
-    tried = 0
-    for idx in split.indices(EPILOGUE):
-        for v, loc, size in _seeds(jaxpr, jaxpr.eqns[idx]):
-            if tried >= MAX_SEEDS:
-                return None
-            tried += 1
-            analysis = Analysis(jaxpr, size).run([(v, loc)])
-            found = _pairing(jaxpr, analysis)
-            if found is not None and any(u.index == idx for u in found.uses):
-                return found
+    for v, loc, size in _reborn(split)[:MAX_SEEDS]:
+        found = _pairing(jaxpr, Analysis(jaxpr, size).run([(v, loc)]))
+        if found is not None:
+            return found
     return None

@@ -85,9 +85,9 @@ class TwoPass:
         )
 
 
-def plan(single: Candidate, stream: bool = True) -> TwoPass | None:
+def plan(single: Candidate, names: dict, stream: bool = True) -> TwoPass | None:
     """The two-pass plan of ``single``'s program, or None when nothing pairs an axis with
-    itself (or pass 2 would chunk nothing)."""
+    itself (or pass 2 would chunk nothing); ``names``: the inputs' names, for ``explain``."""
     split = single.split
     pairing = detect.find(split)
     if pairing is None:
@@ -108,24 +108,27 @@ def plan(single: Candidate, stream: bool = True) -> TwoPass | None:
     program, columns = rewrite.second_pass(pairing, stacked)
     seeds = [(v, loc) for v in program.invars if (loc := pairing.loc(v)) is not None]
     analysis = Analysis(program, pairing.analysis.size).run(seeds)
-    second = make_split(program, analysis, _born(pairing, seeds), stream)
+    second = make_split(program, analysis, _born(pairing, seeds, names), stream)
     if not second.has_body:
         return None
     return TwoPass(single, pairing, stacked, first, Candidate(second, single.chunk), columns)
 
 
-def _born(pairing: Pairing, seeds: list) -> str:
-    """Where pass 2's axis is: the rows of the paired values."""
-    inputs = set(pairing.jaxpr.invars)
-    names = []
-    for v, loc in seeds:
-        if v not in pairing.roots:
-            continue
-        what = "an input" if v in inputs else f"`{_defined_by(pairing, v)}`"
-        names.append(f"{what} {v.aval.str_short()} at axis {loc.dim}")
-    return "the rows of " + ", ".join(names) + " (stacked by pass 1, or inputs)"
-
-
-def _defined_by(pairing: Pairing, v: Var) -> str:
+def describe_value(pairing: Pairing, v: Var, names: dict) -> str:
+    """An input's name (``x``), or a computed value's type and the equation that computes it
+    (``float32[N,d] from `div` at file:line (fn)``)."""
+    if v in names:
+        return names[v]
     eqn = pairing.analysis.definition((), v)
-    return "?" if eqn is None else f"{eqn.primitive.name}` at `{_compat.source_line(eqn)}"
+    where = "" if eqn is None else f" from `{eqn.primitive.name}` at {_compat.source_line(eqn)}"
+    return f"{v.aval.str_short()}{where}"
+
+
+def _born(pairing: Pairing, seeds: list, names: dict) -> str:
+    """Where pass 2's axis is: the rows of the paired values."""
+    found = [
+        f"{describe_value(pairing, v, names)} at axis {loc.dim}"
+        for v, loc in seeds
+        if v in pairing.roots
+    ]
+    return "the rows of " + ", ".join(found)

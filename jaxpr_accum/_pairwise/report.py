@@ -8,19 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import Var
 from jaxpr_accum._cost import nbytes
-from jaxpr_accum._pairwise.plan import TwoPass
+from jaxpr_accum._pairwise.plan import TwoPass, describe_value
 from jaxpr_accum._report import Plan
-
-
-def describe_value(two: TwoPass, v: Var, names: dict) -> str:
-    """``x`` for an input, ``float32[N,d] from `div` at file:line (fn)`` for a computed value."""
-    if v in names:
-        return names[v]
-    eqn = two.pairing.analysis.definition((), v)
-    where = "" if eqn is None else f" from `{eqn.primitive.name}` at {_compat.source_line(eqn)}"
-    return f"{v.aval.str_short()}{where}"
 
 
 def pairs(two: TwoPass, names: dict) -> list[str]:
@@ -31,8 +21,8 @@ def pairs(two: TwoPass, names: dict) -> list[str]:
         eqn = jaxpr.eqns[use.index]
         out.append(
             f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}: rows of "
-            f"{describe_value(two, use.row_root, names)} chunked, columns of "
-            f"{describe_value(two, use.col_root, names)} whole"
+            f"{describe_value(two.pairing, use.row_root, names)} chunked, columns of "
+            f"{describe_value(two.pairing, use.col_root, names)} whole"
         )
     return out
 

@@ -2,7 +2,7 @@
 
 Run from the repository root (CPU is fine; one process)::
 
-    python benchmarks/pairwise.py --write   # full run (~10 min on 2 cores), writes its section
+    python benchmarks/pairwise.py --write   # full run, writes its section of docs/benchmarks.md
     python benchmarks/pairwise.py --quick   # smoke run (~1 min): smaller batches, prints only
 
 Every program encodes the chunked batch with a small MLP (``tanh(x @ W1) @ W2``) and compares
@@ -30,7 +30,7 @@ whole), then the encoder's backward chunk by chunk (``lax.scan`` of ``jax.vjp``)
 Targets: memory ratio at most 0.15 at the larger batch (4096 for the matmul forms), the
 serialized memory at ``2N`` at most 2.3x the one at ``N``, time at most 1.5x, difference at
 most 2e-4. The process exits 1 if a target fails. ``--write`` rewrites the ``pairwise``
-section of docs/benchmarks.md (appended at the end if missing; the rest of the file is kept).
+section of docs/benchmarks.md (``harness.write_doc_section``; the other sections are kept).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
-import re
 import sys
 import time
 import warnings
@@ -50,10 +49,16 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from jax import lax  # noqa: E402
-from models import benchmark_options, md_table, time_paired, tree_rel_error  # noqa: E402
+from harness import (  # noqa: E402
+    benchmark_options,
+    fmt_bytes,
+    md_table,
+    time_paired,
+    tree_rel_error,
+    write_doc_section,
+)
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._demo import fmt_bytes  # noqa: E402
 
 SECTION = "pairwise"
 MEMORY_TARGET, GROWTH_TARGET, TIME_TARGET, DIFF_TARGET = 0.15, 2.3, 1.5, 2e-4
@@ -68,7 +73,7 @@ class Sizes:
     embed: int = 64
     outer_embed: int = 8
     chunk: int = 256
-    budget_s: float = 20.0
+    budget_s: float = 10.0
 
 
 FULL = Sizes()
@@ -322,17 +327,6 @@ def markdown(results: dict, checks: list, s: Sizes, elapsed: float) -> str:
     return "\n".join(head) + "\n"
 
 
-def write_section(path: str, text: str) -> None:
-    with open(path) as fh:
-        doc = fh.read()
-    block = f"<!-- {SECTION}:begin -->\n{text.rstrip()}\n<!-- {SECTION}:end -->\n"
-    pattern = re.compile(rf"<!-- {SECTION}:begin -->\n.*?<!-- {SECTION}:end -->\n", re.S)
-    doc = pattern.sub(lambda _: block, doc) if pattern.search(doc) else doc.rstrip() + "\n\n" + block
-    with open(path, "w") as fh:
-        fh.write(doc)
-    print(f"wrote {os.path.relpath(path)}")
-
-
 def main(argv: list[str] | None = None) -> int:
     opts = benchmark_options(
         __doc__, "smaller batches, prints only", argv,
@@ -354,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(results, checks, s, time.perf_counter() - t0)
     print(text)
     if opts.write and opts.doc:
-        write_section(opts.doc, text)
+        write_doc_section(opts.doc, SECTION, text)
     return 0 if all(ok for _, ok in checks) else 1
 
 

@@ -32,7 +32,6 @@ import jaxpr_accum as ja
 from jaxpr_accum import _pairwise
 from jaxpr_accum import testing as ja_testing
 from jaxpr_accum._budget import temp_bytes
-
 from jaxpr_accum.testing import assert_tree_close
 
 from .oracle import MODES, iter_eqns
@@ -326,7 +325,8 @@ def test_explain_shows_both_passes():
     plan = ja.serialize_axis(f, chunk=3, argnums=argnums).explain(*args)
     text = str(plan)
     assert plan.second is not None and plan.between == [("float32[16,4]", 256)], text
-    assert re.search(r"`dot_general` at .*test_pairwise.py:\d+ \(similarities\)", plan.pairs[0]), text
+    where = r"`dot_general` at .*test_pairwise.py:\d+ \(similarities\)"
+    assert re.search(where, plan.pairs[0]), text
     parts = ["two passes", "pass 1, the per-example part", "pass 2, the pairs by rows"]
     parts += ["stacked by pass 1 for pass 2", "float32[16,4]: 256 B", "estimated saving"]
     for part in parts:
@@ -415,13 +415,14 @@ def test_a_failing_second_pass_falls_back_to_one_pass(monkeypatch):
 
 
 def _memory(n: int) -> tuple[int, int]:
+    """XLA's temp bytes of ``jit(value_and_grad)`` (every argument), original and serialized."""
     rs = np.random.RandomState(18)
     w, x = (_normal(rs, 8, 16, scale=0.3), _normal(rs, 16, 16, scale=0.3)), _normal(rs, n, 8)
 
     def f(w, x, t):
         return nt_xent(encode(w, x), t, "matmul", -jnp.inf)
 
-    sf = ja.serialize_axis(f, chunk=32, argnums=1)
+    sf = ja.serialize_axis(f, chunk=16, argnums=1)
     flat = [*w, x, jnp.float32(0.5)]  # value_and_grad with respect to all four
     original, serialized = (
         temp_bytes(lambda w0, w1, x, t, g=g: [g((w0, w1), x, t)], flat, [0, 1, 2, 3])
@@ -431,8 +432,11 @@ def _memory(n: int) -> tuple[int, int]:
 
 
 def test_memory_is_a_fraction_of_the_original_and_linear_in_the_batch():
-    original, serialized = _memory(256)
-    original2, serialized2 = _memory(512)
-    assert serialized < 0.3 * original, (serialized, original)
+    """The two-pass plan is what runs: at N = 256 the compiled step holds a fraction of the
+    original's temp memory (the N x N logits and their cotangent are never whole), and
+    doubling the batch doubles it, where the original's grows about 4x."""
+    original, serialized = _memory(128)
+    original2, serialized2 = _memory(256)
+    assert serialized2 < 0.15 * original2, (serialized2, original2)
     assert original2 > 3.5 * original, (original2, original)  # the pairs: quadratic
     assert serialized2 < 2.3 * serialized, (serialized2, serialized)

@@ -21,8 +21,8 @@ block, columns accumulated), then the encoder's backward chunk by chunk. The aug
 are drawn inside the loss, in pass 1, with the original's random bits.
 
 The script prints both plans, XLA's temp memory of ``jax.value_and_grad`` against the
-original's, and checks value and gradients against the undecorated loss with
-``jaxpr_accum.testing.assert_matches_original``.
+original's (and checks that it is at most ``MAX_RATIO`` of it), and checks value and
+gradients against the undecorated loss with ``jaxpr_accum.testing.assert_matches_original``.
 
 Run: ``python examples/contrastive.py`` (``--quick``: smaller sizes).
 """
@@ -38,6 +38,7 @@ from jaxpr_accum.testing import assert_matches_original
 
 QUICK = "--quick" in sys.argv[1:]
 BATCH, CHUNK = (256, 64) if QUICK else (2048, 256)
+MAX_RATIO = 0.5 if QUICK else 0.25  # serialized / original temp memory, checked below
 FEATURES, HIDDEN, EMBED = 32, 64, 32
 
 
@@ -122,6 +123,8 @@ def main():
             f"XLA temp memory of value_and_grad: original {m_orig / 2**20:.2f} MiB, serialized "
             f"{m / 2**20:.2f} MiB ({m / m_orig:.2f}x)"
         )
+        assert m < MAX_RATIO * m_orig, f"memory ratio {m / m_orig:.2f} above {MAX_RATIO}"
+        assert sf.explain(*args).second is not None, "expected the two-pass plan"
         assert_matches_original(sf, *args, vmap=False)
         value = jax.jit(sf)(*args)
         print(f"loss {float(value):.6f}; value and gradients match the original")

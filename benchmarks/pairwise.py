@@ -323,7 +323,7 @@ def markdown(results: dict, checks: list, s: Sizes, elapsed: float) -> str:
         "",
         "Targets: " + "; ".join(f"{c} {'PASS' if ok else 'FAIL'}" for c, ok in checks) + ".",
         "",
-        f"{jax.__version__}, {cpu}, {os.cpu_count()} cores, {elapsed:.0f} s.",
+        f"jax {jax.__version__}, {cpu}, {os.cpu_count()} cores, {elapsed:.0f} s.",
     ]
     return "\n".join(head) + "\n"
 

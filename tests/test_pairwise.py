@@ -398,7 +398,7 @@ def test_a_failing_second_pass_falls_back_to_one_pass(monkeypatch):
         raise RuntimeError("injected fault")
 
     monkeypatch.setenv("JAXPR_ACCUM_STRICT", "0")
-    monkeypatch.setattr(_pairwise, "build", broken)
+    monkeypatch.setattr(_pairwise.modes, "build", broken)
     f, args, argnums = simclr("matmul", -jnp.inf, True)
     sf = ja.serialize_axis(f, chunk=3, argnums=argnums)
     with warnings.catch_warnings(record=True) as caught:

@@ -133,9 +133,7 @@ class Planner:
                 traced, chosen.split, inputs, self.settings.mesh_axis, self.settings.chunk
             )
             if paired is not None and not isinstance(layout, _layout.ShardedLayout):
-                two = self._two_passes(traced, chosen, layout, requested, stream, measure)
-                if two is not None:
-                    paired.append(True)
+                two = self._two_passes(traced, chosen, layout, requested, stream, measure, paired)
             if two is None:
                 with stage("choosing the gradient mode"):
                     grad, reason = _choice.choose(chosen, requested)
@@ -195,15 +193,18 @@ class Planner:
         requested: str,
         stream: bool,
         measure: _Measure,
+        paired: list,
     ) -> tuple[Callable, Plan, _worth.Estimate] | None:
         """``(run, plan, estimate)`` of the two-pass plan (``_pairwise``) where the program
         pairs the axis with itself and two passes are expected to save more than one; None
-        otherwise. Auto's pick of fused for a pass is confirmed by measurement, as in one."""
+        otherwise. Auto's pick of fused for a pass is confirmed by measurement, as in one.
+        ``paired`` is appended to once two passes are taken: a later failure runs one pass."""
         with _fallback.stage("planning two passes for a pairing of the axis with itself"):
             names = _candidates.input_names(traced)
             two = _pairwise.plan(chosen, names, stream)
         if two is None or two.net_saving <= chosen.net_saving:
             return None
+        paired.append(True)  # from here on, a failure falls back to the one-pass plan
         run, grads = _pairwise.choose_and_build(
             two, requested, self.settings.accum_dtype, measure if measure.diff else None
         )

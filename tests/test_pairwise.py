@@ -34,7 +34,7 @@ from jaxpr_accum import testing as ja_testing
 from jaxpr_accum._budget import temp_bytes
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import MODES, iter_eqns
+from .oracle import MODES, covering, iter_eqns
 
 N, D, H, E = 16, 5, 6, 4  # views (2 x 8), input, hidden and embedding widths
 
@@ -263,13 +263,15 @@ def test_program_is_exact(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("chunk", CHUNKS)
-@pytest.mark.parametrize("grad", MODES)
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize(
+    "name, grad, chunk", covering(sorted(PROGRAMS), MODES, CHUNKS, ids=sorted(PROGRAMS))
+)
 def test_every_program_mode_and_chunk_is_exact(name, grad, chunk):
-    """The full oracle in every mode and chunk. At ``chunk == N`` one chunk holds the batch and
-    two passes save nothing over one: the planner may keep the one-pass plan (or, in auto
-    mode, the function as written); it must still be exact."""
+    """The full oracle: every program in every mode and at every chunk, as a covering
+    (``tests/oracle.covering``; the whole product with ``JAXPR_ACCUM_FULL_MATRIX=1``). At
+    ``chunk == N`` one chunk holds the batch and two passes save nothing over one: the
+    planner may keep the one-pass plan (or, in auto mode, the function as written); it must
+    still be exact."""
     plan = _check(name, grad, chunk)
     if chunk < N:
         assert plan.pairs and plan.second is not None, str(plan)

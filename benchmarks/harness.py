@@ -234,14 +234,16 @@ DOC_SECTIONS = (
     "normalisers",
     "forward",
     "auto_choice",
+    "pairwise",
 )
 DOC_HEADER = """# Benchmarks
 
 Written by the scripts in `benchmarks/` (each one rewrites its own section below): `python
 benchmarks/peers.py`, `python benchmarks/accuracy.py`, `python benchmarks/tracing.py`, `python
 benchmarks/random_memory.py`, `python benchmarks/budget.py`, `python benchmarks/normalisers.py
---write`, `python benchmarks/forward.py`, `python benchmarks/auto_choice.py --write`. Memory is XLA's own accounting of
-the compiled `jax.jit(jax.value_and_grad(f))`
+--write`, `python benchmarks/forward.py`, `python benchmarks/auto_choice.py --write`, `python
+benchmarks/pairwise.py --write`. Memory is XLA's own accounting of the compiled
+`jax.jit(jax.value_and_grad(f))`
 (`compiled.memory_analysis().temp_size_in_bytes`); times are medians of *paired* ratios from
 interleaved repeats (every round runs the original and each variant back to back, the ratio is
 taken per round, then the median over rounds), so that drift on a shared machine affects both

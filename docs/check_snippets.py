@@ -59,6 +59,7 @@ PAGES = [
     "testing.md",
     "normalisers.md",
     "jacobians.md",
+    "pairwise.md",
 ]
 TIMEOUT_S = 900
 

@@ -119,6 +119,12 @@ class Candidate:
         cotangents = sum(nbytes(v) for v in split.invariants if is_float(v))
         return self.avoided_bytes - split.stacked_bytes - accumulators - cotangents
 
+    def no_saving_is_certain(self) -> bool:
+        """Whether an estimate of no saving needs no measurement: the axis is empty, one
+        chunk covers it, or none of the region's intermediates is materialised at full size."""
+        split = self.split
+        return split.size == 0 or self.chunk >= split.size or self.avoided_bytes == 0
+
     def warning(self) -> str | None:
         """Why this plan is not expected to save memory, or None."""
         split, avoided = self.split, self.avoided_bytes

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import jax
@@ -60,7 +60,7 @@ def describe(error: BaseException) -> str:
 
 
 def first_that_works(
-    attempts: Sequence[tuple[str, Callable[[], T]]], unchunked: Callable[[str], T]
+    attempts: Iterable[tuple[str, Callable[[], T]]], unchunked: Callable[[str], T]
 ) -> T:
     """The result of the first of ``attempts`` (``(what it runs, attempt)``) that does not
     raise an internal error; ``unchunked(why)`` when none does."""

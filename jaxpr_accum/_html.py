@@ -7,6 +7,7 @@ lines, shapes, reasons, names) goes through ``html.escape``.
 
 from __future__ import annotations
 
+import dataclasses
 from html import escape
 from typing import Any
 
@@ -38,8 +39,44 @@ def _saved(n: int) -> str:
 
 
 def plan_html(plan: Any) -> str:
-    """The plan at a glance: axis, chunks, gradient mode and why, equation counts, the estimated
-    saving, the warning; then the stops (with their source lines) and the other details."""
+    """The plan at a glance (``_one_plan``); a program that pairs the axis with itself shows
+    the pairings, what pass 1 stacks for pass 2, and then each pass."""
+    if not plan.pairs:
+        return _one_plan(plan, "jaxpr_accum plan")
+    two = plan.second is not None
+    rows = [("passes", "two: the per-example part, then the pairs by rows" if two else
+             "one, by rows: the paired values are inputs, whole on the column side")]  # fmt: skip
+    if plan.savings is not None:
+        rows.append(
+            ("estimated saving", f"{_saved(plan.savings[0])} (one pass, with the pairs after "
+             f"the loop: {_saved(plan.savings[1])})")
+        )  # fmt: skip
+    if plan.between:
+        total = sum(n for _, n in plan.between)
+        rows.append(("stacked between the passes", f"{format_bytes(total)} in all"))
+    body = "".join(f"<tr>{cell(k, 'th')}{cell(v)}</tr>" for k, v in rows)
+    note = "" if plan.warning is None else f"<div {_NOTE}>note: {escape(plan.warning)}</div>"
+    head = "pass 1: the per-example part" if two else "the pairs by rows"
+    return "".join(
+        [
+            "<div><strong>jaxpr_accum plan: the program pairs the axis with itself</strong>",
+            note,
+            f"<table {TABLE}>{body}</table>",
+            items("pairs the axis with itself at", plan.pairs),
+            items(
+                "stacked by pass 1 for pass 2",
+                [f"{a}: {format_bytes(n)}" for a, n in plan.between],
+            ),
+            _one_plan(dataclasses.replace(plan, warning=None), head),
+            "" if plan.second is None else _one_plan(plan.second, "pass 2: the pairs by rows"),
+            "</div>",
+        ]
+    )
+
+
+def _one_plan(plan: Any, title: str) -> str:
+    """One region at a glance: axis, chunks, gradient mode and why, equation counts, the
+    estimated saving, the warning; then the stops (with their source lines) and the rest."""
     counts = [plan.counts[s] for s in (PROLOGUE, BODY, EPILOGUE)]
     chunks = f"{plan.chunk} ({plan.n_chunks} chunk{'s' if plan.n_chunks != 1 else ''}" + (
         f", the last of {plan.remainder})" if plan.remainder else ")"
@@ -68,7 +105,7 @@ def plan_html(plan: Any) -> str:
     others = sorted((c for c in plan.candidates if not c[3]), key=lambda c: -c[2])
     return "".join(
         [
-            "<div><strong>jaxpr_accum plan</strong>",
+            f"<div><strong>{escape(title)}</strong>",
             note,
             f"<table {TABLE}>{body}</table>",
             items("the region stopped at", plan.stops),

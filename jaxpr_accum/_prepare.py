@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -26,6 +26,7 @@ from jaxpr_accum import (
     _fallback,
     _interpret,
     _layout,
+    _pairwise,
     _trace,
     _worth,
 )
@@ -94,16 +95,20 @@ class Planner:
     ) -> Prepared:
         """The widest plan that plans, builds and validates (``_fallback``)."""
 
-        def attempt(stream: bool, grad: str) -> Callable[[], Prepared]:
-            return lambda: self._attempt(traced, inputs, key, stream, grad, pattern)
+        paired: list[bool] = []  # set when the first attempt plans two passes
 
-        attempts = [("the plan as chosen", attempt(True, self.settings.grad))]
-        attempts.append(
-            ("the plan without streamed normalisers", attempt(False, self.settings.grad))
-        )
-        if self.settings.grad != "native":
-            attempts.append(("the plan with native gradients", attempt(False, "native")))
-        return _fallback.first_that_works(attempts, lambda why: Prepared.unchunked(traced, why))
+        def attempt(stream: bool, grad: str, pairs: list | None = None) -> Callable[[], Prepared]:
+            return lambda: self._attempt(traced, inputs, key, stream, grad, pattern, pairs)
+
+        def attempts() -> Iterator[tuple[str, Callable[[], Prepared]]]:
+            yield ("the plan as chosen", attempt(True, self.settings.grad, paired))
+            if paired:  # the pairs after the loop, on the full axis
+                yield ("the plan in one pass", attempt(True, self.settings.grad))
+            yield ("the plan without streamed normalisers", attempt(False, self.settings.grad))
+            if self.settings.grad != "native":
+                yield ("the plan with native gradients", attempt(False, "native"))
+
+        return _fallback.first_that_works(attempts(), lambda why: Prepared.unchunked(traced, why))
 
     def _attempt(
         self,
@@ -113,18 +118,25 @@ class Planner:
         stream: bool,
         requested: str,
         pattern: tuple | None,
+        paired: list | None = None,
     ) -> Prepared:
+        """One attempt; ``paired``: a list to which a two-pass plan (``_pairwise``) appends
+        (None: one pass only)."""
         stage = _fallback.stage
         with stage("planning"):
             chosen, usable = _candidates.choose_split(traced, self.settings, stream)
         budget = None
         measure = _Measure(inputs, differentiated_inputs(traced, inputs, pattern))
+        two = None
         if self.settings.chunk is not None:
-            with stage("choosing the gradient mode"):
-                grad, reason = _choice.choose(chosen, requested)
             layout = _layout.detect(
                 traced, chosen.split, inputs, self.settings.mesh_axis, self.settings.chunk
             )
+            if paired is not None and not isinstance(layout, _layout.ShardedLayout):
+                two = self._two_passes(traced, chosen, layout, requested, stream, measure, paired)
+            if two is None:
+                with stage("choosing the gradient mode"):
+                    grad, reason = _choice.choose(chosen, requested)
         else:
             with stage("the memory budget search"):
                 fitted, grad, reason, layout, budget = self._fit_budget(
@@ -132,27 +144,72 @@ class Planner:
                 )
             usable = [fitted if c is chosen else c for c in usable]
             chosen = fitted
-        with stage("building"):
-            run = build(chosen.split, chosen.chunk, grad, self.settings.accum_dtype, layout)
-        if requested == "auto" and grad == "fused" and budget is None and measure.diff:
-            with stage("measuring fused against remat"):
-                remat = build(
-                    chosen.split, chosen.chunk, "remat", self.settings.accum_dtype, layout
-                )
-                grad, reason = _choice.confirm_fused(reason, measure(run), measure(remat))
-                run = remat if grad == "remat" else run
+        if two is None:
+            run, grad, reason = self._one_pass(chosen, grad, reason, requested, layout, measure)
+            plan = Plan.from_candidate(chosen, usable, grad, reason, layout, budget)
+            estimate: _worth.Estimate = chosen
+        else:
+            run, plan, estimate = two
         original = functools.partial(run_as_written, traced.jaxpr)
         with stage("tracing the forward and backward passes"):
             _fallback.validate(run, inputs, original)
-        plan = Plan.from_candidate(chosen, usable, grad, reason, layout, budget)
         with stage("weighing the plan against the function as written"):
-            why = _worth.as_written_instead(chosen, requested, run, original, measure)
+            why = _worth.as_written_instead(estimate, requested, run, original, measure)
         if why is not None:
             plan = dataclasses.replace(plan, grad="none", grad_reason=why, warning=why)
             return Prepared(traced, chosen.split, plan, as_written=True)
-        if chosen.warning() is not None and requested == "auto":
+        if estimate.warning() is not None and requested == "auto":
             plan = dataclasses.replace(plan, warning=None)  # measured to save after all
         return Prepared(traced, chosen.split, plan, run=run)
+
+    def _one_pass(
+        self,
+        chosen: Candidate,
+        grad: str,
+        reason: str,
+        requested: str,
+        layout: _layout.Layout,
+        measure: _Measure,
+    ) -> tuple[Callable, str, str]:
+        """``(run, grad, why)``: the one-pass plan built; auto's pick of fused is confirmed by
+        measuring both modes (``_choice.confirm_fused``), except under a memory budget, which
+        measured its own choice."""
+        accum = self.settings.accum_dtype
+        with _fallback.stage("building"):
+            run = build(chosen.split, chosen.chunk, grad, accum, layout)
+        budgeted = self.settings.chunk is None
+        if requested == "auto" and grad == "fused" and not budgeted and measure.diff:
+            with _fallback.stage("measuring fused against remat"):
+                remat = build(chosen.split, chosen.chunk, "remat", accum, layout)
+                grad, reason = _choice.confirm_fused(reason, measure(run), measure(remat))
+                run = remat if grad == "remat" else run
+        return run, grad, reason
+
+    def _two_passes(
+        self,
+        traced: _trace.Traced,
+        chosen: Candidate,
+        layout: _layout.Layout,
+        requested: str,
+        stream: bool,
+        measure: _Measure,
+        paired: list,
+    ) -> tuple[Callable, Plan, _worth.Estimate] | None:
+        """``(run, plan, estimate)`` of the two-pass plan (``_pairwise``) where the program
+        pairs the axis with itself and two passes are expected to save more than one; None
+        otherwise. Auto's pick of fused for a pass is confirmed by measurement, as in one.
+        ``paired`` is appended to once two passes are taken: a later failure runs one pass."""
+        with _fallback.stage("planning two passes for a pairing of the axis with itself"):
+            names = _candidates.input_names(traced)
+            two = _pairwise.plan(chosen, names, stream)
+        if two is None or two.net_saving <= chosen.net_saving:
+            return None
+        paired.append(True)  # from here on, a failure falls back to the one-pass plan
+        run, grads = _pairwise.choose_and_build(
+            two, requested, self.settings.accum_dtype, measure if measure.diff else None
+        )
+        plan = _pairwise.plan_of(two, grads, layout, names)
+        return run, plan, two
 
     def _fit_budget(
         self,

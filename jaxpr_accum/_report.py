@@ -51,6 +51,13 @@ class Plan:
     streamed: list[str] = dataclasses.field(default_factory=list)  # the streamed normalisers
     warning: str | None = None  # why this plan is not expected to save memory, if it is not
     budget: Any = None  # with ``memory=``: the chunk search (``_budget.Budget``)
+    # A program that pairs the axis with itself, in two passes (``_pairwise``): this plan is
+    # pass 1's and ``second`` pass 2's (None: the paired values are inputs, one pass by rows);
+    # ``pairs``: the pairing equations; ``between``: what pass 1 stacks for pass 2.
+    pairs: list[str] = dataclasses.field(default_factory=list)
+    between: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    second: Plan | None = None
+    savings: tuple[int, int] | None = None  # estimated: (these passes, the one pass replaced)
 
     @classmethod
     def from_candidate(
@@ -116,8 +123,42 @@ class Plan:
 
     def __str__(self) -> str:
         lines = [] if self.warning is None else [f"note: {self.warning}"]
-        lines += [
-            f"jaxpr_accum plan: axis of size {self.axis_size} in chunks of {self.chunk} "
+        if not self.pairs:
+            return "\n".join(lines + self._lines("jaxpr_accum plan: "))
+        lines += self._pairs_lines()
+        if self.second is None:
+            return "\n".join(lines + self._lines("one pass by rows: "))
+        lines += self._lines("pass 1, the per-example part: ")
+        lines += self.second._lines("pass 2, the pairs by rows: ")
+        return "\n".join(lines)
+
+    def _pairs_lines(self) -> list[str]:
+        two = self.second is not None
+        lines = [
+            "jaxpr_accum plan in "
+            + ("two passes" if two else "one pass by rows")
+            + ": the program pairs the axis with itself at:",
+            *(f"    {p}" for p in self.pairs),
+        ]
+        if two:
+            total = sum(b for _, b in self.between)
+            lines.append(
+                f"  stacked by pass 1 for pass 2 ({format_bytes(total)} in all; pass 2 reads "
+                "them as chunked rows and, whole, as the columns):"
+            )
+            lines.extend(f"    {a}: {format_bytes(b)}" for a, b in self.between)
+        else:
+            lines.append("  the paired values are inputs: their columns are the inputs, whole")
+        if self.savings is not None:
+            lines.append(
+                f"  estimated saving: {_saved(self.savings[0])} (in one pass, with the pairs "
+                f"after the loop on the full axis: {_saved(self.savings[1])})"
+            )
+        return lines
+
+    def _lines(self, title: str) -> list[str]:
+        lines = [
+            f"{title}axis of size {self.axis_size} in chunks of {self.chunk} "
             f"({self.n_chunks} chunk{'s' if self.n_chunks != 1 else ''}"
             + (f", the last of {self.remainder}" if self.remainder else "")
             + ")",
@@ -155,4 +196,4 @@ class Plan:
             lines.extend(f"    size {n} at {b}: {_saved(e)}" for n, b, e, _ in ranked[:_MOST])
             if len(ranked) > _MOST:
                 lines.append(f"    ... and {len(ranked) - _MOST} more")
-        return "\n".join(lines)
+        return lines

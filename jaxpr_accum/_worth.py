@@ -15,20 +15,23 @@ that loop: it runs whatever the estimate, with the same warning.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
-from jaxpr_accum._cost import Candidate, format_bytes
+from jaxpr_accum._cost import format_bytes
 
 FORCE_HINT = "; pass grad='remat' (or 'fused' / 'native') to run the chunked loop anyway"
 
 
-def _certain(candidate: Candidate) -> bool:
-    """Whether the estimate of no saving needs no measurement."""
-    split = candidate.split
-    return split.size == 0 or candidate.chunk >= split.size or candidate.avoided_bytes == 0
+class Estimate(Protocol):
+    """What is weighed: a ``_cost.Candidate``, or the two passes of ``_pairwise.TwoPass``."""
+
+    def warning(self) -> str | None: ...
+
+    def no_saving_is_certain(self) -> bool: ...
 
 
 def as_written_instead(
-    candidate: Candidate,
+    candidate: Estimate,
     requested: str,
     run: Callable,
     original: Callable,
@@ -40,7 +43,7 @@ def as_written_instead(
     warning = candidate.warning()
     if warning is None or requested != "auto":
         return None
-    if _certain(candidate):
+    if candidate.no_saving_is_certain():
         return f"{warning}; the function runs as written{FORCE_HINT}"
     chunked, written = measure(run), measure(original)
     if chunked is None or written is None:

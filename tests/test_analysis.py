@@ -102,13 +102,19 @@ def test_long_backward_chain_in_a_scan_body_terminates_quickly():
 
 @pytest.mark.filterwarnings(NOT_WORTH_IT)  # a toy stopped at its barrier: saves nothing
 def test_two_places_in_one_operation_is_a_barrier():
+    """``x + x.T`` puts the axis at two places: a barrier of the analysis. It pairs the axis
+    with itself, so the planner runs it by rows of ``x`` against the whole ``x`` (issue 23)."""
+
     def f(x):
         return jnp.sum(jnp.tanh(x + x.T)) + jnp.sum(jnp.sin(x))
 
     x = _x(N, N)
+    analysis, jaxpr = _analyse(f, x)
+    add = next(i for i, e in enumerate(jaxpr.eqns) if e.primitive is lax.add_p)
+    assert ((), add) in analysis.barriers
     sf = ja.serialize_axis(f, chunk=4, argnums=0)
     plan = sf.explain(x)
-    assert plan.stops, str(plan)
+    assert plan.pairs and not plan.stops, str(plan)
     assert plan.counts["body"] > 0, str(plan)
     assert_matches_original(sf, x, vmap=False)
 

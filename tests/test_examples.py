@@ -27,6 +27,7 @@ EXAMPLES = [
     "long_attention.py",
     "large_vocab_loss.py",
     "vmc_sr.py",
+    "contrastive.py",
 ]
 COMMANDS = {name: [str(ROOT / "examples" / name), "--quick"] for name in EXAMPLES}
 COMMANDS["demo"] = ["-m", "jaxpr_accum", "demo", "--quick"]

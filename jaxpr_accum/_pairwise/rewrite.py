@@ -1,0 +1,85 @@
+"""The two programs of a two-pass plan, cut from the traced one.
+
+- **Pass 1** (``first_pass``): the same inputs, the *stacked values* as outputs: the roots of
+  the pairings that the program computes (the embeddings) and any other result of the
+  equations that define them that is read later. Everything else is dead and dropped.
+- **Pass 2** (``second_pass``): inputs ``[the original inputs, the stacked values, one column
+  copy per column root]``. The equations that define the stacked values are gone (their
+  results are inputs now), so what only they needed (the encoder) is dropped too. Each
+  pairing reads its column side from the column copy, through a copy of the layout chain from
+  the root (``z.T`` becomes ``z_col.T``); every other reader of a root, the row side included,
+  reads the root itself.
+
+Pass 2 is an ordinary program: its analysis, seeded where the pairing's axis sits in its
+inputs, finds the axis on the rows of every pair (the column copies carry no axis: they are
+loop-invariant inputs, the full stacked value), so the planner chunks the pairs by rows.
+
+Why this is exact: every equation of pass 2 is an equation of the original (or a copy of a
+layout equation) reading the same values, since the column copy is fed the same array as the
+root; pass 1 computes the stacked values with the original's own equations.
+"""
+
+from __future__ import annotations
+
+from jaxpr_accum import _compat
+from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, Var
+from jaxpr_accum._pairwise.detect import Pairing
+from jaxpr_accum._stages import variables
+
+
+def _dce(jaxpr: Jaxpr) -> Jaxpr:
+    return _compat.dce(ClosedJaxpr(jaxpr, [])).jaxpr
+
+
+def stacked_values(pairing: Pairing) -> tuple[Var, ...]:
+    """The computed roots, and every other result of their defining equations that another
+    equation or the program's outputs read: what pass 1 returns."""
+    jaxpr = pairing.jaxpr
+    roots = set(pairing.roots)
+    cut = [i for i, e in enumerate(jaxpr.eqns) if roots & set(e.outvars)]
+    read: set = set(variables(jaxpr.outvars))
+    for idx, eqn in enumerate(jaxpr.eqns):
+        if idx not in cut:
+            read.update(variables(eqn.invars))
+    out: list[Var] = []
+    for idx in cut:
+        out.extend(
+            v
+            for v in jaxpr.eqns[idx].outvars
+            if not isinstance(v, _compat.DropVar) and (v in roots or v in read)
+        )
+    return tuple(out)
+
+
+def first_pass(jaxpr: Jaxpr, stacked: tuple[Var, ...]) -> Jaxpr:
+    """The program from its inputs to ``stacked`` (the same inputs)."""
+    return _dce(jaxpr.replace(outvars=list(stacked)))
+
+
+def second_pass(pairing: Pairing, stacked: tuple[Var, ...]) -> tuple[Jaxpr, dict[Var, Var]]:
+    """``(pass 2, {column copy: its root})``: see the module docstring."""
+    jaxpr = pairing.jaxpr
+    columns = {root: _compat.new_var(root.aval) for root in pairing.column_roots}
+    defined_here = set(stacked)
+    uses = {u.index: u for u in pairing.uses}
+    eqns = []
+    for idx, eqn in enumerate(jaxpr.eqns):
+        if defined_here & set(eqn.outvars):
+            continue
+        use = uses.get(idx)
+        if use is not None:
+            v = columns[use.col_root]
+            for c in use.chain:
+                link = jaxpr.eqns[c]
+                out = _compat.new_var(link.outvars[0].aval)
+                ins = [v if isinstance(x, Var) and x in variables(link.invars) else x
+                       for x in link.invars]  # fmt: skip
+                eqns.append(link.replace(invars=ins, outvars=[out]))
+                v = out
+            invars = list(eqn.invars)
+            invars[use.col] = v
+            eqn = eqn.replace(invars=invars)
+        eqns.append(eqn)
+    computed = [v for v in stacked if v not in set(jaxpr.invars)]
+    program = jaxpr.replace(invars=[*jaxpr.invars, *computed, *columns.values()], eqns=eqns)
+    return _dce(program), {col: root for root, col in columns.items()}

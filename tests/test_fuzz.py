@@ -30,12 +30,12 @@ pytestmark = pytest.mark.slow
 
 #: pairs per stack family in one CI run (slow tier), 300 in all
 EXAMPLES = {
-    "plain": 45,
+    "plain": 60,
     "reverse": 55,
-    "vmap": 55,
+    "vmap": 50,
     "vmap_unchunked": 45,
-    "forward": 45,
-    "mixed": 55,
+    "forward": 40,
+    "mixed": 50,
 }
 
 

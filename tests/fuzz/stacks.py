@@ -213,6 +213,8 @@ def _kinds(draw: Any, family: str) -> list[str]:
         pre = draw(opt((*WRAPPERS, *REVERSE)))
         vmaps = ["vmap"] * draw(st.integers(1, 2))
         post = draw(one([[], ["jit"], ["grad"], ["value_and_grad"], ["vjp"]]))
+        if set(pre) & set(REVERSE):  # first order only here (``mixed`` has second order)
+            post = [k for k in post if k not in REVERSE]
         return [*pre, *vmaps, *post]
     if family == "vmap_unchunked":  # a vmap over t (or p) only; the programs have a t
         pre = draw(one([[], ["jit"], ["checkpoint"]]))

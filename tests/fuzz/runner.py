@@ -24,8 +24,9 @@ Outcomes (:data:`OUTCOMES`):
 Failures are grouped into classes: a crash by its exception type and first line with numbers
 and names normalised (:func:`crash_class`; a few known patterns get a short name, such as
 ``jvp_of_custom_vjp``), a mismatch by its stack family (the layers but ``jit`` and
-``checkpoint``), its gradient mode and the size of the error (``rel err >= 1e-2``: a wrong
-result; ``< 1e-2``: perhaps a less accurate computation; ``structure``).
+``checkpoint``), its gradient mode and its triage (:func:`_triage`: ``wrong`` when the
+serialized result is far further from a float64 run of the original than the float32
+original is, ``precision`` when it is not, ``structure`` for pytree/shape/dtype differences).
 """
 
 from __future__ import annotations
@@ -264,13 +265,8 @@ def crash_class(exc: BaseException) -> str:
     return f"{name}: {_normalise(first)}"
 
 
-def _size(detail: str) -> str:
-    """How wrong a mismatch is: ``rel err >= 1e-2`` (a wrong result), ``rel err < 1e-2`` (may
-    be precision: the rewrite computes something less accurately), or ``structure``."""
-    m = re.search(r"relative error ([0-9.e+-]+)", detail)
-    if m is None:
-        return "structure"
-    return "rel err >= 1e-2" if float(m.group(1)) >= 1e-2 else "rel err < 1e-2"
+def _size(rel: float) -> str:
+    return "rel err >= 1e-2" if rel >= 1e-2 else "rel err < 1e-2"
 
 
 def _first_lines(exc: BaseException, n: int = 6) -> str:
@@ -304,8 +300,10 @@ def run_pair(pair: Pair) -> Result:
         jax.config.update(_FAST, fast)
         linecache.cache.pop(filename, None)
         sys.modules.pop(module.__name__, None)
-    if outcome == "MISMATCH":
-        cls = f"mismatch under {pair.stack_label()} in mode {pair.mode} ({_size(detail)})"
+    if outcome == "MISMATCH":  # the class: where, and how wrong; the numbers go to the detail
+        kind, _, numbers = cls.partition(": ")
+        detail = f"{detail}\n  triage: {cls}" if numbers else detail
+        cls = f"mismatch under {pair.stack_label()} in mode {pair.mode} ({kind})"
     return Result(pair, outcome, cls, detail, time.perf_counter() - start)
 
 
@@ -334,8 +332,42 @@ def _outcome(text: str, filename: str, seed: int, ns: dict[str, Any]) -> tuple[s
     try:
         assert_tree_close(got, ref)
     except AssertionError as e:
-        return "MISMATCH", "", str(e)[:1500]
+        return "MISMATCH", _triage(ns, args, ref, got), str(e)[:1500]
     return "PASS", "", ""
+
+
+def _triage(ns: dict[str, Any], args: Any, ref: Any, got: Any) -> str:
+    """Is a mismatch wrong, or less accurate? The original run again in float64 is the truth:
+    ``wrong`` when the serialized result is more than 10x further from it than the float32
+    original is (and by more than the tolerance), ``precision`` otherwise; ``structure`` when
+    the trees differ in structure, shapes or dtypes; the error's size when float64 fails."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxpr_accum.testing import tree_difference
+
+    def f64(tree: Any) -> Any:
+        return jax.tree.map(
+            lambda a: a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree
+        )
+
+    try:
+        tree_difference(got, ref)
+    except AssertionError:
+        return "structure"
+    x64 = jax.config.read("jax_enable_x64")
+    try:
+        jax.config.update("jax_enable_x64", True)
+        truth = f64(jax.block_until_ready(ns["run"](ns["f"], f64(args))))
+        err_ref = tree_difference(f64(ref), truth).max_rel
+        err_got = tree_difference(f64(got), truth).max_rel
+    except Exception:
+        return _size(tree_difference(got, ref).max_rel)
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+    if err_got > 10 * err_ref and err_got > 2e-4:
+        return f"wrong: {err_got:.1e} from float64, the original {err_ref:.1e}"
+    return f"precision: {err_got:.1e} from float64, the original {err_ref:.1e}"
 
 
 # ------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ and a temperature ``t: f32[]`` (an argument that is never chunked). It has three
   ``custom_jvp`` activations (relu, softplus), a per-example ``custom_vjp`` and one whose
   backward normalises the cotangent by a statistic over the batch, Flax linen modules (Dense,
   LayerNorm, Dropout) and Flax NNX modules (``nnx.Linear``, ``nnx.vmap``, ``nnx.cond``,
-  ``nnx.scan`` over an ``nnx.remat`` body); optionally a label lookup ``h + p['emb'][y]``;
+  ``nnx.scan`` over an ``nnx.remat`` body; merged from a pure dict of parameters, or the
+  module objects themselves passed in ``p``); optionally a label lookup ``h + p['emb'][y]``;
 * **heads** (one to three of :data:`HEADS`), scalar terms of ``h`` and the logits
   ``s = h @ p['w2']`` (or ``s / t``): cross-entropies (``take_along_axis``, ``logp[arange,
   y]``, optax, by hand), normalisers over the batch (``jax.nn.logsumexp``, ``jax.nn.softmax``,
@@ -260,6 +261,24 @@ FEATURES: dict[str, Feature] = {
         _NNX_LAYERS,
         ("from flax import nnx",),
     ),
+    # the module objects themselves in ``p`` (NNX modules are pytrees), as NNX users pass them
+    "nnx_linear_module": Feature(
+        "h = jnp.tanh(p['lin_module'](x))",
+        ("lin_module",),
+        imports=("from flax import nnx",),
+    ),
+    "nnx_scan_remat_module": Feature(  # the data itself is the scan's carry
+        """
+        def body(c, lyr):
+            return jnp.tanh(lyr(c))
+
+        body = nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(nnx.remat(body))
+        h = jnp.tanh(body(x, p['layers_module']) @ p['w1'] + p['b1'])
+        """,
+        ("w1", "b1", "layers_module"),
+        _NNX_LAYERS.replace("make_layers", "make_layers_d").replace("{H}", "{D}"),
+        ("from flax import nnx",),
+    ),
 }
 
 #: ``{S}``: the logits, ``s`` or ``(s / t)``; ``{i}``: the head's index (unique names).
@@ -367,6 +386,9 @@ _PARAM_INIT = {
     "nnx.Linear({D}, {H}, rngs=nnx.Rngs(int(rng.integers(2**30)))))))",
     "layers": "jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state("
     "make_layers(int(rng.integers(2**30))))))",
+    "lin_module": "jax.tree.map(np.asarray, "
+    "nnx.Linear({D}, {H}, rngs=nnx.Rngs(int(rng.integers(2**30)))))",
+    "layers_module": "jax.tree.map(np.asarray, make_layers_d(int(rng.integers(2**30))))",
 }
 
 

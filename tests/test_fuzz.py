@@ -10,23 +10,33 @@ script; the message lists each failure class once with a standalone repro script
 program's source, the stack, the chunk and the mode) of its smallest example. The original
 failing under a stack, and the documented ``ja.SerializeError``, are counted, not failures.
 
-The slow tier runs ``sum(EXAMPLES.values())`` = 300 pairs, in one test per stack family
-(so that ``-n 2`` spreads them); the ``shard`` family needs 8 devices and runs in a
-subprocess (``python -m tests.fuzz``), in the integration tier: ``test_fuzz_sharding.py``.
+Tiers:
+
+* slow (``-m slow``): ``sum(EXAMPLES.values())`` = 300 pairs, in one test per stack family
+  (so that ``-n 2`` spreads them); the ``shard`` family needs 8 devices and runs in a
+  subprocess (``python -m tests.fuzz``), in the integration tier: ``test_fuzz_sharding.py``.
+* default: a smoke run of a few pairs, and the planted-bug checks: the fuzzer must fail when
+  ``ja.serialize_axis`` is replaced by a wrapper that gets the gradient wrong (the value
+  right), the value wrong, or raises; a fuzzer that cannot fail is a defect.
+
 Longer random campaigns: ``python benchmarks/fuzz_campaign.py --pairs 5000 --seed N``.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
 os.environ.setdefault("JAXPR_ACCUM_STRICT", "1")
 
-from .fuzz.driver import assert_no_failures, run_examples  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
-pytestmark = pytest.mark.slow
+import jaxpr_accum as ja  # noqa: E402
+
+from .fuzz.driver import assert_no_failures, run_examples  # noqa: E402
 
 #: pairs per stack family in one CI run (slow tier), 300 in all
 EXAMPLES = {
@@ -39,7 +49,72 @@ EXAMPLES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(EXAMPLES))
 def test_fuzz_stack_family(family: str) -> None:
     n = EXAMPLES[family]
     assert_no_failures(run_examples([family], n, derandomize=True), n)
+
+
+def test_fuzz_smoke() -> None:
+    """The default tier's few pairs: the grammar renders, runs, and agrees."""
+    assert_no_failures(run_examples(["plain"], 3, derandomize=True), 3)
+
+
+# ------------------------------------------------------------------------------------------
+# Planted bugs: the fuzzer must catch them
+# ------------------------------------------------------------------------------------------
+
+
+@jax.custom_jvp
+def _steep(x: Any) -> Any:
+    return x
+
+
+@_steep.defjvp
+def _steep_jvp(primals: tuple, tangents: tuple) -> tuple:
+    return primals[0], 1.5 * tangents[0]  # the right value, a derivative 1.5x too large
+
+
+def _on_floats(fn: Any, tree: Any) -> Any:
+    return jax.tree.map(lambda o: fn(o) if jnp.issubdtype(o.dtype, jnp.floating) else o, tree)
+
+
+def _wrong_gradient(sf: Any) -> Any:
+    return lambda *a, **k: _on_floats(_steep, sf(*a, **k))
+
+
+def _wrong_value(sf: Any) -> Any:
+    return lambda *a, **k: _on_floats(lambda o: o * (1 + 1e-3), sf(*a, **k))
+
+
+def _raises(sf: Any) -> Any:
+    def call(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("planted crash")
+
+    return call
+
+
+PLANTED = {
+    # bug: (family, the outcome it must produce)
+    "wrong_gradient": (_wrong_gradient, "reverse", "MISMATCH"),
+    "wrong_value": (_wrong_value, "plain", "MISMATCH"),
+    "crash": (_raises, "plain", "CRASH"),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED))
+def test_fuzz_catches_planted_bug(bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ja.serialize_axis`` replaced by a wrapper with a deliberate defect: every pair the
+    original runs is a failure of the expected kind, and the tests' assertion fails."""
+    plant, family, outcome = PLANTED[bug]
+    real = ja.serialize_axis
+    monkeypatch.setattr(ja, "serialize_axis", lambda f, **kw: plant(real(f, **kw)))
+    results = run_examples([family], 2, derandomize=True)
+    ran = [r for r in results if r.outcome not in ("ORIGINAL_FAILS", "EXPECTED_ERROR")]
+    assert ran, [r.outcome for r in results]
+    assert all(r.outcome == outcome for r in ran), [(r.outcome, r.cls) for r in ran]
+    if outcome == "MISMATCH":  # triaged against float64: wrong, not a precision loss
+        assert all("wrong" in r.detail for r in ran), [r.detail for r in ran]
+    with pytest.raises(AssertionError, match=outcome):
+        assert_no_failures(results, len(results))

@@ -49,11 +49,18 @@ EXAMPLES = {
 }
 
 
+#: eager pairs (no outer ``jit``): one in four in ``plain``, none in the other families (an
+#: eager pair under vmap or a derivative costs 3-10x a jitted one; the campaigns draw them in
+#: every family, one in eight)
+EAGER_ONE_IN = {"plain": 4}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(EXAMPLES))
 def test_fuzz_stack_family(family: str) -> None:
     n = EXAMPLES[family]
-    assert_no_failures(run_examples([family], n, derandomize=True), n)
+    eager = EAGER_ONE_IN.get(family, 0)
+    assert_no_failures(run_examples([family], n, derandomize=True, eager_one_in=eager), n)
 
 
 def test_fuzz_smoke() -> None:

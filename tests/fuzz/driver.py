@@ -23,11 +23,11 @@ from .runner import FAILURES, OUTCOMES, Pair, Result, pairs, run_pair, script
 from .stacks import FAMILIES, Layer
 
 
-def strategy(families: Iterable[str]) -> st.SearchStrategy[Pair]:
+def strategy(families: Iterable[str], eager_one_in: int = 8) -> st.SearchStrategy[Pair]:
     families = tuple(families)
     if len(families) == 1:
-        return pairs(families[0])
-    return st.sampled_from(families).flatmap(pairs)
+        return pairs(families[0], eager_one_in)
+    return st.sampled_from(families).flatmap(lambda fam: pairs(fam, eager_one_in))
 
 
 def run_examples(
@@ -39,11 +39,13 @@ def run_examples(
     database: Any = None,
     on_result: Callable[[Result], None] | None = None,
     between: Callable[[int], None] | None = None,
+    eager_one_in: int = 8,
 ) -> list[Result]:
-    """Draw and run ``n`` pairs of ``families``; every :class:`Result`, in order."""
+    """Draw and run ``n`` pairs of ``families``; every :class:`Result`, in order. A pair runs
+    without an outer ``jit`` one time in ``eager_one_in`` (never with 0)."""
     results: list[Result] = []
     seen: set[Pair] = set()
-    strat = strategy(families)
+    strat = strategy(families, eager_one_in)
 
     @settings(
         max_examples=n,

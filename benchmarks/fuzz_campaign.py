@@ -10,9 +10,9 @@ derandomized), from every stack family (``plain``, ``reverse``, ``vmap``, ``forw
 ``mixed``, ``shard``; the process starts JAX with 8 CPU devices so that ``shard`` runs here),
 every grad mode and chunk kind, with ``JAXPR_ACCUM_STRICT=1``. Each pair runs the stack on the
 original (the oracle) and on the serialized function and is classified (``PASS``,
-``ORIGINAL_FAILS``, ``EXPECTED_ERROR``, ``MISMATCH``, ``CRASH``, ``FUZZER_ERROR``; see
-``tests/fuzz/runner.py``). Progress: one line per pair on stdout, and every result appended to
-``results.jsonl`` as it comes.
+``ORIGINAL_FAILS``, ``EXPECTED_ERROR``, ``MISMATCH``, ``CRASH``, ``FALLBACK``,
+``FUZZER_ERROR``; see ``tests/fuzz/runner.py``). Progress: one line per pair on stdout, and
+every result appended to ``results.jsonl`` as it comes.
 
 At the end (or on Ctrl-C), for each failure class (a crash by exception type and first line,
 a mismatch by stack family and grad mode) the smallest example is shrunk (layers dropped, heads

@@ -4,11 +4,13 @@ Hypothesis draws a program from the grammar of the idioms users write and a stac
 transformations; the stack applied to the original function is the oracle for the same stack
 applied to ``ja.serialize_axis(f, chunk=k, grad=mode)``, every grad mode and chunk sizes of
 every kind (1, a divisor, a non-divisor, the axis, more than the axis). A test fails when any
-pair is a ``MISMATCH`` (a silently wrong value or gradient) or a ``CRASH`` (the serialized
-function raises where the original runs), or when the fuzzer itself generated a broken
-script; the message lists each failure class once with a standalone repro script (the
-program's source, the stack, the chunk and the mode) of its smallest example. The original
-failing under a stack, and the documented ``ja.SerializeError``, are counted, not failures.
+pair is a ``MISMATCH`` (a silently wrong value or gradient), a ``CRASH`` (the serialized
+function raises where the original runs) or a ``FALLBACK`` (it raises an internal error under
+``JAXPR_ACCUM_STRICT=1``, and without it falls back to a narrower plan), or when the fuzzer
+itself generated a broken script; the message lists each failure class once with a standalone
+repro script (the program's source, the stack, the chunk and the mode) of its smallest example.
+The original failing under a stack, and the documented ``ja.SerializeError``, are counted, not
+failures.
 
 Tiers:
 
@@ -16,8 +18,9 @@ Tiers:
   (so that ``-n 2`` spreads them); the ``shard`` family needs 8 devices and runs in a
   subprocess (``python -m tests.fuzz``), in the integration tier: ``test_fuzz_sharding.py``.
 * default: a smoke run of a few pairs, and the planted-bug checks: the fuzzer must fail when
-  ``ja.serialize_axis`` is replaced by a wrapper that gets the gradient wrong (the value
-  right), the value wrong, or raises; a fuzzer that cannot fail is a defect.
+  ``ja.serialize_axis`` is replaced by a wrapper that gets the gradient wrong (the value right),
+  the value wrong, raises, or raises under ``JAXPR_ACCUM_STRICT=1`` only; a fuzzer that cannot
+  fail is a defect.
 
 Longer random campaigns: ``python benchmarks/fuzz_campaign.py --pairs 5000 --seed N``.
 """
@@ -102,11 +105,21 @@ def _raises(sf: Any) -> Any:
     return call
 
 
+def _strict_only(sf: Any) -> Any:
+    def call(*a: Any, **k: Any) -> Any:
+        if os.environ.get("JAXPR_ACCUM_STRICT", "0") not in ("", "0"):
+            raise RuntimeError("planted internal error")
+        return sf(*a, **k)
+
+    return call
+
+
 PLANTED = {
     # bug: (family, the outcome it must produce)
     "wrong_gradient": (_wrong_gradient, "reverse", "MISMATCH"),
     "wrong_value": (_wrong_value, "plain", "MISMATCH"),
     "crash": (_raises, "plain", "CRASH"),
+    "fallback": (_strict_only, "plain", "FALLBACK"),
 }
 
 

@@ -124,8 +124,9 @@ def report(results: list[Result], scripts: bool = True) -> str:
 
 
 def assert_no_failures(results: list[Result], expected: int) -> None:
-    """The tests' assertion: at least ``expected`` pairs ran, none a MISMATCH, a CRASH or a
-    FUZZER_ERROR; the message has each failure class with its smallest example's script."""
+    """The tests' assertion: at least ``expected`` pairs ran, none a MISMATCH, a CRASH, a
+    FALLBACK (an internal error under ``JAXPR_ACCUM_STRICT=1``) or a FUZZER_ERROR; the message
+    has each failure class with its smallest example's script."""
     print(report(results, scripts=False))
     assert len(results) >= expected, f"ran {len(results)} pairs, expected {expected}"
     assert not any(r.failed for r in results), report(results)

@@ -18,7 +18,12 @@ Outcomes (:data:`OUTCOMES`):
 * ``EXPECTED_ERROR``: the serialized function raises the documented ``ja.SerializeError``
   (nothing chunkable): counted separately, with the programs that raised it;
 * ``MISMATCH``: a silently wrong value or gradient, the most serious;
-* ``CRASH``: the serialized function raises anything else where the original runs;
+* ``FALLBACK``: the serialized function raises an internal error under
+  ``JAXPR_ACCUM_STRICT=1`` (the fuzzer's setting) but, run again without it, falls back to a
+  narrower plan with a ``PlanWarning`` and matches the original: what a user sees is a
+  warning and a plan that may save less memory; a finding, less serious than a crash;
+* ``CRASH``: the serialized function raises anything else where the original runs (and
+  still raises, or mismatches, without ``JAXPR_ACCUM_STRICT``);
 * ``FUZZER_ERROR``: the generated script itself is broken (a bug in the fuzzer).
 
 Failures are grouped into classes: a crash by its exception type and first line with numbers
@@ -53,8 +58,17 @@ from .stacks import DATA, FAMILIES, Layer, arg_states, family_label, stacks  # n
 MODES = ("auto", "remat", "fused", "native")
 CHUNK_KINDS = ("1", "divisor", "non-divisor", "equal", "larger")
 AXIS_SPECS = ("argnums", "in_axes", "auto")
-OUTCOMES = ("PASS", "ORIGINAL_FAILS", "EXPECTED_ERROR", "MISMATCH", "CRASH", "FUZZER_ERROR")
-FAILURES = ("MISMATCH", "CRASH", "FUZZER_ERROR")
+OUTCOMES = (
+    "PASS",
+    "ORIGINAL_FAILS",
+    "EXPECTED_ERROR",
+    "MISMATCH",
+    "CRASH",
+    "FALLBACK",
+    "FUZZER_ERROR",
+)
+FAILURES = ("MISMATCH", "CRASH", "FALLBACK", "FUZZER_ERROR")
+STRICT = "JAXPR_ACCUM_STRICT"
 RUNTIME_SOURCE = (Path(__file__).parent / "runtime.py").read_text()
 #: compile with ``jax_disable_most_optimizations`` (about a third less XLA compile time; the
 #: same setting for the original and the serialized function, and written into the repro
@@ -331,12 +345,42 @@ def _outcome(text: str, filename: str, seed: int, ns: dict[str, Any]) -> tuple[s
         first = (str(e).strip().splitlines() or [""])[0]
         return "EXPECTED_ERROR", _normalise(first), _first_lines(e, 3)
     except Exception as e:
+        warning = _falls_back(ns, args, ref)
+        if warning is not None:
+            return "FALLBACK", crash_class(e), f"{_first_lines(e)}\n  without strict: {warning}"
         return "CRASH", crash_class(e), _first_lines(e)
     try:
         assert_tree_close(got, ref)
     except AssertionError as e:
         return "MISMATCH", _triage(ns, args, ref, got), str(e)[:1500]
     return "PASS", "", ""
+
+
+def _falls_back(ns: dict[str, Any], args: Any, ref: Any) -> str | None:
+    """The serialized function run again without ``JAXPR_ACCUM_STRICT``: the first line of its
+    ``PlanWarning`` when it then runs and matches the original (a fallback), else None."""
+    import jax
+
+    import jaxpr_accum as ja
+    from jaxpr_accum.testing import assert_tree_close
+
+    before = os.environ.get(STRICT)
+    os.environ[STRICT] = "0"
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = jax.block_until_ready(ns["run"](ns["serialized"](), args))
+        assert_tree_close(got, ref)
+    except Exception:
+        return None
+    finally:
+        if before is None:
+            os.environ.pop(STRICT, None)
+        else:
+            os.environ[STRICT] = before
+    plan = [w for w in caught if issubclass(w.category, ja.PlanWarning)]
+    first = str(plan[0].message).splitlines()[0][:300] if plan else "(no PlanWarning)"
+    return first
 
 
 def _triage(ns: dict[str, Any], args: Any, ref: Any, got: Any) -> str:

@@ -1,0 +1,46 @@
+"""f06: ``jax.hessian`` (forward over reverse) of a serialized loss that contains a
+``jax.custom_vjp`` (an ordinary per-example tanh with its own backward rule) raises
+``TypeError: can't apply forward-mode autodiff (jvp) to a custom_vjp function`` in modes
+auto/remat/fused (native runs); without ``JAXPR_ACCUM_STRICT`` the call falls back to
+the original, unchunked, with a ``PlanWarning``. The original's Hessian runs: JAX
+differentiates the custom rule's backward pass forward, never the custom_vjp itself.
+Exits 1 while the defect is there, 0 when fixed. Found by the fuzzer's ``mixed`` family
+(``scan>hessian`` over ``custom_vjp_per_example``)."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["JAXPR_ACCUM_STRICT"] = "1"
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxpr_accum as ja
+from jaxpr_accum.testing import assert_tree_close
+
+
+@jax.custom_vjp
+def tanh_cv(z):
+    return jnp.tanh(z)
+
+
+tanh_cv.defvjp(lambda z: (jnp.tanh(z), jnp.tanh(z)), lambda y, g: (g * (1.0 - y * y),))
+
+
+def f(w, x):
+    return jnp.mean(tanh_cv(x @ w) ** 2)
+
+
+w = jnp.ones((3, 2)) / 3
+x = jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float32)
+ref = jax.hessian(f)(w, x)
+try:
+    got = jax.hessian(ja.serialize_axis(f, chunk=2, argnums=1, grad="remat"))(w, x)
+    assert_tree_close(got, ref)
+except Exception as e:
+    print(f"DEFECT: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    sys.exit(1)
+print("ok")

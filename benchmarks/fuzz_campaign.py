@@ -4,6 +4,7 @@ Run from the repository root (CPU, one process; about 2-5 s per pair on 2 cores)
 
     python benchmarks/fuzz_campaign.py --pairs 5000 --seed 7
     python benchmarks/fuzz_campaign.py --pairs 200 --families vmap reverse --shrink-seconds 0
+    python benchmarks/fuzz_campaign.py --pairs 100000 --minutes 40 --seed 7
 
 Hypothesis draws ``--pairs`` program-and-stack pairs at random (seeded by ``--seed``; not
 derandomized), from every stack family (``plain``, ``reverse``, ``vmap``, ``forward``,
@@ -14,12 +15,13 @@ original (the oracle) and on the serialized function and is classified (``PASS``
 ``FUZZER_ERROR``; see ``tests/fuzz/runner.py``). Progress: one line per pair on stdout, and
 every result appended to ``results.jsonl`` as it comes.
 
-At the end (or on Ctrl-C), for each failure class (a crash by exception type and first line,
-a mismatch by stack family and grad mode) the smallest example is shrunk (layers dropped, heads
-removed, smaller sizes; ``--shrink-seconds`` per class) and its standalone script written to
-``repros/``; ``summary.json`` and ``summary.md`` hold the counts per outcome, per family and
-per mode, the time per pair, every failure class with its repro, and the ``SerializeError``
-classes with the programs that raised them.
+At the end (after ``--pairs``, or ``--minutes``, or on Ctrl-C / SIGTERM, which skip shrinking),
+for each failure class (a crash by exception type and first line, a mismatch by stack family and
+grad mode) the smallest example is shrunk (layers dropped, heads removed, smaller sizes;
+``--shrink-seconds`` per class) and its standalone script written to ``repros/``;
+``summary.json`` and ``summary.md`` hold the counts per outcome, per family and per mode, the
+time per pair, every failure class with its repro, and the ``SerializeError`` classes with the
+programs that raised them.
 
 The findings are also kept in a Hypothesis directory database (``.hypothesis/fuzz_campaign/db``,
 one entry per failure class: the shrunk pair as JSON); the next campaign replays them first
@@ -37,6 +39,7 @@ import json
 import os
 import random
 import re
+import signal
 import statistics
 import sys
 import time
@@ -54,6 +57,14 @@ def _setup_env() -> None:
         sys.path.insert(0, str(ROOT))
 
 
+class _TimeUp(KeyboardInterrupt):
+    """``--minutes`` ran out (a KeyboardInterrupt, so that Hypothesis lets it through)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:60]
 
@@ -67,7 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shrink-seconds", type=float, default=90.0, help="per failure class")
     ap.add_argument("--no-replay", action="store_true", help="skip the database's findings")
     ap.add_argument("--clear-caches-every", type=int, default=50)
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="stop drawing pairs after this (then shrink)",
+    )
     args = ap.parse_args(argv)
+    # Ctrl-C, and SIGINT/SIGTERM from a job runner, summarise what ran (a background job of a
+    # non-interactive shell starts with SIGINT ignored: restore Python's handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
     _setup_env()
 
     import jax
@@ -123,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     def between(i: int) -> None:
+        if args.minutes is not None and time.perf_counter() - t0 > 60 * args.minutes:
+            raise _TimeUp
         if i and i % args.clear_caches_every == 0:
             jax.clear_caches()
 
@@ -137,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             on_result=on_result,
             between=between,
         )
+    except _TimeUp:
+        print(f"--minutes {args.minutes} ran out after {len(results)} pairs", flush=True)
     except KeyboardInterrupt:
         interrupted = True
         print("interrupted: summarising what ran", flush=True)

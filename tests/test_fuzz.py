@@ -1,0 +1,140 @@
+"""The differential fuzzer over transformation stacks (``tests/fuzz``), derandomized for CI.
+
+Hypothesis draws a program from the grammar of the idioms users write and a stack of JAX
+transformations; the stack applied to the original function is the oracle for the same stack
+applied to ``ja.serialize_axis(f, chunk=k, grad=mode)``, every grad mode and chunk sizes of
+every kind (1, a divisor, a non-divisor, the axis, more than the axis). A test fails when any
+pair is a ``MISMATCH`` (a silently wrong value or gradient), a ``CRASH`` (the serialized
+function raises where the original runs) or a ``FALLBACK`` (it raises an internal error under
+``JAXPR_ACCUM_STRICT=1``, and without it falls back to a narrower plan), or when the fuzzer
+itself generated a broken script; the message lists each failure class once with a standalone
+repro script (the program's source, the stack, the chunk and the mode) of its smallest example.
+The original failing under a stack, and the documented ``ja.SerializeError``, are counted, not
+failures.
+
+Tiers:
+
+* slow (``-m slow``): ``sum(EXAMPLES.values())`` = 300 pairs, in one test per stack family
+  (so that ``-n 2`` spreads them); the ``shard`` family needs 8 devices and runs in a
+  subprocess (``python -m tests.fuzz``), in the integration tier: ``test_fuzz_sharding.py``.
+* default: a smoke run of a few pairs, and the planted-bug checks: the fuzzer must fail when
+  ``ja.serialize_axis`` is replaced by a wrapper that gets the gradient wrong (the value right),
+  the value wrong, raises, or raises under ``JAXPR_ACCUM_STRICT=1`` only; a fuzzer that cannot
+  fail is a defect.
+
+Longer random campaigns: ``python benchmarks/fuzz_campaign.py --pairs 5000 --seed N``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("JAXPR_ACCUM_STRICT", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxpr_accum as ja  # noqa: E402
+
+from .fuzz.driver import assert_no_failures, run_examples  # noqa: E402
+
+#: pairs per stack family in one CI run (slow tier), 300 in all
+EXAMPLES = {
+    "plain": 60,
+    "reverse": 55,
+    "vmap": 50,
+    "vmap_unchunked": 45,
+    "forward": 40,
+    "mixed": 50,
+}
+
+
+#: eager pairs (no outer ``jit``): one in four in ``plain``, none in the other families (an
+#: eager pair under vmap or a derivative costs 3-10x a jitted one; the campaigns draw them in
+#: every family, one in eight)
+EAGER_ONE_IN = {"plain": 4}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(EXAMPLES))
+def test_fuzz_stack_family(family: str) -> None:
+    n = EXAMPLES[family]
+    eager = EAGER_ONE_IN.get(family, 0)
+    assert_no_failures(run_examples([family], n, derandomize=True, eager_one_in=eager), n)
+
+
+def test_fuzz_smoke() -> None:
+    """The default tier's few pairs: the grammar renders, runs, and agrees."""
+    assert_no_failures(run_examples(["plain"], 2, derandomize=True), 2)
+
+
+# ------------------------------------------------------------------------------------------
+# Planted bugs: the fuzzer must catch them
+# ------------------------------------------------------------------------------------------
+
+
+@jax.custom_jvp
+def _steep(x: Any) -> Any:
+    return x
+
+
+@_steep.defjvp
+def _steep_jvp(primals: tuple, tangents: tuple) -> tuple:
+    return primals[0], 1.5 * tangents[0]  # the right value, a derivative 1.5x too large
+
+
+def _on_floats(fn: Any, tree: Any) -> Any:
+    return jax.tree.map(lambda o: fn(o) if jnp.issubdtype(o.dtype, jnp.floating) else o, tree)
+
+
+def _wrong_gradient(sf: Any) -> Any:
+    return lambda *a, **k: _on_floats(_steep, sf(*a, **k))
+
+
+def _wrong_value(sf: Any) -> Any:
+    return lambda *a, **k: _on_floats(lambda o: o * (1 + 1e-3), sf(*a, **k))
+
+
+def _raises(sf: Any) -> Any:
+    def call(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("planted crash")
+
+    return call
+
+
+def _strict_only(sf: Any) -> Any:
+    def call(*a: Any, **k: Any) -> Any:
+        if os.environ.get("JAXPR_ACCUM_STRICT", "0") not in ("", "0"):
+            raise RuntimeError("planted internal error")
+        return sf(*a, **k)
+
+    return call
+
+
+PLANTED = {
+    # bug: (family, the outcome it must produce)
+    "wrong_gradient": (_wrong_gradient, "reverse", "MISMATCH"),
+    "wrong_value": (_wrong_value, "plain", "MISMATCH"),
+    "crash": (_raises, "plain", "CRASH"),
+    "fallback": (_strict_only, "plain", "FALLBACK"),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED))
+def test_fuzz_catches_planted_bug(bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ja.serialize_axis`` replaced by a wrapper with a deliberate defect: every pair the
+    original runs is a failure of the expected kind, and the tests' assertion fails."""
+    plant, family, outcome = PLANTED[bug]
+    real = ja.serialize_axis
+    monkeypatch.setattr(ja, "serialize_axis", lambda f, **kw: plant(real(f, **kw)))
+    results = run_examples([family], 1, derandomize=True)
+    ran = [r for r in results if r.outcome not in ("ORIGINAL_FAILS", "EXPECTED_ERROR")]
+    assert ran, [r.outcome for r in results]
+    assert all(r.outcome == outcome for r in ran), [(r.outcome, r.cls) for r in ran]
+    if outcome == "MISMATCH":  # triaged against float64: wrong, not a precision loss
+        assert all("wrong" in r.detail for r in ran), [r.detail for r in ran]
+    with pytest.raises(AssertionError, match=outcome):
+        assert_no_failures(results, len(results))

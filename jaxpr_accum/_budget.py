@@ -133,6 +133,28 @@ def temp_bytes(run: Callable, inputs: list, diff: list[int]) -> int:
     return measured
 
 
+class Measure:
+    """XLA's temp bytes of a program's ``value_and_grad`` with respect to ``diff`` (what the
+    caller differentiates), compiled once per program: auto's confirmation of fused and the
+    never-worse check may ask for the same one. None where it cannot be measured on its own:
+    a program of a caller's context (collectives over a ``vmap`` axis name or a
+    ``shard_map``'s manual axes), one that is not reverse-differentiable (``while_loop``), a
+    backend that reports no memory; the estimate then decides alone."""
+
+    def __init__(self, inputs: list, diff: list[int]):
+        self.inputs, self.diff = inputs, diff
+        self.measured: dict[int, tuple[Callable, int | None]] = {}
+
+    def __call__(self, run: Callable) -> int | None:
+        if id(run) not in self.measured:  # the program is kept with its figure: ids stay unique
+            try:
+                figure: int | None = temp_bytes(run, self.inputs, self.diff)
+            except Exception:  # not measurable out of the caller's context: see the docstring
+                figure = None
+            self.measured[id(run)] = (run, figure)
+        return self.measured[id(run)][1]
+
+
 def temp_bytes_of(compiled: Any) -> int | None:
     """XLA's temp bytes of a compiled computation (None: the backend does not report them)."""
     stats = compiled.memory_analysis()

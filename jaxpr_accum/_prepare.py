@@ -126,7 +126,7 @@ class Planner:
         with stage("planning"):
             chosen, usable = _candidates.choose_split(traced, self.settings, stream)
         budget = None
-        measure = _Measure(inputs, differentiated_inputs(traced, inputs, pattern))
+        measure = _budget.Measure(inputs, differentiated_inputs(traced, inputs, pattern))
         two = None
         if self.settings.chunk is not None:
             layout = _layout.detect(
@@ -169,7 +169,7 @@ class Planner:
         reason: str,
         requested: str,
         layout: _layout.Layout,
-        measure: _Measure,
+        measure: _budget.Measure,
     ) -> tuple[Callable, str, str]:
         """``(run, grad, why)``: the one-pass plan built; auto's pick of fused is confirmed by
         measuring both modes (``_choice.confirm_fused``), except under a memory budget, which
@@ -192,7 +192,7 @@ class Planner:
         layout: _layout.Layout,
         requested: str,
         stream: bool,
-        measure: _Measure,
+        measure: _budget.Measure,
         paired: list,
     ) -> tuple[Callable, Plan, _worth.Estimate] | None:
         """``(run, plan, estimate)`` of the two-pass plan (``_pairwise``) where the program
@@ -258,28 +258,6 @@ class Planner:
         if key is not None:
             self.chunks.put(key, (grad, reason, budget))
         return chosen, grad, reason, layout, budget
-
-
-class _Measure:
-    """XLA's temp bytes of a program's ``value_and_grad`` with respect to ``diff`` (what the
-    caller differentiates), compiled once per program: auto's confirmation of fused and the
-    never-worse check may ask for the same one. None where it cannot be measured on its own:
-    a program of a caller's context (collectives over a ``vmap`` axis name or a
-    ``shard_map``'s manual axes), one that is not reverse-differentiable (``while_loop``), a
-    backend that reports no memory; the estimate then decides alone."""
-
-    def __init__(self, inputs: list, diff: list[int]):
-        self.inputs, self.diff = inputs, diff
-        self.measured: dict[int, tuple[Callable, int | None]] = {}
-
-    def __call__(self, run: Callable) -> int | None:
-        if id(run) not in self.measured:  # the program is kept with its figure: ids stay unique
-            try:
-                figure: int | None = _budget.temp_bytes(run, self.inputs, self.diff)
-            except Exception:  # not measurable out of the caller's context: see the docstring
-                figure = None
-            self.measured[id(run)] = (run, figure)
-        return self.measured[id(run)][1]
 
 
 def run_as_written(jaxpr: Any, *flat: Any) -> list:

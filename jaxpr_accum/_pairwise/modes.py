@@ -20,7 +20,10 @@ from jaxpr_accum._pairwise.plan import TwoPass
 
 
 def choose_and_build(
-    two: TwoPass, requested: str, accum_dtype: Any, measure: Callable[[Callable], int] | None
+    two: TwoPass,
+    requested: str,
+    accum_dtype: Any,
+    measure: Callable[[Callable], int | None] | None,
 ) -> tuple[Callable, list[tuple[str, str]]]:
     """``(run, [(mode, why) per pass])``; ``measure``: XLA's temp bytes of a program's
     ``value_and_grad`` (None when nothing is differentiated: no confirmation)."""

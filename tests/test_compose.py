@@ -536,7 +536,7 @@ _DIFFERENTIABLE, _FORWARD_ONLY, _INNER_ARGS = _inner_programs()
 @pytest.mark.parametrize("grad", GRAD_MODES)
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=slow) if n == "fori_loop" else n for n in sorted(_DIFFERENTIABLE)],
+    [n if n in ("scan", "cond") else pytest.param(n, marks=slow) for n in sorted(_DIFFERENTIABLE)],
 )
 def test_inner_transforms_and_control_flow(grad, name):
     f = _DIFFERENTIABLE[name]

@@ -135,7 +135,7 @@ class _nullcontext:
         return None
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes("auto", slow=MODES))
 def test_composition_row(mode):
     """One row per mode in the default tier: a stale-mask sequence (all inputs, then one,
     then another, then all again) under ``jit``; the full matrix is ``slow``."""
@@ -348,7 +348,7 @@ def test_float64_is_float64_accurate(mode):
         assert abs(float(v - rv)) < 1e-14
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes("remat", slow=MODES))
 def test_complex_sums_are_exact(mode):
     """r7: fused refuses complex sums; every mode (auto included) is exact."""
     args = _args("complex")
@@ -390,7 +390,7 @@ def _all_eqns(jaxpr):
 # -- 5. shapes (r4, r5, r9) ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes("fused", slow=MODES))
 def test_size_zero_axis_returns_what_the_original_returns(mode):
     w, b, _ = _args("float32")
     x = jnp.zeros((0, 4))
@@ -617,7 +617,7 @@ def test_emitted_equations_point_at_user_code():
 
 
 @pytest.mark.filterwarnings(NOT_WORTH_IT)  # toys: a sum of x @ w saves nothing
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", modes("native", slow=MODES))
 def test_outputs_that_are_not_arrays(mode):
     w, _, x = _args("float32")
     none = ja.serialize_axis(lambda w, x: None, chunk=5, argnums=1, grad=mode)

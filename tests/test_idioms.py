@@ -122,7 +122,17 @@ PROGRAMS = [
 IDS = [p[0].__name__ for p in PROGRAMS]
 
 
-@pytest.mark.parametrize("program, args, streamed", PROGRAMS, ids=IDS)
+#: one program per class of the repros by default (r14, r18, r17 and the NetKet force)
+DEFAULT = ("lse_by_hand_stop_gradient", "centred_times_literal", "finiteness_guard", "netket_force")
+
+
+@pytest.mark.parametrize(
+    "program, args, streamed",
+    [
+        pytest.param(*p, id=i, marks=() if i in DEFAULT else pytest.mark.slow)
+        for p, i in zip(PROGRAMS, IDS, strict=True)
+    ],
+)
 def test_chunked_and_exact_in_auto(program, args, streamed):
     sf = ja.serialize_axis(program, chunk=3, argnums=1)
     assert_matches_original(sf, *args, vmap=False)

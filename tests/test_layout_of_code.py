@@ -179,7 +179,7 @@ def test_a_user_primitive_named_like_a_lax_one_does_not_replace_it():
 )
 @pytest.mark.parametrize(
     "bit_width",
-    [pytest.param(8, marks=pytest.mark.slow), pytest.param(16, marks=pytest.mark.slow), 32, 64],
+    [pytest.param(w, marks=() if w == 32 else pytest.mark.slow) for w in (8, 16, 32, 64)],
 )
 def test_threefry_counter_layout_matches_jax_random_bits(shape, dim, inner, k, bit_width):
     """The per-chunk counter formula (``_compat.threefry_*``) against ``jax.random.bits``."""

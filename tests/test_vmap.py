@@ -79,7 +79,11 @@ def test_r13_grad_of_vmap_over_the_temperature(grad):
 
 
 @pytest.mark.parametrize("grad", modes("remat", slow=("fused",)))
-@pytest.mark.parametrize("in_axes", IN_AXES, ids=str)
+@pytest.mark.parametrize(
+    "in_axes",
+    [pytest.param(a, marks=() if i % 2 == 0 else pytest.mark.slow) for i, a in enumerate(IN_AXES)],
+    ids=str,
+)
 def test_values_grad_and_vjp_for_any_in_axes(grad, in_axes):
     args = batched_args(in_axes)
     sf = _serialized(mixed_outputs, grad)
@@ -102,7 +106,7 @@ def test_values_grad_and_vjp_for_any_in_axes(grad, in_axes):
         assert_tree_close(run(sf), run(mixed_outputs), what=f"{what} under vmap{in_axes}")
 
 
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", modes("native", slow=MODES))
 def test_vmap_of_grad_and_grad_of_vmap_agree(grad):
     sf = _serialized(mixed, grad)
     for g in (sf, mixed):
@@ -116,7 +120,7 @@ def test_vmap_of_grad_and_grad_of_vmap_agree(grad):
     assert_tree_close(got, ref, what="vmap of grad")
 
 
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", modes("auto", slow=MODES))
 @pytest.mark.slow
 def test_nested_vmaps(grad):
     ts = jnp.stack([T, 2 * T])  # [2, 3]
@@ -130,7 +134,7 @@ def test_nested_vmaps(grad):
     assert_tree_close(run(_serialized(mixed, grad)), run(mixed), what="grad of nested vmaps")
 
 
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", modes("remat", slow=MODES))
 def test_jvp_of_grad_under_vmap(grad):
     sf = _serialized(mixed, grad)
 

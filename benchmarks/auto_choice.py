@@ -26,7 +26,9 @@ the weights only) beside its hand-written ``lax.scan`` + ``jax.checkpoint`` vers
 For each case:
 
 - ``sf.explain(*args)`` under ``grad="auto"``, ``"fused"`` and ``"remat"``: auto's pick and
-  why; fused counts as not applicable where its plan is refused (explain shows ``remat``
+  why (auto's pick is then read from its plan for the compiled ``value_and_grad`` below, as
+  auto plans per perturbation pattern and ``explain`` differentiates every floating
+  argument); fused counts as not applicable where its plan is refused (explain shows ``remat``
   under ``grad="fused"``) or runs as written (``none``);
 - memory: XLA's ``temp_size_in_bytes`` of ``jax.jit(jax.value_and_grad(f, argnums=<the
   floating arguments>))`` for the original, fused, remat and auto (auto's is compiled too,
@@ -416,6 +418,17 @@ def measure(case: Case, quick: bool, verbose: bool) -> dict[str, Any]:
         res["notes"].append(f"{name} does not compile: {err[:200]}")
     res["temp"] = {n: c.memory_analysis().temp_size_in_bytes for n, c in compiled.items()}
     t_compile = time.perf_counter() - t0
+    if "auto" in compiled:  # auto plans per perturbation pattern: its pick for this gradient
+        plan = _latest_plan(plans["auto"][0])
+        if plan.grad != pick:
+            res["notes"].append(
+                f"explain (every floating argument differentiated) picks {pick}; for the "
+                f"gradient measured here auto picks {plan.grad}"
+            )
+        pick = plan.grad
+        res["pick"], res["why"] = pick, plan.grad_reason
+        if pick not in fns and pick not in ("none", "error"):
+            res["notes"].append(f"auto picks {pick}, which was not measured")
 
     timed = [n for n in fns if n != "auto" and n in compiled]
     calls = {n: functools.partial(compiled[n], *args) for n in timed}
@@ -447,6 +460,13 @@ def measure(case: Case, quick: bool, verbose: bool) -> dict[str, Any]:
                 res["notes"].append(f"{n}'s value and gradients differ by {err:.1e} (relative)")
     grade(res)
     return res
+
+
+def _latest_plan(sf: Any) -> Any:
+    """The plan of ``sf``'s most recently planned call signature: after compiling its
+    ``value_and_grad``, the one for that perturbation pattern (the plan cache is an LRU)."""
+    cache = sf._cache
+    return cache[next(reversed(cache))].plan
 
 
 def _time_once(call: Callable[[], Any]) -> float:

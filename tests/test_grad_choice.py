@@ -26,6 +26,7 @@ def loss_and_accuracy(w, x, y):
     return loss, accuracy, tokens
 
 
+@pytest.mark.slow
 def test_sums_without_gradients_do_not_count():
     sf = ja.serialize_axis(loss_and_accuracy, chunk=48, argnums=(1, 2))
     plan = sf.explain(W, X, Y)

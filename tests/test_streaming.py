@@ -686,10 +686,7 @@ def _every_mode(name: str, chunks: Any, x64: bool = False) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    [
-        n if n in ("vocab_ce", "logsumexp") else pytest.param(n, marks=pytest.mark.slow)
-        for n in sorted(CASES)
-    ],
+    [n if n == "vocab_ce" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CASES)],
 )
 def test_case(name):
     chunk, grad = DEFAULT[name]

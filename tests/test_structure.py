@@ -128,6 +128,7 @@ def test_seed1_no_full_size_buffers(seed1, grad):
     assert_tree_close(sf(*args), loss(*args))
 
 
+@pytest.mark.slow
 def test_seed1_encoder_hoisted(seed1):
     """The encoder does not depend on the sample axis: its convolutions run once, outside
     the loop (2 outside the scan, the decoder's 2 inside)."""

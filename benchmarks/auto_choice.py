@@ -465,7 +465,7 @@ def measure(case: Case, quick: bool, verbose: bool) -> dict[str, Any]:
 def _latest_plan(sf: Any) -> Any:
     """The plan of ``sf``'s most recently planned call signature: after compiling its
     ``value_and_grad``, the one for that perturbation pattern (the plan cache is an LRU)."""
-    cache = sf._cache
+    cache = sf._cache or sf._pure._cache  # NNX arguments: the plans of its pure function
     return cache[next(reversed(cache))].plan
 
 

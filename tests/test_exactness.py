@@ -153,7 +153,7 @@ MATRIX += [("softmax", w) for w in ("checkpoint", "scan", "vjp", "vmap")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, wrapper, mode", covering(MATRIX, MODES, per=2))
+@pytest.mark.parametrize("kind, wrapper, mode", covering(MATRIX, MODES, per=1))
 def test_composition_matrix(mode, kind, wrapper):
     assert check_subsets_in_orders(mode, kind, wrapper) == 14
 
@@ -161,7 +161,7 @@ def test_composition_matrix(mode, kind, wrapper):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, mode, chunk",
-    covering(["float32", "float64", "complex", "softmax"], MODES, [1, 4, 5, N, N + 3]),
+    covering(["float32", "float64", "complex", "softmax"], MODES, [1, 4, 5, N, N + 3], per=2),
 )
 def test_composition_chunks(mode, kind, chunk):
     with jax.enable_x64(True) if kind == "float64" else _nullcontext():

@@ -105,6 +105,6 @@ def test_nnx_transform_chunks_and_is_exact(name):
 
 
 @slow
-@pytest.mark.parametrize("name, grad, chunk", covering(list(CASES), MODES, [1, 4, N]))
+@pytest.mark.parametrize("name, grad, chunk", covering(list(CASES), MODES, [1, 4, N], per=2))
 def test_nnx_transform_every_mode(name, grad, chunk):
     _check(name, grad, chunk)

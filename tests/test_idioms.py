@@ -145,7 +145,7 @@ def test_chunked_and_exact_in_auto(program, args, streamed):
 @slow
 @pytest.mark.parametrize(
     "program, args, streamed, grad, chunk",
-    covering(PROGRAMS, MODES, [1, 3, 5, N, N + 3], ids=IDS, per=2),
+    covering(PROGRAMS, MODES, [1, 3, 5, N, N + 3], ids=IDS, per=1),
 )
 def test_every_mode_and_chunk(program, args, streamed, grad, chunk):
     sf = ja.serialize_axis(program, chunk=chunk, argnums=1, grad=grad)

@@ -265,7 +265,7 @@ def test_program_is_exact(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name, grad, chunk", covering(sorted(PROGRAMS), MODES, CHUNKS, ids=sorted(PROGRAMS), per=2)
+    "name, grad, chunk", covering(sorted(PROGRAMS), MODES, CHUNKS, ids=sorted(PROGRAMS), per=1)
 )
 def test_every_program_mode_and_chunk_is_exact(name, grad, chunk):
     """The full oracle: every program in every mode and at every chunk, as a covering

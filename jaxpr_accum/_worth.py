@@ -43,14 +43,13 @@ def as_written_instead(
     warning = candidate.warning()
     if warning is None or requested != "auto":
         return None
-    if candidate.no_saving_is_certain():
-        return f"{warning}; the function runs as written{FORCE_HINT}"
-    chunked, written = measure(run), measure(original)
-    if chunked is None or written is None:
-        return f"{warning}; the function runs as written{FORCE_HINT}"
-    if chunked < written:
-        return None
-    return (
-        f"{warning}; measured: {format_bytes(chunked)} chunked against {format_bytes(written)} "
-        f"as written, so the function runs as written{FORCE_HINT}"
-    )
+    if not candidate.no_saving_is_certain():
+        chunked, written = measure(run), measure(original)
+        if chunked is not None and written is not None:  # else the estimate decides
+            if chunked < written:
+                return None
+            return (
+                f"{warning}; measured: {format_bytes(chunked)} chunked against "
+                f"{format_bytes(written)} as written, so the function runs as written{FORCE_HINT}"
+            )
+    return f"{warning}; the function runs as written{FORCE_HINT}"

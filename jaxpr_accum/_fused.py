@@ -3,7 +3,8 @@ sums in one forward pass (``_jacobians``: one forward and one backward per chunk
 backward pass only contracts them with the incoming cotangent. ``value_and_grad`` then costs
 one forward and one backward, not the extra forward of remat. Exact where the chunk's pullback
 is linear in the cotangent: ``_choice`` refuses regions with a custom VJP, streamed sums or
-outputs other than sums."""
+outputs other than sums; inside ``shard_map`` it takes the remat rule where a sum is
+replicated over a manual axis that an input varies over."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def linearize(
     linear function contracts the rows with the tangents, which JAX transposes into the
     contraction with the cotangents. ``jax.linearize`` (not a VJP) takes the remat rule:
     Jacobian rows would cost more than the tangents they serve."""
-    if not is_vjp:
+    if not is_vjp or _replicated_sum(region, primals):
         return remat_linearize(region, is_vjp, nonzeros, primals, outputs_of)
     sig, split = region.signature, region.split
     inputs = sig.inputs(primals)
@@ -63,6 +64,17 @@ def linearize(
         return out
 
     return sums, [bool(f) for f in flags], residuals, linearized
+
+
+def _replicated_sum(region: Any, primals: list) -> bool:
+    """Inside ``shard_map``: some sum is replicated over a manual axis that an input varies
+    over. The Jacobian rows are computed per device (``_jacobians``), which would make that
+    sum vary; the remat rule keeps its type."""
+    axes = _compat.union_varying(primals)
+    if not axes:
+        return False
+    outs = region.forward_jaxpr([_compat.aval_of(p) for p in primals]).out_avals
+    return any(not axes <= _compat.varying_axes(a) for a in region.signature.outputs(outs).sums)
 
 
 FUSED = Mode("fused", linearize)

@@ -1,6 +1,13 @@
 """The fused mode's forward loop on one device: per chunk, the value and the Jacobian rows of
 the region's gradient-carrying sums with respect to its inputs (one forward and one backward
-per chunk), added up across chunks (``_fused`` contracts them with the cotangent)."""
+per chunk), added up across chunks (``_fused`` contracts them with the cotangent).
+
+Inside ``shard_map``, the invariant inputs are differentiated as varying over every manual axis
+an input varies over, so that each device's rows are its own Jacobian. A replicated input
+would be ``pvary``-ed inside the chunk, and the pullback of each basis vector (the transpose of
+that ``pvary``) summed over the mesh: the Jacobian of every device's sums, which the
+contraction with the cotangent sums again (gradients 8x on 8 devices). ``_fused`` takes this
+mode only where every sum varies over those axes."""
 
 from __future__ import annotations
 
@@ -58,7 +65,8 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
     """This shard's sums (accumulator dtypes) and the Jacobian rows of the gradient-carrying
     sums with respect to the perturbed floating inputs (``Inputs`` of arrays, None where not
     differentiated): ``[width, *input.shape]`` (an invariant input's single row, where the
-    width is 1, in the input's own shape), invariant ones summed over chunks."""
+    width is 1, in the input's own shape), invariant ones summed over chunks; per device
+    inside ``shard_map`` (module docstring)."""
     float_sums = [i for i, g in enumerate(gradient_sums(loop.split)) if g]
     width = jacobian_width(loop.split)
     row_dtype = jacobian_row_dtype(loop.split)
@@ -67,8 +75,13 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
         wanted(inputs.invariants, perturbed.invariants), wanted(inputs.chunked, perturbed.chunked)
     )
 
+    per_device = _compat.union_varying(inputs.invariants, inputs.chunked)
+
     def rows(kk: int, start: Any) -> tuple:
-        f, primals = loop.differentiable(loop.chunk_inputs(inputs, start, kk), kk, start, diff)
+        f, (d_inv, d_ch) = loop.differentiable(
+            loop.chunk_inputs(inputs, start, kk), kk, start, diff
+        )
+        primals = (_compat.vary(d_inv, per_device), d_ch)
 
         def flat(a: list, b: list) -> tuple:
             sums = f(a, b).sums
@@ -109,9 +122,4 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
         )
         for j, i in enumerate(diff.chunked)
     ]
-    out = Inputs([None] * len(inputs.invariants), [None] * len(inputs.chunked))
-    for i, x in zip(diff.invariants, jac, strict=True):
-        out.invariants[i] = x
-    for i, x in zip(diff.chunked, jac_ch, strict=True):
-        out.chunked[i] = x
-    return sums, out
+    return sums, inputs.placed(diff, jac, jac_ch)

@@ -141,14 +141,15 @@ class ChunkLoop:
 
         The full chunks run in a ``lax.scan`` (``x``: ``xs``'s leaves indexed by the chunk),
         the remainder once more at its own length. Returns ``(carry, ys of the full chunks or
-        None, y of the remainder or None)``. ``reads``: the arrays ``step`` closes over; inside
-        ``shard_map`` the carry starts varying over every manual axis they vary over, the
-        type its updates will have. ``peel``: the first chunk runs before the scan, so that
-        the scan's carry starts from its results rather than from zeros (XLA then needs no
-        zero-filled copy of a large accumulator, and can write it in place of the output).
+        None, y of the remainder or None)``. ``reads``: the arrays ``step`` closes over (where
+        they vary over manual axes, the carry starts typed as its updates, ``typed_carry``).
+        ``peel``: the first chunk runs before the scan, so that the scan's carry starts from
+        its results, not zeros (XLA then writes a large accumulator in place of the output).
         """
-        carry = _compat.vary(carry, _compat.union_varying(carry, xs, reads))
         k, n = self.chunk, self.n_full
+        if _compat.union_varying(carry, xs, reads):
+            x0, kk = jax.tree_util.tree_map(lambda a: a[0], xs), k if n else self.rem
+            carry = _compat.typed_carry(lambda c: step(c, kk, jnp.int32(0), x0)[0], carry)
         scanned: Any = None
         rest: Any = None
         if n:

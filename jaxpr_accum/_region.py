@@ -165,12 +165,14 @@ class Region:
             ),
         )
         d_inv, d_ch = fn(*inputs, given, list(finals))
-        out = Inputs([None] * len(inputs.invariants), [None] * len(inputs.chunked))
-        for i, g in zip(diff.invariants, d_inv, strict=True):
-            out.invariants[i] = g.astype(inputs.invariants[i].dtype)
-        for i, g in zip(diff.chunked, d_ch, strict=True):
-            out.chunked[i] = g.astype(inputs.chunked[i].dtype)
-        return out
+        return inputs.placed(
+            diff,
+            [
+                g.astype(inputs.invariants[i].dtype)
+                for i, g in zip(diff.invariants, d_inv, strict=True)
+            ],
+            [g.astype(inputs.chunked[i].dtype) for i, g in zip(diff.chunked, d_ch, strict=True)],
+        )
 
     def jacobians(self, inputs: Inputs, perturbed: Inputs) -> tuple[list, Inputs]:
         """The fused forward: the sums and the Jacobian rows of the gradient-carrying ones
@@ -200,12 +202,7 @@ class Region:
             ),
         )
         sums, j_inv, j_ch = fn(*inputs)
-        out = Inputs([None] * len(inputs.invariants), [None] * len(inputs.chunked))
-        for i, j in zip(diff.invariants, j_inv, strict=True):
-            out.invariants[i] = j
-        for i, j in zip(diff.chunked, j_ch, strict=True):
-            out.chunked[i] = j
-        return sums, out
+        return sums, inputs.placed(diff, j_inv, j_ch)
 
     # -- as a traced program -------------------------------------------------------------
     def forward_jaxpr(self, avals: Sequence[Any]) -> Any:

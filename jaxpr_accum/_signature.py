@@ -36,6 +36,16 @@ class Inputs(NamedTuple):
     def flat(self) -> list:
         return [*self.invariants, *self.chunked]
 
+    def placed(self, where: Inputs, invariants: Sequence, chunked: Sequence) -> Inputs:
+        """``invariants`` and ``chunked`` put at the indices ``where`` names, in an ``Inputs``
+        shaped like this one; None elsewhere."""
+        out = Inputs([None] * len(self.invariants), [None] * len(self.chunked))
+        for i, x in zip(where.invariants, invariants, strict=True):
+            out.invariants[i] = x
+        for i, x in zip(where.chunked, chunked, strict=True):
+            out.chunked[i] = x
+        return out
+
 
 class Outputs(NamedTuple):
     sums: list

@@ -586,6 +586,83 @@ def case_shard_map_inside() -> dict[str, Any]:
 CASES["shard_map_inside"] = case_shard_map_inside
 
 
+@jax.custom_vjp
+def _batch_normalised_cotangent(z: jax.Array) -> jax.Array:
+    return z  # identity; the backward divides the cotangent by its (per-shard) batch mean
+
+
+_batch_normalised_cotangent.defvjp(
+    lambda z: (z, None), lambda _, g: (g / (jnp.mean(jnp.abs(g), axis=0) + 1.0),)
+)
+
+
+def case_shard_map_idioms() -> dict[str, Any]:
+    """Idioms inside ``jax.shard_map`` (``check_vma=True``) that the fuzzer found (repros
+    f02-f04) and their class: a ``custom_vjp`` whose backward mixes the batch, a
+    ``jax.checkpoint`` or a ``lax.scan`` over replicated weights (fused once gave their
+    gradients 8x, summed over the mesh twice), a function of a batch variance, a streamed
+    pooling under a checkpoint. Gradients with respect to every argument, taken inside the
+    ``shard_map`` and outside it, in every mode; the oracle is the original under the same
+    stack."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
+    rs = np.random.RandomState(1)
+    w = jnp.asarray(rs.normal(size=(3, 4)), jnp.float32)
+    ws = jnp.asarray(rs.normal(size=(2, 4, 4)) / 2, jnp.float32)
+    x = jnp.asarray(rs.normal(size=(64, 3)), jnp.float32)
+
+    def custom_vjp(w, ws, x):
+        return jnp.mean(jnp.tanh(_batch_normalised_cotangent(x @ w)) ** 2)
+
+    def checkpoint(w, ws, x):
+        return jnp.mean(jax.checkpoint(lambda z: jnp.tanh(z @ w))(x) ** 2)
+
+    def scan(w, ws, x):
+        h, _ = jax.lax.scan(lambda c, v: (c + 0.5 * jnp.tanh(c @ v), None), jnp.tanh(x @ w), ws)
+        return jnp.mean(h**2)
+
+    def variance(w, ws, x):
+        return jnp.sum(jnp.log(jnp.var(jnp.tanh(x @ w), axis=0) + 0.1))
+
+    def pooled_checkpoint(w, ws, x):
+        h = jax.checkpoint(lambda z: z @ w)(x)
+        return jnp.sum(jax.nn.softmax(h[:, 0]) * jnp.tanh(h[:, 1])) + jnp.clip(h.mean(), -1, 1)
+
+    specs = (P(), P(), P("d"))
+
+    def inside(g: Callable) -> Callable:
+        def per_shard(w, ws, x):
+            value, (dw, dws, dx) = jax.value_and_grad(g, argnums=(0, 1, 2))(w, ws, x)
+            return tuple(jax.lax.pmean(a, "d") for a in (value, dw, dws)) + (dx,)
+
+        out_specs = (P(), P(), P(), P("d"))
+        return jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=specs, out_specs=out_specs))
+
+    def outside(g: Callable) -> Callable:
+        mapped = jax.shard_map(
+            lambda w, ws, x: jax.lax.pmean(g(w, ws, x), "d"),
+            mesh=mesh,
+            in_specs=specs,
+            out_specs=P(),
+        )
+        return jax.jit(jax.value_and_grad(mapped, argnums=(0, 1, 2)))
+
+    facts: dict[str, Any] = {}
+    for loss in (custom_vjp, checkpoint, scan, variance, pooled_checkpoint):
+        for where in (inside, outside):
+            ref = where(loss)(w, ws, x)
+            for grad in MODES:
+                key = f"{loss.__name__}-{where.__name__}-{grad}"
+                sf = ja.serialize_axis(loss, chunk=3, argnums=2, grad=grad)
+                try:
+                    facts[key] = {"err": rel_err(where(sf)(w, ws, x), ref)}
+                except Exception as e:
+                    facts[key] = {"raised": f"{type(e).__name__}: {str(e)[:400]}"}
+    return facts
+
+
+CASES["shard_map_idioms"] = case_shard_map_idioms
+
+
 def main(names: list[str]) -> None:
     for name in names or list(CASES):
         try:

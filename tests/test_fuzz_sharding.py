@@ -36,12 +36,4 @@ def test_fuzz_shard_map_8_devices() -> None:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = [result_from_json(json.loads(ln)) for ln in proc.stdout.splitlines() if ln]
-    # Known and open (issue 19, repros f02-f04): inside shard_map, a cotangent of a replicated
-    # input comes back varying over the manual axis (custom VJPs, checkpoint and scan bodies,
-    # batch statistics). Under strict it raises; without, the call falls back to the original
-    # (its values and gradients). Tolerated as that outcome only: a wrong number, a crash or a
-    # fuzzer error still fails.
-    open_classes = [r for r in results if r.outcome == "FALLBACK"]
-    if open_classes:
-        print(f"{len(open_classes)} of {len(results)} pairs fall back (open: f02-f04)")
-    assert_no_failures([r for r in results if r not in open_classes], EXAMPLES - len(open_classes))
+    assert_no_failures(results, EXAMPLES)

@@ -61,6 +61,7 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     is_undefined_primal,
     is_zero,
     trace_aval,
+    typed_carry,
     undefined_aval,
     union_varying,
     vary,
@@ -126,9 +127,21 @@ def _fit_shardings(params: dict[str, Any]) -> dict[str, Any]:
     return params if fitted is None else fitted
 
 
+def _fit_pvary(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any]) -> Any:
+    """A recorded ``pvary``'s axes less those its operand already varies over (the fused
+    mode differentiates replicated inputs as varying, ``_jacobians``); None: nothing left to
+    cast, the operand passes through."""
+    missing = tuple(a for a in params["axes"] if a not in varying_axes(invals[0]))
+    return None if not missing else {**params, "axes": missing}
+
+
 def bind(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | None = None) -> list:
     """Re-emit ``eqn`` on ``invals`` (optionally with new params), keeping its source info."""
     params = _fit_shardings(eqn.params if params is None else params)
+    if eqn.primitive.name == "pvary":
+        params = _fit_pvary(eqn, invals, params)
+        if params is None:
+            return list(invals)
     bind_params = eqn.primitive.get_bind_params(params)
     with user_context(eqn):
         out = eqn.primitive.bind(*invals, **bind_params)

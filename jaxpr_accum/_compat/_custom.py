@@ -69,15 +69,19 @@ def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable]:
     return fwd_jaxpr_of, bwd
 
 
-def cotangent_aval(aval: Any) -> jax.ShapeDtypeStruct:
-    """The cotangent type of a primal: itself for inexact dtypes, ``float0`` otherwise."""
+def cotangent_aval(aval: Any) -> Any:
+    """The cotangent type of a primal: its tangent type for inexact dtypes (inside
+    ``shard_map``, varying over the manual axes the primal varies over), ``float0``
+    otherwise."""
     if np.issubdtype(aval.dtype, np.inexact):
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+        return aval.to_tangent_aval()
     return jax.ShapeDtypeStruct(aval.shape, jax.dtypes.float0)
 
 
 def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJaxpr, list[bool]]:
-    """A custom VJP's backward rule as a jaxpr at the given (full-size) argument types.
+    """A custom VJP's backward rule as a jaxpr at the given (full-size) argument types
+    (abstract values, with their varying manual axes inside ``shard_map``: the rule's
+    outputs are checked against the primal's).
 
     Returns ``(jaxpr, returned)``: ``returned[i]`` says whether the rule gives an array for
     primal operand ``i`` (the jaxpr outputs only those), or a zero / ``None``.
@@ -89,11 +93,7 @@ def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJax
         returned[:] = [is_array(x) for x in outs]
         return [x for x in outs if is_array(x)]
 
-    structs = [
-        a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype)
-        for a in avals
-    ]
-    return jax.make_jaxpr(arrays_only)(*structs), returned
+    return jax.make_jaxpr(arrays_only)(*avals), returned
 
 
 def zeros_float0(shape: Sequence[int]) -> np.ndarray:

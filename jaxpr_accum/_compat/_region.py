@@ -77,8 +77,9 @@ def undefined_aval(x: Any) -> Any:
 
 
 def varying_axes(x: Any) -> frozenset:
-    """The manual mesh axes ``x`` varies over inside ``shard_map`` (empty elsewhere)."""
-    aval = jax.typeof(x)
+    """The manual mesh axes ``x`` (an array, a tracer or an abstract value) varies over
+    inside ``shard_map`` (empty elsewhere)."""
+    aval = x if isinstance(x, internal("jax.core.ShapedArray")) else jax.typeof(x)
     mat = getattr(aval, "manual_axis_type", None)  # jax 0.10
     if mat is not None:
         return frozenset(mat.varying)
@@ -94,6 +95,26 @@ def vary(tree: Any, axes: frozenset) -> Any:
         return internal("jax._src.core.pvary")(x, tuple(sorted(missing))) if missing else x
 
     return jax.tree_util.tree_map(cast, tree)
+
+
+def typed_carry(update: Callable, carry: Any) -> Any:
+    """A loop's initial ``carry`` with each leaf made to vary over the manual axes that
+    ``update(carry)`` makes it vary over: the least fixed point, found by tracing ``update``
+    abstractly (it only grows, so it ends within one round per axis). Not every axis the loop
+    reads: the cotangent of a replicated input is summed over the mesh inside the update (the
+    transpose of its implicit ``pvary``) and stays replicated."""
+
+    def is_axes(x: Any) -> bool:
+        return isinstance(x, frozenset)
+
+    while True:
+        updated = jax.eval_shape(update, carry)
+        grown = jax.tree_util.tree_map(
+            lambda c, u: varying_axes(u) - varying_axes(c), carry, updated
+        )
+        if not any(jax.tree_util.tree_leaves(grown, is_leaf=is_axes)):
+            return carry
+        carry = jax.tree_util.tree_map(lambda c, g: vary(c, g), carry, grown, is_leaf=is_axes)
 
 
 def union_varying(*trees: Any) -> frozenset:

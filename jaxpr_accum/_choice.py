@@ -24,34 +24,16 @@ This module only chooses; each mode is built by its own module (``_remat``, ``_f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
 from jaxpr_accum._cost import FUSED_INTO_READERS, Candidate, format_bytes, nbytes
 from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._jacobians import gradient_sums, jacobian_width
-from jaxpr_accum._plan import BODY, EPILOGUE, Split
+from jaxpr_accum._plan import EPILOGUE, Split
 
 FUSED_MAX_WIDTH = 8
 MEMORY_SLACK = 0.1  # auto takes fused while it is estimated within this much of remat
-
-
-def _custom_vjp_in_body(split: Split) -> str | None:
-    """The name of a custom VJP called (at any depth) by the region's body, or None."""
-
-    def search(eqns: Sequence) -> str | None:
-        for eqn in eqns:
-            if _compat.is_custom_vjp_call(eqn):
-                return _compat.custom_call_identity(eqn)[0]
-            for _, sub in _compat.sub_jaxprs(eqn.params):
-                found = search(_compat.open_jaxpr(sub).eqns)
-                if found is not None:
-                    return found
-        return None
-
-    return search([split.jaxpr.eqns[i] for i in split.indices(BODY)])
 
 
 def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
@@ -67,7 +49,7 @@ def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
             "the region streams a normaliser: its sums are rescaled chunk by chunk as the "
             "running max grows, which Jacobian rows taken once per chunk cannot follow"
         )
-    custom = _custom_vjp_in_body(split)
+    custom = split.custom_vjp_in_body()
     if custom is not None:
         return (
             f"the region calls the custom VJP `{custom}`, whose backward rule need not be "

@@ -28,8 +28,9 @@ exact by construction: every equation computes what it computed before, on the s
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from jaxpr_accum import _cost
+from jaxpr_accum import _compat, _cost
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, Var
 from jaxpr_accum._cost import nbytes
@@ -63,6 +64,21 @@ class Split:
     sinks: tuple = ()  # streamed sums (``_stream.Sink``)
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
+
+    def custom_vjp_in_body(self) -> str | None:
+        """The name of a custom VJP that the body calls (at any depth), or None."""
+
+        def search(eqns: Any) -> str | None:
+            for eqn in eqns:
+                if _compat.is_custom_vjp_call(eqn):
+                    return _compat.custom_call_identity(eqn)[0]
+                for _, sub in _compat.sub_jaxprs(eqn.params):
+                    found = search(_compat.open_jaxpr(sub).eqns)
+                    if found is not None:
+                        return found
+            return None
+
+        return search([self.jaxpr.eqns[i] for i in self.indices(BODY)])
 
     def indices(self, stage: str) -> list[int]:
         return [i for i, s in enumerate(self.stages) if s == stage]

@@ -10,7 +10,11 @@ jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop). Its rules
   Jacobian rows computed in the forward pass);
 - **JVP** (``jax.jvp``, ``jax.jacfwd``, and linearization where JAX goes through the JVP, as
   inside ``jax.checkpoint``): ``jax.jvp`` of the forward pass with each chunk's body
-  checkpointed, which is chunked in both the primal and the tangent;
+  checkpointed, which is chunked in both the primal and the tangent. The primal outputs that a
+  linearization rule binds (``linearizing=True``; an outer JVP meets them under
+  ``jax.hessian``) are differentiated as computed inside ``jax.vjp``, as JAX differentiates
+  the original's: a custom VJP runs its forward rule there; and linearized again (reverse
+  over reverse), such a region takes JAX's linearization of that JVP;
 - **batching** (``jax.vmap`` over any argument): ``jax.vmap`` of that same checkpointed
   forward pass.
 
@@ -48,7 +52,7 @@ def call(region: Region, mode: Mode, inputs: Inputs) -> Outputs:
     """The region's outputs on ``inputs``, through the primitive."""
     flat = inputs.flat()
     jaxpr = region.forward_jaxpr([_compat.aval_of(x) for x in flat])
-    outs = region_p.bind(*flat, region=region, mode=mode, jaxpr=jaxpr)
+    outs = region_p.bind(*flat, region=region, mode=mode, jaxpr=jaxpr, linearizing=False)
     return region.signature.outputs(outs)
 
 
@@ -59,27 +63,43 @@ def _checkpointed(region: Region) -> Callable:
     return forward
 
 
-def _abstract_eval(*avals: Any, region: Region, mode: Mode, jaxpr: Any) -> tuple:
+def _abstract_eval(*avals: Any, jaxpr: Any, **_: Any) -> tuple:
     return list(jaxpr.out_avals), jaxpr.effects
 
 
-def _impl(*flat: Any, region: Region, mode: Mode, jaxpr: Any) -> list:
+def _impl(*flat: Any, jaxpr: Any, **_: Any) -> list:
     return jax.extend.core.jaxpr_as_fun(jaxpr)(*flat)
 
 
-def _jvp(primals: list, tangents: list, *, region: Region, mode: Mode, jaxpr: Any) -> tuple:
+def _jvp(primals: list, tangents: list, *, region: Region, linearizing: bool, **_: Any) -> tuple:
     tangents = [_compat.instantiate(t) for t in tangents]
-    return jax.jvp(_checkpointed(region), tuple(primals), tuple(tangents))
+    forward = _checkpointed(region)
+    if linearizing:  # forward over reverse: differentiate the primal as a VJP computes it
+        forward = _primal_of_vjp(forward)
+    return jax.jvp(forward, tuple(primals), tuple(tangents))
 
 
-def _batch(args: list, dims: list, *, region: Region, mode: Mode, jaxpr: Any) -> tuple:
+def _primal_of_vjp(fun: Callable) -> Callable:
+    """``fun``'s outputs computed inside ``jax.vjp``: a custom VJP in it then runs its forward
+    rule, which an outer JVP differentiates (as JAX does for the original under
+    ``jax.hessian``); ``jax.jvp`` of the custom VJP itself is an error."""
+    return lambda *args: jax.vjp(fun, *args)[0]
+
+
+def _batch(args: list, dims: list, *, region: Region, **_: Any) -> tuple:
     outs = jax.vmap(_checkpointed(region), in_axes=tuple(dims))(*args)
     return outs, [0] * len(outs)
 
 
-def _linearize(is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: Mode, jaxpr: Any):
+def _linearize(is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: Mode, **p: Any):
+    if p["linearizing"] and region.split.custom_vjp_in_body() is not None:
+        # reverse over reverse: the outer derivative of a custom VJP's primal is its forward
+        # rule's (as for the original), not its backward rule, which the mode's rule would use
+        params = {"region": region, "mode": mode, **p}
+        return _compat.linearize_from_jvp(region_p, is_vjp, nonzeros, primals, params)
+
     def outputs_of(flat: list) -> list:
-        return region_p.bind(*flat, region=region, mode=mode, jaxpr=jaxpr)
+        return region_p.bind(*flat, region=region, mode=mode, jaxpr=p["jaxpr"], linearizing=True)
 
     return mode.linearize(region, is_vjp, list(nonzeros), list(primals), outputs_of)
 

@@ -5,7 +5,8 @@
    aval: weak types and, inside ``shard_map``, varying manual axes, as the original sees).
 3. Inline nested ``jit`` / ``closed_call`` equations (so that a reduction inside a jitted
    helper is visible to the planner), by re-tracing through an interpreter that keeps each
-   equation's source information; read the outputs of a ``checkpoint`` or a ``scan`` that
+   equation's source information; inline a ``checkpoint`` whose outputs only the program
+   returns (``jax.checkpoint(loss)``); read the outputs of a ``checkpoint`` or a ``scan`` that
    only pass an input through (Flax NNX's graph updates hand the layer parameters back this
    way) from that input instead; then drop dead equations.
 4. Turn the jaxpr's constants into leading inputs: closed-over tracers (parameters closed
@@ -69,7 +70,8 @@ def trace(fun: Callable, call: _arguments.Call, seed_axes: list | None = None) -
 
     dyn_avals = [_compat.trace_aval(x) for x, d in zip(leaves, dynamic, strict=True) if d]
     closed = jax.make_jaxpr(flat_fun)(*dyn_avals)
-    closed = _compat.dce(forward_passthroughs(private_constants(inline_calls(closed))))
+    closed = inline_tail_checkpoints(private_constants(inline_calls(closed)))
+    closed = _compat.dce(forward_passthroughs(closed))
     jaxpr, consts = _compat.constvars_to_invars(closed)
     names = _arguments.leaf_names(fun, call)
     return Traced(jaxpr, consts, out_store[0], call.ranges, names, seed_axes)
@@ -82,6 +84,34 @@ def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
     avals = [v.aval for v in closed.jaxpr.invars]
     return jax.make_jaxpr(lambda *a: _interpret.eval_jaxpr(closed, a, _interpret.inlining()))(
         *avals
+    )
+
+
+def inline_tail_checkpoints(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """The same program with each top-level ``checkpoint`` whose outputs only the program
+    returns evaluated inline: ``jax.checkpoint(loss)`` hides the loss's reduction over the
+    axis from the planner. Such a checkpoint lowers no peak within the function (recomputing
+    it is the first thing the backward pass does, while all before it is still held), and the
+    chunk loop rematerialises the region itself."""
+    jaxpr = closed.jaxpr
+    read = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, _compat.Literal)}
+    tails = {
+        i
+        for i, e in enumerate(jaxpr.eqns)
+        if _compat.is_checkpoint(e) and not any(v in read for v in e.outvars)
+    }
+    if not tails:
+        return closed
+
+    def emit(idx: int, eqn: Any, invals: list) -> list:
+        if idx in tails:
+            inline = _interpret.inlining(_interpret.bind, eqn)
+            return _interpret.eval_jaxpr(_compat.called_jaxpr(eqn), invals, inline)
+        return _interpret.bind(idx, eqn, invals)
+
+    avals = [v.aval for v in jaxpr.invars]  # and again: a checkpoint may hold another
+    return inline_tail_checkpoints(
+        jax.make_jaxpr(lambda *a: _interpret.eval_jaxpr(closed, a, emit))(*avals)
     )
 
 

@@ -544,6 +544,29 @@ def test_inner_transforms_and_control_flow(grad, name):
     assert_matches_original(sf, *_INNER_ARGS, vmap=False)
 
 
+@pytest.mark.parametrize("wrap", ["checkpoint", "policy", "twice", "jit>checkpoint"])
+def test_checkpoint_around_the_whole_loss_is_chunked(wrap):
+    """a02: ``serialize_axis(jax.checkpoint(loss))``, the reduction over the batch inside the
+    checkpoint, is chunked as the loss itself is (the tail checkpoint is inlined), in value and
+    gradient."""
+    w, x = _INNER_ARGS
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2) + jnp.max(x @ w)
+
+    policy = jax.checkpoint_policies.dots_saveable
+    f = {
+        "checkpoint": jax.checkpoint(loss),
+        "policy": jax.checkpoint(loss, policy=policy),
+        "twice": jax.checkpoint(jax.checkpoint(loss)),
+        "jit>checkpoint": jax.jit(jax.checkpoint(loss)),
+    }[wrap]
+    sf = ja.serialize_axis(f, chunk=4, argnums=1, grad="remat")
+    plan = sf.explain(w, x)
+    assert plan.stops == [] and plan.grad == "remat", str(plan)
+    assert_matches_original(sf, w, x, vmap=False)
+
+
 @pytest.mark.parametrize("name", sorted(_FORWARD_ONLY))
 def test_inner_while_loop_forward(name):
     """A while_loop is not reverse-differentiable: values, and jvp in native mode."""

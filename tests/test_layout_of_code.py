@@ -237,6 +237,7 @@ GOLDEN = """
           z:f32[] = reduce_sum[axes=(0, 1) out_sharding=None] y
           ba:f32[] = add g z
         in (ba,) }
+      linearizing=False
       mode=remat
       region=Region(axis=10, chunk=4)
     ] a b

@@ -60,6 +60,7 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     instantiate,
     is_undefined_primal,
     is_zero,
+    linearize_from_jvp,
     trace_aval,
     typed_carry,
     undefined_aval,

@@ -52,6 +52,13 @@ def define_primitive(
     return p
 
 
+def linearize_from_jvp(p: Any, is_vjp: bool, nonzeros: list, primals: Any, params: dict) -> Any:
+    """JAX's own linearization of the primitive ``p`` (through its JVP rule), for a
+    linearization rule that declines."""
+    rule = internal("jax._src.interpreters.ad.fallback_linearize_rule")
+    return rule(p, is_vjp, nonzeros, *primals, **params)
+
+
 def is_zero(t: Any) -> bool:
     """A symbolic zero tangent or cotangent (``ad.Zero``)."""
     return type(t) is internal("jax._src.interpreters.ad.Zero")

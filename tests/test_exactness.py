@@ -330,8 +330,12 @@ def _second_order_stacks(f):
 
 
 @pytest.mark.filterwarnings(NOT_WORTH_IT)  # a small problem: the loop may save nothing
-@pytest.mark.parametrize("mode", modes("remat", slow=MODES))
-@pytest.mark.parametrize("head", ["logsumexp", pytest.param("sum", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "mode, head",
+    [("remat", "logsumexp")]
+    + [pytest.param(m, "logsumexp", marks=pytest.mark.slow) for m in ("auto", "fused", "native")]
+    + [pytest.param("remat", "sum", marks=pytest.mark.slow)],
+)
 def test_second_order_through_custom_vjps(mode, head):
     """f06 and its reverse-over-reverse sibling (the fuzzer's seed 707): second-order
     derivatives of a loss with custom VJPs, per-example, batch-mixing and one that is not the

@@ -284,7 +284,10 @@ def finish(h: jax.Array, final: str, per_example: bool) -> Any:
 # --------------------------------------------------------------------------------------
 
 
-@PROPERTY_SETTINGS
+# 8 examples, not the profile's 12 (each runs the whole composition check, about 25 s of CPU;
+# the fuzzer's 300 pairs in the slow tier draw such programs too); more with
+# HYPOTHESIS_PROFILE=dev or thorough
+@settings(PROPERTY_SETTINGS, max_examples=max(8, settings.default.max_examples - 4))
 @given(
     data=st.data(),
     chain=op_chains(),

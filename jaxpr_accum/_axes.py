@@ -64,7 +64,7 @@ from typing import Any
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
 from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict, is_middle_factor
-from jaxpr_accum._table import passed_through, rule_for
+from jaxpr_accum._table import passed_through, reduced_inside, rule_for
 from jaxpr_accum._view import Context, Ctx, EqnKey, Ref, View, order, parent
 
 
@@ -293,7 +293,7 @@ class Analysis:
                     continue
                 reduced = self.reductions.get((sub_ctx, j), {})
                 if any(inner.outvars[o] not in passed for o in reduced):
-                    return inner, "reduces over the axis inside a nested function"
+                    return inner, reduced_inside(eqn)
                 found = self.blocker(sub_ctx, j, inner)
                 if found is not None:
                     return found

@@ -67,10 +67,16 @@ class Split:
 
     def custom_vjp_in_body(self) -> str | None:
         """The name of a custom VJP that the body calls (at any depth), or None."""
+        return self._custom_call_in_body(_compat.is_custom_vjp_call)
 
+    def custom_rule_in_body(self) -> str | None:
+        """The name of a custom VJP or JVP that the body calls (at any depth), or None."""
+        return self._custom_call_in_body(_compat.is_custom_rule_call)
+
+    def _custom_call_in_body(self, is_call: Any) -> str | None:
         def search(eqns: Any) -> str | None:
             for eqn in eqns:
-                if _compat.is_custom_vjp_call(eqn):
+                if is_call(eqn):
                     return _compat.custom_call_identity(eqn)[0]
                 for _, sub in _compat.sub_jaxprs(eqn.params):
                     found = search(_compat.open_jaxpr(sub).eqns)

@@ -13,8 +13,9 @@ jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop). Its rules
   checkpointed, which is chunked in both the primal and the tangent. The primal outputs that a
   linearization rule binds (``linearizing=True``; an outer JVP meets them under
   ``jax.hessian``) are differentiated as computed inside ``jax.vjp``, as JAX differentiates
-  the original's: a custom VJP runs its forward rule there; and linearized again (reverse
-  over reverse), such a region takes JAX's linearization of that JVP;
+  the original's: a custom VJP runs its forward rule there, a custom JVP its rule's primal;
+  and linearized again (reverse over reverse), a region with a custom rule takes JAX's
+  linearization of that JVP;
 - **batching** (``jax.vmap`` over any argument): ``jax.vmap`` of that same checkpointed
   forward pass.
 
@@ -92,9 +93,10 @@ def _batch(args: list, dims: list, *, region: Region, **_: Any) -> tuple:
 
 
 def _linearize(is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: Mode, **p: Any):
-    if p["linearizing"] and region.split.custom_vjp_in_body() is not None:
-        # reverse over reverse: the outer derivative of a custom VJP's primal is its forward
-        # rule's (as for the original), not its backward rule, which the mode's rule would use
+    if p["linearizing"] and region.split.custom_rule_in_body() is not None:
+        # reverse over reverse: the outer derivative of a custom rule's primal is that of the
+        # primal its rule computes (a custom VJP's forward rule, a custom JVP's primal output),
+        # as for the original; the mode's rule would pull back through the custom derivative
         params = {"region": region, "mode": mode, **p}
         return _compat.linearize_from_jvp(region_p, is_vjp, nonzeros, primals, params)
 

@@ -143,6 +143,17 @@ def agreed(eqn: Any, view: Any, found: Any) -> AxisLoc | None:
     return next(iter(locs), None)
 
 
+def reduced_inside(eqn: Any) -> str:
+    """Why a reduction over the axis inside ``eqn``'s sub-jaxprs stops the region."""
+    why = "reduces over the axis inside a nested function"
+    if _compat.is_checkpoint(eqn):  # the function's own result would be inlined (``_trace``)
+        why += (
+            f" (a `jax.checkpoint` at {_compat.source_line(eqn)} whose result is computed "
+            "with further: serialize the function it wraps, or return its result as is)"
+        )
+    return why
+
+
 def passed_through(jaxpr: Any) -> set:
     """Outputs of ``jaxpr`` that no equation inside it reads: a reduction producing one of
     them hands its per-chunk partial straight out, so the enclosing call reduces too."""

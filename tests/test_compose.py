@@ -567,6 +567,19 @@ def test_checkpoint_around_the_whole_loss_is_chunked(wrap):
     assert_matches_original(sf, w, x, vmap=False)
 
 
+def test_checkpoint_whose_result_is_computed_with_further_is_named():
+    """A checkpoint that is not the function's result still hides its reduction: the error
+    names the checkpoint and what to do."""
+    w, x = _INNER_ARGS
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    sf = ja.serialize_axis(lambda w, x: 2 * jax.checkpoint(loss)(w, x), chunk=4, argnums=1)
+    with pytest.raises(ja.SerializeError, match="serialize the function it wraps"):
+        sf(w, x)
+
+
 @pytest.mark.parametrize("name", sorted(_FORWARD_ONLY))
 def test_inner_while_loop_forward(name):
     """A while_loop is not reverse-differentiable: values, and jvp in native mode."""

@@ -329,24 +329,40 @@ def _second_order_stacks(f):
     }
 
 
+@jax.custom_jvp
+def tanh_scaled_jvp(v):
+    return jnp.tanh(v)
+
+
+# not tanh's derivative either, and a rule whose primal is computed by the rule itself
+tanh_scaled_jvp.defjvp(lambda p, t: (jnp.tanh(p[0]), 1.1 * (1 - jnp.tanh(p[0]) ** 2) * t[0]))
+
+
+def _slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
 @pytest.mark.filterwarnings(NOT_WORTH_IT)  # a small problem: the loop may save nothing
 @pytest.mark.parametrize(
-    "mode, head",
-    [("remat", "logsumexp")]
-    + [pytest.param(m, "logsumexp", marks=pytest.mark.slow) for m in ("auto", "fused", "native")]
-    + [pytest.param("remat", "sum", marks=pytest.mark.slow)],
+    "mode, head, rule",
+    [("remat", "logsumexp", "custom_vjp"), ("remat", "logsumexp", "custom_jvp")]
+    + [_slow(m, "logsumexp", "custom_vjp") for m in ("auto", "fused", "native")]
+    + [_slow("fused", "logsumexp", "custom_jvp"), _slow("remat", "sum", "custom_vjp")],
 )
-def test_second_order_through_custom_vjps(mode, head):
-    """f06 and its reverse-over-reverse sibling (the fuzzer's seed 707): second-order
-    derivatives of a loss with custom VJPs, per-example, batch-mixing and one that is not the
-    true derivative, under a plain sum and a streamed logsumexp. JAX differentiates a custom
-    VJP's forward rule there, never the custom VJP itself; so must the region."""
+def test_second_order_through_custom_rules(mode, head, rule):
+    """f06, f07 and b01: second-order derivatives of a loss with custom rules that are not the
+    true derivative (custom VJPs, per-example, batch-mixing and scaled; or a scaled custom
+    JVP), under a plain sum and a streamed logsumexp. JAX differentiates a custom VJP's
+    forward rule there, and a custom JVP rule's primal, never the custom derivative itself;
+    so must the region."""
     w, _, x = _args("float32")
     x = x[:7]
 
     def loss(w, x):
-        h = jax.vmap(clip_grad)(tanh_scaled_grad(dense(w, x)))
-        s = jnp.sin(center_grad(h))
+        if rule == "custom_vjp":
+            s = jnp.sin(center_grad(jax.vmap(clip_grad)(tanh_scaled_grad(dense(w, x)))))
+        else:
+            s = tanh_scaled_jvp(x @ w)
         if head == "sum":
             return jnp.sum(s**2)
         m = jax.lax.stop_gradient(jnp.max(s[:, 0]))

@@ -26,6 +26,11 @@ def is_custom_vjp_call(eqn: JaxprEqn) -> bool:
     return eqn.primitive is primitive("custom_vjp_call")
 
 
+def is_custom_rule_call(eqn: JaxprEqn) -> bool:
+    """A call of a ``jax.custom_vjp`` or a ``jax.custom_jvp`` function."""
+    return eqn.primitive in (primitive("custom_vjp_call"), primitive("custom_jvp_call"))
+
+
 def custom_call_body(eqn: JaxprEqn) -> tuple[ClosedJaxpr, int]:
     """``(primal jaxpr, number of leading constant operands)`` of a custom JVP/VJP call."""
     return _param(eqn, "call_jaxpr"), _param(eqn, "num_consts")

@@ -4,6 +4,7 @@ softmax-weighted sum over the serialized axis: the second-order gradient is sile
 (~0.6-0.9% off) in grad="remat" and grad="fused" (native is right; jax.hessian is right).
 The custom_vjp analogue is repro f07. Found by an adversarial review of the f07 fix.
 Exits 1 while the defect is present, 0 when fixed."""
+
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -52,7 +53,9 @@ for f in (loss, loss_softmax):
             got = grad_of_grad(ja.serialize_axis(f, chunk=5, argnums=1, grad=mode))
             assert_tree_close(got, ref)
         except Exception as e:
-            print(f"DEFECT ({f.__name__}, {mode}): {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            print(
+                f"DEFECT ({f.__name__}, {mode}): {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            )
             print("   ", " ".join(str(e).split())[:300])
             failed = True
 sys.exit(1 if failed else print("ok"))

@@ -52,7 +52,8 @@ def softplus_cj(z):
 @softplus_cj.defjvp
 def _softplus_cj_jvp(primals, tangents):
     (z,), (dz,) = primals, tangents
-    return softplus_cj(z), jax.nn.sigmoid(z) * dz
+    # 0.9x the true derivative: second-order stacks tell which rule is differentiated (b01)
+    return jnp.logaddexp(z, 0.0), 0.9 * jax.nn.sigmoid(z) * dz
 """
 
 _RELU_CJ = """

@@ -2,10 +2,10 @@
 the region's gradient-carrying sums with respect to its inputs (one forward and one backward
 per chunk), added up across chunks (``_fused`` contracts them with the cotangent).
 
-Inside ``shard_map``, the invariant inputs are differentiated as varying over every manual axis
-an input varies over, so that each device's rows are its own Jacobian. A replicated input
-would be ``pvary``-ed inside the chunk, and the pullback of each basis vector (the transpose of
-that ``pvary``) summed over the mesh: the Jacobian of every device's sums, which the
+Inside ``shard_map``, the differentiated inputs (invariant or chunked) are taken as varying
+over every manual axis an input varies over, so that each device's rows are its own Jacobian.
+A replicated input would be ``pvary``-ed inside the chunk, and the pullback of each basis
+vector (the transpose of that ``pvary``) summed over the mesh: the Jacobian of every device's sums, which the
 contraction with the cotangent sums again (gradients 8x on 8 devices). ``_fused`` takes this
 mode only where every sum varies over those axes."""
 
@@ -81,7 +81,7 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
         f, (d_inv, d_ch) = loop.differentiable(
             loop.chunk_inputs(inputs, start, kk), kk, start, diff
         )
-        primals = (_compat.vary(d_inv, per_device), d_ch)
+        primals = (_compat.vary(d_inv, per_device), _compat.vary(d_ch, per_device))
 
         def flat(a: list, b: list) -> tuple:
             sums = f(a, b).sums

@@ -223,9 +223,10 @@ def test_serialized_inside_shard_map(results: dict) -> None:
 
 def test_idioms_inside_shard_map(results: dict) -> None:
     """The fuzzer's shard_map classes (repros f02-f04, and fused's gradient of replicated
-    weights under a checkpoint or scan, once 8x): every mode, gradients inside and outside
-    the ``shard_map``, against the original under the same stack."""
+    weights under a checkpoint or scan, or chunked along their own axis, once 8x): every
+    mode, gradients inside and outside the ``shard_map``, against the original under the
+    same stack."""
     facts = {k: v for k, v in results["shard_map_idioms"].items() if k != "case"}
-    assert len(facts) == 40, facts
+    assert len(facts) == 48, facts
     bad = {k: v for k, v in facts.items() if "raised" in v or v["err"] > RTOL}
     assert not bad, bad

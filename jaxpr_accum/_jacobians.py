@@ -5,9 +5,9 @@ per chunk), added up across chunks (``_fused`` contracts them with the cotangent
 Inside ``shard_map``, the differentiated inputs (invariant or chunked) are taken as varying
 over every manual axis an input varies over, so that each device's rows are its own Jacobian.
 A replicated input would be ``pvary``-ed inside the chunk, and the pullback of each basis
-vector (the transpose of that ``pvary``) summed over the mesh: the Jacobian of every device's sums, which the
-contraction with the cotangent sums again (gradients 8x on 8 devices). ``_fused`` takes this
-mode only where every sum varies over those axes."""
+vector (the transpose of that ``pvary``) summed over the mesh: the Jacobian of every device's
+sums, which the contraction with the cotangent sums again (gradients 8x on 8 devices).
+``_fused`` takes this mode only where every sum varies over those axes."""
 
 from __future__ import annotations
 

@@ -648,16 +648,16 @@ def case_shard_map_idioms() -> dict[str, Any]:
 
     # the chunked axis a replicated weight's: the hidden units of ``w`` (the fuzzer's seed 808,
     # where the automatic axis chose them: fused's rows of that weight were summed twice)
-    hidden_units = {"in_axes": (1, None, None), "chunk": 3}
+    axes = {"batch": {"argnums": 2}, "hidden_units": {"in_axes": (1, None, None)}}
     facts: dict[str, Any] = {}
-    cases = [(f, {"argnums": 2, "chunk": 3}) for f in (custom_vjp, checkpoint, scan, variance)]
-    cases += [(pooled_checkpoint, {"argnums": 2, "chunk": 3}), (checkpoint, hidden_units)]
+    cases = [(f, "batch") for f in (custom_vjp, checkpoint, scan, variance, pooled_checkpoint)]
+    cases += [(checkpoint, "hidden_units")]
     for loss, axis in cases:
         for where in (inside, outside):
             ref = where(loss)(w, ws, x)
             for grad in MODES:
-                key = f"{loss.__name__}-{where.__name__}-{grad}-{sorted(axis)[0]}"
-                sf = ja.serialize_axis(loss, grad=grad, **axis)
+                key = f"{loss.__name__}-{where.__name__}-{grad}-{axis}"
+                sf = ja.serialize_axis(loss, chunk=3, grad=grad, **axes[axis])
                 try:
                     facts[key] = {"err": rel_err(where(sf)(w, ws, x), ref)}
                 except Exception as e:

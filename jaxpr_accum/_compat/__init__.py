@@ -129,7 +129,7 @@ def _fit_shardings(params: dict[str, Any]) -> dict[str, Any]:
     return params if fitted is None else fitted
 
 
-def _fit_pvary(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any]) -> Any:
+def _fit_pvary(invals: Sequence[Any], params: dict[str, Any]) -> Any:
     """A recorded ``pvary``'s axes less those its operand already varies over (the fused
     mode differentiates replicated inputs as varying, ``_jacobians``); None: nothing left to
     cast, the operand passes through."""
@@ -141,7 +141,7 @@ def bind(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | None = N
     """Re-emit ``eqn`` on ``invals`` (optionally with new params), keeping its source info."""
     params = _fit_shardings(eqn.params if params is None else params)
     if eqn.primitive.name == "pvary":
-        params = _fit_pvary(eqn, invals, params)
+        params = _fit_pvary(invals, params)
         if params is None:
             return list(invals)
     bind_params = eqn.primitive.get_bind_params(params)

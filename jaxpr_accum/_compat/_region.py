@@ -121,7 +121,7 @@ def typed_carry(update: Callable, carry: Any) -> Any:
         )
         if not any(jax.tree_util.tree_leaves(grown, is_leaf=is_axes)):
             return carry
-        carry = jax.tree_util.tree_map(lambda c, g: vary(c, g), carry, grown, is_leaf=is_axes)
+        carry = jax.tree_util.tree_map(vary, carry, grown, is_leaf=is_axes)
 
 
 def union_varying(*trees: Any) -> frozenset:

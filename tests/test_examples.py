@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration  # subprocesses
+# The subprocesses start once per module (one xdist worker: loadgroup).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("examples")]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [

@@ -39,7 +39,8 @@ import pytest
 
 from .oracle import MODES
 
-pytestmark = pytest.mark.integration
+# The processes start once per module (one xdist worker: loadgroup).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("multiprocess")]
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "multiprocess_cases.py"

@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.integration  # a subprocess with 8 CPU devices
+# One subprocess with 8 CPU devices; its module fixture runs once (one xdist worker: loadgroup).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("sharding")]
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "sharding_cases.py"

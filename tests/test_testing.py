@@ -6,7 +6,9 @@ The two seeded defects of the testing issue:
   chunk-size version scales the gradient by 0.999 (the value is unchanged): the check must
   fail and name the one leaf whose gradient is scaled;
 * a ``custom_vjp`` whose backward centres the cotangent over the batch (``g - g.mean(0)``):
-  the library keeps such a call unchunked, so the check must pass in every mode.
+  the library keeps such a call unchunked, so the check must pass in every mode;
+* a rule that is exact as called and scales a gradient only under ``jax.vmap`` (r13's kind):
+  the check must fail in that vmap context and pass with ``vmap=False``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import pytest
 from hypothesis import find, given
 from hypothesis import strategies as st
 from jax.extend.core import Primitive
-from jax.interpreters import ad, mlir
+from jax.interpreters import ad, batching, mlir
 
 import jaxpr_accum as ja
 from jaxpr_accum import testing
+
+from .oracle import modes
 
 MODES = testing.MODES  # what ``check`` tries: every mode but "auto", which is one of them
 
@@ -252,6 +256,68 @@ def test_check_finds_the_seeded_defect():
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "chunk=1" in notes, notes  # shrunk to the smallest chunk
     assert "every float leaf at its own size" in notes, notes  # and the simplest inputs
+
+
+# --------------------------------------------------------------------------------------------
+# Seeded defect 3: exact when called, a gradient scaled by 0.999 only under jax.vmap (r13's kind)
+# --------------------------------------------------------------------------------------------
+
+vmap_seeded_p = Primitive("jaxpr_accum_test_testing_vmap_seeded_identity")
+chunk_vmap_seeded_p = Primitive("jaxpr_accum_test_testing_vmap_seeded_identity_chunk")
+for _p in (vmap_seeded_p, chunk_vmap_seeded_p):
+    _p.def_impl(lambda x: x)
+    _p.def_abstract_eval(lambda x: x)
+    ad.defjvp(_p, lambda g, x: g)
+    mlir.register_lowering(_p, mlir.lower_fun(lambda x: x, multiple_results=False))
+batching.primitive_batchers[vmap_seeded_p] = lambda xs, dims: (vmap_seeded_p.bind(*xs), dims[0])
+
+
+def _scaled_gradient_batched(xs, dims):
+    (x,) = xs
+    return 0.999 * x + jax.lax.stop_gradient(0.001 * x), dims[0]
+
+
+batching.primitive_batchers[chunk_vmap_seeded_p] = _scaled_gradient_batched
+
+
+class _ScalesGradientWhenBatched(_ScalesGradientAtChunkSize):
+    """The chunked program binds a twin primitive: the identity, exact as called, whose
+    batching rule scales the gradient by 0.999 (a chunked program wrong only under vmap)."""
+
+    def resize(self, eqn, r, invals):
+        (x,) = invals
+        return [chunk_vmap_seeded_p.bind(x)]
+
+
+ja.register_rule(vmap_seeded_p, _ScalesGradientWhenBatched())
+
+
+def _vmap_seeded_loss(params, x):
+    b = jnp.broadcast_to(params["b1"], (x.shape[0], params["b1"].shape[0]))
+    h = jnp.tanh(x @ params["w1"] + vmap_seeded_p.bind(b))
+    return jnp.mean((h @ params["w2"]) ** 2)
+
+
+@pytest.mark.parametrize("mode", modes("remat", slow=MODES))
+def test_a_defect_only_under_vmap_is_caught_in_its_context(mode):
+    """The vmap contexts are what fails (item 8 of issue 19: they would have caught r13)."""
+    params, x = _mlp_args()
+    sf = ja.serialize_axis(_vmap_seeded_loss, chunk=3, argnums=1, grad=mode)
+    testing.assert_matches_original(sf, params, x, vmap=False)  # exact as called
+    with pytest.raises(AssertionError) as info:
+        testing.assert_matches_original(sf, params, x, chunks=[3, 4])
+    msg = str(info.value)
+    assert "gradient under jax.vmap over argument 0 at args[0]['b1']" in msg, msg
+    assert "w1" not in msg and "w2" not in msg, msg
+
+
+@pytest.mark.slow
+def test_check_finds_the_defect_only_under_vmap():
+    params, x = _mlp_args()
+    sf = ja.serialize_axis(_vmap_seeded_loss, chunk=3, argnums=1)
+    with pytest.raises(AssertionError, match=r"under jax\.vmap over argument 0"):
+        testing.check(sf, params, x, max_examples=4)
+    testing.check(sf, params, x, max_examples=2, vmap=False)  # the same, as called: passes
 
 
 # --------------------------------------------------------------------------------------------

@@ -134,22 +134,24 @@ def assert_matches_original(
 
     ``vmap``: also compare both under ``jax.vmap``, over an extra leading axis of the chunked
     arguments and over each unchunked argument with a floating leaf (the parameters, a
-    temperature), each batched with a second, different copy of itself.
+    temperature), each batched with a second, different copy of itself. With ``chunks``,
+    each mode is compared under ``vmap`` at the first chunk size (each context is a program
+    of its own), and plainly at every one.
 
     Raises ``AssertionError`` naming the first leaf that differs by its pytree path (for
     example ``gradient at args[0]['params']['Dense_0']['kernel']``), its worst error and
     where it is, and the plan's gradient mode and chunk.
     """
     _check_serialized(sf)
-    check = assert_in_contexts if vmap else _assert_one
     if modes is None and chunks is None:
-        check(sf, args, kwargs, rtol)
+        (assert_in_contexts if vmap else _assert_one)(sf, args, kwargs, rtol)
         return
     plan = sf.explain(*args, **kwargs)
     modes = [sf.grad] if modes is None else list(modes)
     chunks = [plan.chunk] if chunks is None else list(chunks)
     ref = _Reference(sf.original, args, kwargs)
-    for chunk in chunks:
+    for j, chunk in enumerate(chunks):
+        check = assert_in_contexts if vmap and j == 0 else _assert_one
         for mode in modes:
             variant = _variant(sf, mode, int(chunk), plan.axis_size)
             check(variant, args, kwargs, rtol, ref)

@@ -65,7 +65,7 @@ class Vmapped:
 
     def __init__(self, sf: Any, batched: tuple[bool, ...], what: str):
         self.sf, self.batched, self.what = sf, batched, what
-        self.original = _vmapped(sf.original, batched)
+        self.original = _vmapped_original(sf.original, batched)
         self._call = _vmapped(sf, batched)
         self.grad, self.chunk = sf.grad, sf.chunk
 
@@ -86,8 +86,20 @@ class Vmapped:
         )
 
 
-# Per serialized function and context, so that repeated checks reuse compiled runners.
+# Per serialized function and context, so that repeated checks reuse compiled runners; the
+# original's per original function, so that copies in other modes and chunks share it.
 _CACHE: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+_ORIGINALS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+
+
+def _vmapped_original(original: Callable, batched: tuple[bool, ...]) -> Callable:
+    try:
+        cache = _ORIGINALS.setdefault(original, {})
+    except TypeError:  # not weakly referenceable
+        return _vmapped(original, batched)
+    if batched not in cache:
+        cache[batched] = _vmapped(original, batched)
+    return cache[batched]
 
 
 def _chunked_positions(sf: Any, args: tuple) -> set[int]:

@@ -71,3 +71,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "a test is in one tier: marked both 'slow' and 'integration': " + ", ".join(both)
         )
+
+
+class _XdistGroups:
+    """``--dist loadgroup`` on pytest 9: pytest-xdist (3.8) sends the tests of one
+    ``xdist_group`` to one worker by suffixing their node ids with ``@<group>`` through
+    ``item._nodeid``, which pytest 9 no longer reads (it reads ``item._id``), so every group
+    was split over the workers (and a module fixture that starts a subprocess ran on both).
+    The same suffix, where it is missing; nothing where xdist's own took effect."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list) -> None:
+        try:
+            from _pytest.nodeid import coerce_node_id  # pytest 9
+        except ImportError:  # pytest 8: xdist's suffix works
+            return
+        if not getattr(config.option, "loadgroup", False):
+            return
+
+        for item in items:
+            groups = sorted(
+                {
+                    str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")
+                }
+            )
+            if groups and "@" not in item.nodeid and hasattr(item, "_id"):
+                item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_XdistGroups(), "jaxpr_accum_xdist_groups")

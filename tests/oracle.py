@@ -7,6 +7,11 @@ of tolerances by dtype, and ``assert_tree_close``):
 * :func:`covering`, the rows of a parameter matrix too large to run whole in the slow tier
   (every value of one factor with every value of each other factor), or the whole product
   with ``JAXPR_ACCUM_FULL_MATRIX=1``;
+* :func:`assert_matches_original`, the library's, with the suite's choice of ``jax.vmap``
+  contexts: compared in the modes whose custom VJP ``vmap`` must batch (remat and fused, the
+  class of r13), and in every mode with ``JAXPR_ACCUM_FULL_MATRIX=1``. Each context is a
+  program of its own (about 2-3x a test's cost); ``auto`` runs one of those two modes, and
+  ``native`` under ``vmap`` has its own tests (``test_vmap.py``) and the fuzzer's;
 * :data:`NOT_WORTH_IT`, the warning filter for toy programs that the cost model expects to
   save no memory;
 * :func:`iter_eqns` and its helpers walk a (Closed)Jaxpr recursively into every sub-jaxpr,
@@ -24,6 +29,8 @@ from typing import Any
 
 import pytest
 from jax.extend.core import ClosedJaxpr, Jaxpr
+
+from jaxpr_accum import testing
 
 #: ``pytest.mark.filterwarnings(NOT_WORTH_IT)``: for a test whose toy program the cost model
 #: expects to save no memory, where the first call's ``PlanWarning`` is incidental to what the
@@ -50,6 +57,18 @@ def modes(*fast: str, slow: Iterable[str] = ()) -> list:
 
 #: ``JAXPR_ACCUM_FULL_MATRIX=1``: :func:`covering` gives the whole product (a long run).
 FULL_MATRIX = os.environ.get("JAXPR_ACCUM_FULL_MATRIX", "") not in ("", "0")
+
+#: The modes whose checks include the ``jax.vmap`` contexts (every mode with FULL_MATRIX).
+VMAP_CONTEXT_MODES = ("remat", "fused")
+
+
+def assert_matches_original(sf: Any, *args: Any, vmap: bool | None = None, **kwargs: Any) -> None:
+    """``jaxpr_accum.testing.assert_matches_original``; ``vmap=None``: the ``jax.vmap``
+    contexts in :data:`VMAP_CONTEXT_MODES` (``sf``'s mode, or one of ``modes=``)."""
+    if vmap is None:
+        wanted = kwargs.get("modes") or [getattr(sf, "grad", None)]
+        vmap = FULL_MATRIX or any(m in VMAP_CONTEXT_MODES for m in wanted)
+    testing.assert_matches_original(sf, *args, vmap=vmap, **kwargs)
 
 
 def covering(

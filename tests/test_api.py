@@ -14,9 +14,9 @@ from jax import lax
 from jax.extend.core import ClosedJaxpr
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original, assert_tree_close
+from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import modes
+from .oracle import assert_matches_original, modes
 
 N = 12
 CHUNK = 5

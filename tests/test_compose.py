@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original, assert_tree_close
+from jaxpr_accum.testing import assert_tree_close
 
 from . import models
-from .oracle import NOT_WORTH_IT, modes
+from .oracle import NOT_WORTH_IT, assert_matches_original, modes
 
 slow = pytest.mark.slow
 GRAD_MODES = modes("remat", slow=("native",))

@@ -31,9 +31,9 @@ import pytest
 from jax import lax
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original, assert_tree_close
+from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import MODES, NOT_WORTH_IT, covering, modes
+from .oracle import MODES, NOT_WORTH_IT, assert_matches_original, covering, modes
 
 
 def diagonal(names: list[str]) -> list:

@@ -13,9 +13,8 @@ import pytest
 from flax import nnx
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original
 
-from .oracle import modes
+from .oracle import assert_matches_original, modes
 
 
 class DropoutMLP(nnx.Module):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original, assert_tree_close
+from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import NOT_WORTH_IT
+from .oracle import NOT_WORTH_IT, assert_matches_original
 
 RS = np.random.RandomState(0)
 W = jnp.asarray(RS.normal(size=(8, 5)) / 3, jnp.float32)

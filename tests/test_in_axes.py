@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original
+
+from .oracle import assert_matches_original
 
 RS = np.random.RandomState(0)
 W = jnp.asarray(RS.normal(size=(3, 2)) / 3, jnp.float32)

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original, assert_tree_close
+from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import MODES
+from .oracle import MODES, assert_matches_original
 
 slow = pytest.mark.slow
 CHUNK = 7  # divides none of the basis sizes below: every loop has a remainder

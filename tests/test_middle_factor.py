@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original
 
-from .oracle import MODES, covering, modes
+from .oracle import MODES, assert_matches_original, covering, modes
 
 T, B, H, V = 5, 12, 6, 7
 

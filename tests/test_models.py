@@ -6,10 +6,9 @@ import jax.numpy as jnp
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original
 
 from . import models
-from .oracle import modes
+from .oracle import assert_matches_original, modes
 
 # Whole models in every mode and chunk size are the slow tier; the default tier keeps the
 # analysis of the seed (which axis, which chunk).

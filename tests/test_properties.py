@@ -40,9 +40,8 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original
 
-from .oracle import MODES, find_eqns
+from .oracle import MODES, assert_matches_original, find_eqns
 
 PROPERTY_SETTINGS = settings(
     deadline=None,

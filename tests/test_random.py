@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original, assert_tree_close
+from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import iter_eqns
+from .oracle import assert_matches_original, iter_eqns
 
 N = 10
 D = 4

@@ -20,9 +20,8 @@ import functools
 
 import pytest
 
-from jaxpr_accum.testing import assert_matches_original
-
 from . import real_models as rm
+from .oracle import assert_matches_original
 
 pytestmark = pytest.mark.integration
 

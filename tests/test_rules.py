@@ -26,9 +26,9 @@ from jax import lax
 from jax.interpreters import ad, mlir
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original, assert_tree_close
+from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import modes
+from .oracle import assert_matches_original, modes
 
 N = 10
 NOT_WORTH_IT = "(?s).*not expected to save memory"  # the PlanWarning of a plan that saves nothing

@@ -54,9 +54,9 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original, chunk_sizes
+from jaxpr_accum.testing import chunk_sizes
 
-from .oracle import FULL_MATRIX, MODES
+from .oracle import FULL_MATRIX, MODES, assert_matches_original
 
 # Where the region stops at the normaliser, it stacks the logits back to full size and warns
 # that it does not expect to save memory: expected here, where exactness is the subject.

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum.testing import assert_matches_original, assert_tree_close
+from jaxpr_accum.testing import assert_tree_close
 
 from . import models
-from .oracle import eqn_sub_jaxprs, find_eqns, iter_eqns, modes
+from .oracle import assert_matches_original, eqn_sub_jaxprs, find_eqns, iter_eqns, modes
 
 # The checkpoint primitive is called "checkpoint" in older JAX and "remat2" in jax 0.10.
 REMAT_NAMES = ("checkpoint", "remat", "remat2")

@@ -245,9 +245,8 @@ def check(
 
     A plain function: call it inside any test. Uses the active Hypothesis settings profile,
     with ``max_examples`` and no deadline. Needs Hypothesis (``pip install
-    'jaxpr_accum[testing]'``). Each new (mode, chunk) pair traces and compiles once, so the
-    cost grows with ``len(modes)`` times the chunk sizes drawn (plus the vmap contexts once
-    per mode), not with ``max_examples``.
+    'jaxpr_accum[testing]'``). Each new (mode, chunk) pair (and vmap context) compiles once:
+    the cost grows with ``len(modes)`` times the chunk sizes drawn, not ``max_examples``.
     """
     hypothesis = _hypothesis()
     _check_serialized(sf)
@@ -256,7 +255,7 @@ def check(
     d = _shards(sf, (args, kwargs))
     chunks = chunk_sizes(n // d).map(lambda c: c * d) if d > 1 else chunk_sizes(n)
     done: dict[tuple[int, str], str] = {}  # (chunk, requested mode) -> the mode it ran in
-    vmap_chunk: dict[str, int] = {}  # mode -> the chunk its vmap contexts run at
+    vmap_chunk: dict[str, int] = {}  # mode -> the chunk of its vmap contexts: the first drawn
 
     def run(drawn_args: tuple, drawn_kwargs: dict, chunk: int) -> None:
         ref = _Reference(sf.original, drawn_args, drawn_kwargs)
@@ -270,21 +269,16 @@ def check(
             if effective in checked:
                 continue  # e.g. fused fell back to remat, which is checked already
             checked.add(effective)
-            # The vmap contexts at one chunk per mode (the first drawn; the same example
-            # replayed runs them again, so shrinking is deterministic).
             in_contexts = vmap and vmap_chunk.setdefault(effective, chunk) == chunk
             (assert_in_contexts if in_contexts else _assert_one)(
                 variant, drawn_args, drawn_kwargs, rtol, ref
             )
 
+    slow = [hypothesis.HealthCheck.too_slow, hypothesis.HealthCheck.data_too_large]
+    phases = [p for p in hypothesis.Phase if p.name != "explain"]
+
     @hypothesis.settings(
-        max_examples=max_examples,
-        deadline=None,
-        phases=[p for p in hypothesis.Phase if p.name != "explain"],
-        suppress_health_check=[
-            hypothesis.HealthCheck.too_slow,
-            hypothesis.HealthCheck.data_too_large,
-        ],
+        max_examples=max_examples, deadline=None, phases=phases, suppress_health_check=slow
     )
     @hypothesis.given(inputs=_recipes((args, kwargs), _argument_label), chunk=chunks)
     def jaxpr_accum_check(inputs: _Recipe, chunk: int) -> None:

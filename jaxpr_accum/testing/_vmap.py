@@ -92,11 +92,17 @@ _CACHE: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 _ORIGINALS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
 
-def _vmapped_original(original: Callable, batched: tuple[bool, ...]) -> Callable:
+def _entries(cache: weakref.WeakKeyDictionary, owner: Any) -> dict:
+    """``owner``'s entries in ``cache``; a fresh dict where ``owner`` is not weakly
+    referenceable (nothing is then reused)."""
     try:
-        cache = _ORIGINALS.setdefault(original, {})
-    except TypeError:  # not weakly referenceable
-        return _vmapped(original, batched)
+        return cache.setdefault(owner, {})
+    except TypeError:
+        return {}
+
+
+def _vmapped_original(original: Callable, batched: tuple[bool, ...]) -> Callable:
+    cache = _entries(_ORIGINALS, original)
     if batched not in cache:
         cache[batched] = _vmapped(original, batched)
     return cache[batched]
@@ -128,10 +134,7 @@ def contexts(sf: Any, args: tuple) -> list[Vmapped]:
         if i not in chunked and any(map(_is_float, jax.tree.leaves(a)))
     ]
     wanted += [(tuple(i == j for i in range(len(args))), f"argument {j}") for j in free]
-    try:
-        cache = _CACHE.setdefault(sf, {})
-    except TypeError:
-        cache = {}
+    cache = _entries(_CACHE, sf)
     out = []
     for batched, what in wanted:
         if batched not in cache:

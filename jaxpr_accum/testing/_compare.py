@@ -86,11 +86,21 @@ def _fmt_index(index: tuple) -> str:
 
 
 class Difference(NamedTuple):
-    """The result of :func:`tree_difference`.
+    """The result of :func:`tree_difference`: how far apart two pytrees are, and where.
 
-    ``max_abs``: the largest ``|got - ref|`` over all floating leaves. ``max_rel``: the
-    largest of those differences divided by the leaf's scale (see the module docstring);
-    ``path`` and ``index`` locate it (``""`` and ``()`` when every leaf is equal).
+    Attributes:
+        max_abs: The largest ``|got - ref|`` over all floating leaves.
+        max_rel: The largest of those differences divided by the leaf's scale (see the
+            module docstring): what the tolerance is compared with.
+        path: The pytree path of the leaf where ``max_rel`` is (``""`` when every leaf is
+            equal).
+        index: The index of that entry in the leaf (``()`` when every leaf is equal).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from jaxpr_accum import testing
+        >>> testing.tree_difference(jnp.zeros(2), jnp.zeros(2)).max_abs
+        0.0
     """
 
     max_abs: float
@@ -268,8 +278,25 @@ def tree_difference(got: Any, ref: Any) -> Difference:
 
     ``max_rel`` is what :func:`assert_tree_close` compares with the tolerance: each floating
     leaf's ``max|got - ref|`` over ``max(max|ref leaf|, 1e-3 * max over leaves of max|ref|)``.
-    Raises ``AssertionError`` when the trees differ in structure, shapes or dtypes, or their
-    integer, boolean or key leaves differ.
+
+    Args:
+        got: The pytree to measure (the serialized function's result, say).
+        ref: The reference pytree (the original's), of the same structure.
+
+    Returns:
+        A :class:`Difference`: the largest absolute and relative differences and where the
+        relative one is.
+
+    Raises:
+        AssertionError: The trees differ in structure, shapes or dtypes, or their integer,
+            boolean or key leaves differ.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from jaxpr_accum import testing
+        >>> d = testing.tree_difference({"a": jnp.ones(3)}, {"a": jnp.ones(3) * 1.001})
+        >>> round(d.max_rel, 6), d.path
+        (0.000999, "['a']")
     """
     compared = _compare(got, ref, float("inf"), lambda p: _label("", p))
     if compared.mismatch is not None:
@@ -280,8 +307,29 @@ def tree_difference(got: Any, ref: Any) -> Difference:
 def assert_tree_close(got: Any, ref: Any, *, rtol: Tolerance = None, what: str = "output") -> None:
     """Assert that ``got`` matches ``ref`` by the per-leaf rule (see the module docstring).
 
-    ``rtol``: ``None`` for the defaults by dtype, a float for every floating dtype, or a
-    mapping from dtypes to floats. ``what`` names the tree in the message.
+    The comparison alone, for results computed some other way than by
+    :func:`assert_matches_original` (a compiled ``value_and_grad``, a train step).
+
+    Args:
+        got: The pytree to check.
+        ref: The reference pytree, of the same structure.
+        rtol: ``None`` for the defaults by dtype (float64 ``1e-10``, float32 ``2e-4``, 16-bit
+            floats ``2e-2``), a float for every floating dtype, or a mapping from dtypes to
+            floats.
+        what: Names the tree in the message (``"output"``, ``"gradient"``).
+
+    Returns:
+        None, when the trees match.
+
+    Raises:
+        AssertionError: A leaf differs by more than the tolerance (named by its pytree path,
+            with the worst error and its index), or the trees differ in structure, shapes,
+            dtypes or non-floating values.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from jaxpr_accum import testing
+        >>> testing.assert_tree_close(jnp.ones(3) * (1 + 1e-5), jnp.ones(3))
     """
     compared = _compare(got, ref, rtol, lambda p: _label(what, p))
     if compared.mismatch is not None:

@@ -177,14 +177,52 @@ def arrays_like(args: Any) -> Any:
     implementation. Non-array leaves are kept; so are the example arrays' shardings. Flax
     NNX modules come back as new modules with drawn state. Shrinks towards magnitude 1 and
     seed 0.
+
+    Args:
+        args: An example pytree (typically the tuple of a call's arguments).
+
+    Returns:
+        A Hypothesis ``SearchStrategy`` of pytrees like ``args``.
+
+    Raises:
+        ImportError: Hypothesis is not installed.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from hypothesis import given
+        >>> from jaxpr_accum import testing
+        >>> @given(testing.arrays_like((jnp.ones((3, 2)), jnp.arange(4))))
+        ... def test_shapes(args):
+        ...     assert args[0].shape == (3, 2) and args[1].dtype == jnp.arange(4).dtype
+        >>> test_shapes()
     """
     return _recipes(args).map(lambda r: r.build())
 
 
 def chunk_sizes(n: int) -> Any:
-    """A Hypothesis strategy of chunk sizes for an axis of length ``n``: 1, a divisor of
-    ``n``, a non-divisor (the loop then has a remainder), ``n`` (one chunk) and ``n + 3``
-    (more than the axis). Shrinks towards 1."""
+    """A Hypothesis strategy of chunk sizes for an axis of length ``n``.
+
+    Draws the loop's edge cases: 1, a divisor of ``n``, a non-divisor (the loop then has a
+    remainder), ``n`` (one chunk) and ``n + 3`` (more than the axis). Shrinks towards 1.
+
+    Args:
+        n: The axis length, a non-negative int.
+
+    Returns:
+        A Hypothesis ``SearchStrategy`` of positive ints.
+
+    Raises:
+        ValueError: ``n`` is not a non-negative int.
+        ImportError: Hypothesis is not installed.
+
+    Examples:
+        >>> from hypothesis import given
+        >>> from jaxpr_accum import testing
+        >>> @given(testing.chunk_sizes(10))
+        ... def test_chunk(chunk):
+        ...     assert 1 <= chunk <= 13
+        >>> test_chunk()
+    """
     st = _hypothesis().strategies
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"`n` must be a non-negative int (the axis length), got {n!r}")
@@ -232,21 +270,46 @@ def check(
 ) -> None:
     """Check ``sf`` against ``sf.original`` on inputs and chunk sizes drawn by Hypothesis.
 
-    ``args`` and ``kwargs`` are example arguments: each example draws new ones like them
-    (:func:`arrays_like`) and a chunk size for the serialized axis (:func:`chunk_sizes`),
-    and runs :func:`assert_matches_original` in each gradient mode of ``modes`` (a mode
-    that does not apply, fused for a program whose outputs are not sums, falls back as
-    ``"auto"`` would, and is skipped when that fallback is already checked). On failure,
-    Hypothesis shrinks to the smallest counterexample it finds and raises its
-    ``AssertionError``, with the drawn example in the notes.
+    Each example draws arguments like ``args`` and ``kwargs`` (:func:`arrays_like`) and a
+    chunk size for the serialized axis (:func:`chunk_sizes`; multiples of the device count
+    under ``mesh_axis``), and runs :func:`assert_matches_original` in each gradient mode of
+    ``modes`` (a mode that does not apply, fused for a program whose outputs are not sums,
+    falls back as ``"auto"`` would, and is skipped when that fallback is already checked).
 
-    ``vmap``: also compare under ``jax.vmap`` (see :func:`assert_matches_original`), in each
-    mode at one chunk size (the first drawn for it): each context is a program of its own.
+    A plain function: call it inside any test. It uses the active Hypothesis settings
+    profile, with ``max_examples`` and no deadline. Each new (mode, chunk) pair (and vmap
+    context) compiles once: the cost grows with ``len(modes)`` times the chunk sizes drawn,
+    not with ``max_examples``.
 
-    A plain function: call it inside any test. Uses the active Hypothesis settings profile,
-    with ``max_examples`` and no deadline. Needs Hypothesis (``pip install
-    'jaxpr_accum[testing]'``). Each new (mode, chunk) pair (and vmap context) compiles once:
-    the cost grows with ``len(modes)`` times the chunk sizes drawn, not ``max_examples``.
+    Args:
+        sf: A ``SerializedFunction``.
+        *args: Example positional arguments: the drawn ones have their structure, shapes
+            and dtypes.
+        max_examples: How many examples Hypothesis draws.
+        modes: The gradient modes to check (default: ``"remat"``, ``"fused"``,
+            ``"native"``).
+        rtol: The tolerance, as in :func:`assert_matches_original`.
+        vmap: Also compare under ``jax.vmap`` (see :func:`assert_matches_original`), in each
+            mode at one chunk size (the first drawn for it).
+        **kwargs: Example keyword arguments.
+
+    Returns:
+        None, when every example matches.
+
+    Raises:
+        AssertionError: The smallest counterexample Hypothesis found, with the drawn example
+            in the exception's notes.
+        ImportError: Hypothesis is not installed (``pip install -e '.[testing]'`` from a
+            clone, or ``pip install hypothesis``).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import jaxpr_accum as ja
+        >>> from jaxpr_accum import testing
+        >>> def loss(w, x):
+        ...     return jnp.mean(jnp.tanh(x @ w) ** 2)
+        >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
+        >>> testing.check(sf, jnp.ones((3, 2)), jnp.ones((10, 3)), max_examples=4)
     """
     hypothesis = _hypothesis()
     _check_serialized(sf)

@@ -122,25 +122,43 @@ def assert_matches_original(
     compared after the call as well (their random-number counters, say). Both functions run
     under ``jax.jit``, each compiled once per argument structure.
 
-    ``rtol``: ``None`` for the defaults by dtype (float64 ``1e-10``, float32 ``2e-4``,
-    bfloat16 and float16 ``2e-2``), a float for every dtype, or a mapping from dtypes to
-    floats. Each leaf is compared relative to its own magnitude, floored at ``1e-3`` of the
-    largest leaf's; a leaf outside that may still pass within 4x the original's own rounding
-    noise (see the module docstring).
+    Args:
+        sf: A ``SerializedFunction`` (what ``serialize_axis`` returns).
+        *args: The positional arguments of the call to check.
+        rtol: ``None`` for the defaults by dtype (float64 ``1e-10``, float32 ``2e-4``,
+            bfloat16 and float16 ``2e-2``), a float for every dtype, or a mapping from
+            dtypes to floats. Each leaf is compared relative to its own magnitude, floored at
+            ``1e-3`` of the largest leaf's; a leaf outside that may still pass within 4x the
+            original's own rounding noise (see the module docstring).
+        modes: Gradient modes (``"remat"``, ``"fused"``, ``"native"``, ``"auto"``) to check
+            copies of ``sf`` in; ``None``: ``sf``'s own.
+        chunks: Chunk sizes to check copies of ``sf`` at; ``None``: ``sf``'s own. With
+            ``modes``, every combination is checked.
+        vmap: Also compare both under ``jax.vmap``, over an extra leading axis of the chunked
+            arguments and over each unchunked argument with a floating leaf (the
+            parameters, a temperature), each batched with a second, different copy of
+            itself. With ``chunks``, each mode is compared under ``vmap`` at the first chunk
+            size (each context is a program of its own), and plainly at every one.
+        **kwargs: The keyword arguments of the call.
 
-    ``modes``: gradient modes (``"remat"``, ``"fused"``, ``"native"``, ``"auto"``) and
-    ``chunks``: chunk sizes; the check then runs on a copy of ``sf`` for each combination
-    (``sf``'s own mode or chunk where one of them is not given).
+    Returns:
+        None, when everything matches.
 
-    ``vmap``: also compare both under ``jax.vmap``, over an extra leading axis of the chunked
-    arguments and over each unchunked argument with a floating leaf (the parameters, a
-    temperature), each batched with a second, different copy of itself. With ``chunks``,
-    each mode is compared under ``vmap`` at the first chunk size (each context is a program
-    of its own), and plainly at every one.
+    Raises:
+        AssertionError: A leaf differs: the message names it by its pytree path (for
+            example ``gradient at args[0]['params']['Dense_0']['kernel']``), gives its worst
+            error and where it is, and the plan's gradient mode and chunk.
+        TypeError: ``sf`` is not a ``SerializedFunction``.
 
-    Raises ``AssertionError`` naming the first leaf that differs by its pytree path (for
-    example ``gradient at args[0]['params']['Dense_0']['kernel']``), its worst error and
-    where it is, and the plan's gradient mode and chunk.
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import jaxpr_accum as ja
+        >>> from jaxpr_accum import testing
+        >>> def loss(w, x):
+        ...     return jnp.mean(jnp.tanh(x @ w) ** 2)
+        >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
+        >>> w, x = jnp.ones((3, 2)) / 3, jnp.linspace(-1, 1, 30).reshape(10, 3)
+        >>> testing.assert_matches_original(sf, w, x, modes=["remat", "fused"], chunks=[1, 3])
     """
     _check_serialized(sf)
     if modes is None and chunks is None:

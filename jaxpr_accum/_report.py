@@ -113,19 +113,7 @@ class Plan:
         layout: Any,
         budget: Any = None,
     ) -> Plan:
-        """The plan of a chosen candidate (the library's own constructor; see ``explain``).
-
-        Args:
-            chosen: The candidate that runs.
-            candidates: Every candidate considered, ``chosen`` among them.
-            grad: The gradient mode that runs.
-            grad_reason: Why that mode.
-            layout: The device layout of the axis.
-            budget: The chunk search with ``memory=``, else ``None``.
-
-        Returns:
-            The frozen ``Plan``.
-        """
+        """The plan that runs ``chosen`` (the library's constructor; plans come from explain)."""
         split, chunk = chosen.split, chosen.chunk
         n_full, rem = divmod(split.size, chunk)
         counts = {s: split.stages.count(s) for s in (PROLOGUE, BODY, EPILOGUE)}
@@ -155,15 +143,7 @@ class Plan:
 
     @classmethod
     def unchunked(cls, why: str) -> Plan:
-        """The plan of a call that runs the original function as written (the library's own
-        constructor, for a fallback).
-
-        Args:
-            why: The reason, shown as the plan's ``warning``.
-
-        Returns:
-            A ``Plan`` with ``grad="none"`` and nothing chunked.
-        """
+        """The plan of a call that runs the original as written; ``why`` is its warning."""
         return cls(
             axis_size=0,
             chunk=0,

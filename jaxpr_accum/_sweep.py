@@ -46,35 +46,21 @@ from jaxpr_accum._settings import GRAD_MODES, Settings
 class Sweep:
     """What ``SerializedFunction.sweep`` measured: one row per function, the original first.
 
-    For the original and each ``(chunk, grad)`` pair, ``jax.jit(jax.value_and_grad(g))`` was
-    compiled once and measured: XLA's temp bytes, the median time of interleaved rounds, and
-    the largest difference of value and gradients from the original's. ``str(sweep)`` is a
-    table, with notes on rows that failed or chunk another axis than ``sf``'s (automatic mode
-    at a chunk as long as the axis); in a notebook it displays as an HTML table;
-    :meth:`plot` draws memory and time by chunk.
+    ``str(sweep)`` is a table, with notes on rows that failed or chunk another axis than
+    ``sf``'s; in a notebook it is an HTML table; :meth:`plot` draws memory and time by chunk.
 
     Attributes:
-        rows: One dict per function, the original first, with ``chunk`` and ``grad``
-            (``None`` for the original), ``mode`` (the gradient mode the plan took, which
-            ``"auto"`` resolves), ``temp_bytes``, ``time_s`` (median), ``memory_ratio`` and
-            ``time_ratio`` (to the original's), ``max_rel_err`` (the gradients' largest
-            per-leaf relative difference from the original's), ``value_rel_err``, ``axis``
-            (the axis the plan chunks; the original's row: ``sf``'s), ``warning`` (the
-            plan's, if it is not expected to save memory) and ``error`` (``None``, or why
-            the row has no numbers).
+        rows: Dicts with ``chunk`` and ``grad`` (``None`` for the original), ``mode`` (what
+            ``"auto"`` resolved to), ``temp_bytes``, ``time_s`` (median), ``memory_ratio`` and
+            ``time_ratio`` (to the original's), ``max_rel_err`` (gradients) and
+            ``value_rel_err``, ``axis`` (the axis chunked), ``warning`` and ``error``.
         name: The function's name.
         axis_size: The length of the serialized axis.
         argnums: The positional arguments differentiated.
         repeats: The timing rounds.
 
     Examples:
-        >>> import jax.numpy as jnp
-        >>> import jaxpr_accum as ja
-        >>> def loss(w, x):
-        ...     return jnp.mean(jnp.tanh(x @ w) ** 2)
-        >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
-        >>> sweep = sf.sweep(jnp.ones((8, 3)), jnp.ones((10, 8)), chunks=(2, 5), repeats=1,
-        ...                  progress=False)
+        >>> sweep = sf.sweep(w, x, chunks=(2, 5), repeats=1, progress=False)  # as in the docs
         >>> [row["chunk"] for row in sweep.rows]
         [None, 2, 5]
     """
@@ -86,21 +72,13 @@ class Sweep:
     repeats: int
 
     def __str__(self) -> str:
-        """The rows as a text table, one line per function, with notes below it.
-
-        Returns:
-            The table, as ``print(sweep)`` shows it.
-        """
         return _sweep_view.text(self)
 
     def _repr_html_(self) -> str:
         return _sweep_view.html(self)
 
     def plot(self, path: str | None = None) -> Any:
-        """Draw temp memory and time against the chunk, one line per gradient mode.
-
-        The original's figures are dashed horizontal lines; time is on a log scale where it
-        spreads over more than 10x.
+        """Draw temp memory and time against the chunk, one line per mode (original: dashed).
 
         Args:
             path: Where to write the figure as a PNG too; ``None``: nowhere.
@@ -109,11 +87,10 @@ class Sweep:
             The matplotlib ``Figure``.
 
         Raises:
-            ImportError: matplotlib is not installed (``pip install -e '.[plot]'`` from a
-                clone).
+            ImportError: matplotlib is missing (``pip install -e '.[plot]'`` from a clone).
 
         Examples:
-            >>> fig = sweep.plot("sweep.png")  # doctest: +SKIP
+            >>> fig = sweep.plot("sweep.png")
         """
         return _sweep_view.plot(self, path)
 

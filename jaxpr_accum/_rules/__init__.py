@@ -27,60 +27,35 @@ from jaxpr_accum._table import RULES, Rule, resolve
 def register_rule(primitive: Any, rule: Any) -> None:
     """Tell the rewriter how ``primitive`` treats the axis.
 
-    Until a primitive has a rule, it is a barrier: the region stops there and ``explain``
-    says "primitive `X` is not known to be chunkable; register a rule with
-    `ja.register_rule`". The registration is global (per process) and applies to functions
-    planned afterwards. Unlike a ``custom_vjp`` inside your function, which is analysed, a
-    registered rule is taken at its word: a wrong one can make a result wrong, so check the
-    function with ``jaxpr_accum.testing`` afterwards.
+    Until then the primitive is a barrier: ``explain`` says it "is not known to be chunkable".
+    The registration is global and applies to functions planned afterwards. Unlike a
+    ``custom_vjp`` in your function, which is analysed, a registered rule is taken at its word:
+    check the function with ``jaxpr_accum.testing`` afterwards.
 
-    A rule object needs no base class; it has two methods:
+    A rule object needs no base class, only two methods:
 
     - ``propagate(eqn, view)``: ``view.in_loc(i)`` / ``view.out_loc(j)`` give where the axis
-      sits in operand ``i`` / result ``j`` (``None``, or a named tuple ``(dim, inner,
-      outer)``: dimension ``dim`` has length ``outer * N * inner``; ``outer > 1`` is only
-      shown to an object with the attribute ``middle_factor_ok = True``). Record what
-      follows with ``view.set_in(i, loc)`` / ``view.set_out(j, loc)``, or declare
-      ``view.reduce(j, kind)`` (result ``j`` reduces over the axis with monoid ``"sum"``,
-      ``"max"``, ``"min"``, ...), ``view.barrier(reason)`` or ``view.hoist(reason)`` (exact
-      only on the full axis: run before the loop). Propagation runs in both directions until
-      nothing changes, so add only facts that hold whatever is learnt later.
-    - ``resize(eqn, r, invals) -> list``: re-emit the equation on chunk-sized inputs
-      ``invals`` and return its outputs. ``r.k`` is the chunk length, ``r.start`` the
-      (traced) index of the chunk's first position, ``r.in_locs`` / ``r.out_locs`` the axis
-      positions.
+      sits in operand ``i`` / result ``j`` (``None``, or ``(dim, inner, outer)``: dimension
+      ``dim`` has length ``outer * N * inner``; ``outer > 1`` only with the attribute
+      ``middle_factor_ok = True``). Record facts with ``view.set_in(i, loc)`` /
+      ``view.set_out(j, loc)``, ``view.reduce(j, kind)`` (a ``"sum"``, ``"max"``, ...
+      over the axis), ``view.barrier(reason)`` or ``view.hoist(reason)`` (run before the
+      loop). Propagation runs both ways until nothing changes: add only facts that always hold.
+    - ``resize(eqn, r, invals) -> list``: the equation's outputs on chunk-sized ``invals``;
+      ``r.k`` is the chunk length, ``r.start`` the chunk's (traced) first position,
+      ``r.in_locs`` / ``r.out_locs`` the axis positions.
 
     Args:
-        primitive: A JAX primitive (``jax.extend.core.Primitive``), or the name of one of
-            the installed JAX's own primitives.
-        rule: ``"elementwise"`` (the primitive acts on each position independently, and all
-            its full-rank operands have the output's shape; operands of rank 0 or of size 1
-            along the axis are broadcast), or a rule object as above.
-
-    Returns:
-        None.
+        primitive: A JAX primitive, or the name of one of the installed JAX's primitives.
+        rule: ``"elementwise"`` (each position independently; full-rank operands have the
+            output's shape, the others are broadcast), or a rule object as above.
 
     Raises:
-        ValueError: ``primitive`` is a name that no primitive of the installed JAX has.
-        TypeError: ``rule`` is neither ``"elementwise"`` nor an object with ``propagate``
-            and ``resize`` methods.
+        ValueError: ``primitive`` names no primitive of the installed JAX.
+        TypeError: ``primitive`` is not a primitive or a name, or ``rule`` is not a rule.
 
     Examples:
-        >>> import jax.numpy as jnp
-        >>> import jaxpr_accum as ja
-        >>> from jax.extend.core import Primitive
-        >>> from jax.interpreters import mlir
-        >>> def _softsign(x):
-        ...     return x / (1 + jnp.abs(x))
-        >>> softsign_p = Primitive("softsign")
-        >>> softsign_p.def_impl(_softsign)
-        <function _softsign at ...>
-        >>> _ = softsign_p.def_abstract_eval(lambda x: x)
-        >>> mlir.register_lowering(softsign_p, mlir.lower_fun(_softsign, multiple_results=False))
-        >>> ja.register_rule(softsign_p, "elementwise")
-        >>> sf = ja.serialize_axis(lambda x: jnp.sum(softsign_p.bind(x)), chunk=4, argnums=0)
-        >>> sf.explain(jnp.ones((10, 3))).stops
-        []
+        >>> ja.register_rule(softsign_p, "elementwise")  # softsign_p: your own Primitive
     """
     key = resolve(primitive)
     if rule == "elementwise":

@@ -44,8 +44,12 @@ gradient is itself made of rounding errors (``1 - tanh(x)**2`` for a ``tanh`` sa
 draw milder inputs for such a model. A passing check proves the inputs it saw;
 :func:`check` widens them.
 
-Hypothesis is needed only by the strategies and :func:`check` (``pip install
-'jaxpr_accum[testing]'``); importing this module does not need it.
+Hypothesis is needed only by the strategies and :func:`check` (``pip install -e
+'.[testing]'`` from a clone, or ``pip install hypothesis``); importing this module does not
+need it: without it they raise an ``ImportError`` that says so.
+
+The examples in the docstrings assume ``from jaxpr_accum import testing``, a ``loss(w, x)``,
+``sf = jaxpr_accum.serialize_axis(loss, chunk=4, argnums=1)`` and arguments ``w, x``.
 """
 
 from jaxpr_accum.testing._compare import Difference, Tolerance, assert_tree_close, tree_difference

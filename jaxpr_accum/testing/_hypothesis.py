@@ -29,9 +29,7 @@ from jaxpr_accum.testing._variants import _variant
 #: Every gradient mode that ``check`` tries by default.
 MODES = ("remat", "fused", "native")
 
-# --------------------------------------------------------------------------------------------
-# Hypothesis
-# --------------------------------------------------------------------------------------------
+# -- Hypothesis ------------------------------------------------------------------------------------
 
 
 def _hypothesis() -> Any:
@@ -169,59 +167,34 @@ def _recipes(args: Any, label: Callable[[tuple], str] | None = None) -> Any:
 def arrays_like(args: Any) -> Any:
     """A Hypothesis strategy of pytrees with the structure, shapes and dtypes of ``args``.
 
-    Floating leaves are drawn from a normal distribution at the example leaf's root mean
-    square (1 for a leaf of zeros) times a magnitude from ``1e-3`` to ``1e3`` (``1e-2`` to
-    ``1e2`` for 16-bit floats), non-negative where the example leaf is (a scale, a mask).
-    Integer leaves are drawn between the example leaf's minimum and maximum (token ids and
-    labels stay valid), booleans at random, PRNG keys from random key data of the same
-    implementation. Non-array leaves are kept; so are the example arrays' shardings. Flax
-    NNX modules come back as new modules with drawn state. Shrinks towards magnitude 1 and
-    seed 0.
+    Floats: normal, at the example leaf's root mean square times ``1e-3`` to ``1e3``
+    (``1e-2`` to ``1e2`` in 16 bits), non-negative where the example is; integers within the
+    example's range; keys of its implementation. Non-array leaves and shardings are kept; NNX
+    modules come back with drawn state. Shrinks towards magnitude 1.
 
     Args:
-        args: An example pytree (typically the tuple of a call's arguments).
+        args: An example pytree, typically the tuple of a call's arguments.
 
     Returns:
-        A Hypothesis ``SearchStrategy`` of pytrees like ``args``.
-
-    Raises:
-        ImportError: Hypothesis is not installed.
+        A Hypothesis strategy. Raises ``ImportError`` without Hypothesis.
 
     Examples:
-        >>> import jax.numpy as jnp
-        >>> from hypothesis import given
-        >>> from jaxpr_accum import testing
-        >>> @given(testing.arrays_like((jnp.ones((3, 2)), jnp.arange(4))))
-        ... def test_shapes(args):
-        ...     assert args[0].shape == (3, 2) and args[1].dtype == jnp.arange(4).dtype
-        >>> test_shapes()
+        >>> strategy = testing.arrays_like((w, x))
     """
     return _recipes(args).map(lambda r: r.build())
 
 
 def chunk_sizes(n: int) -> Any:
-    """A Hypothesis strategy of chunk sizes for an axis of length ``n``.
-
-    Draws the loop's edge cases: 1, a divisor of ``n``, a non-divisor (the loop then has a
-    remainder), ``n`` (one chunk) and ``n + 3`` (more than the axis). Shrinks towards 1.
+    """A Hypothesis strategy of chunk sizes for an axis of length ``n``, shrinking towards 1.
 
     Args:
-        n: The axis length, a non-negative int.
+        n: The axis length. Draws 1, a divisor, a non-divisor, ``n`` and ``n + 3``.
 
     Returns:
-        A Hypothesis ``SearchStrategy`` of positive ints.
-
-    Raises:
-        ValueError: ``n`` is not a non-negative int.
-        ImportError: Hypothesis is not installed.
+        A strategy of ints. Raises ``ValueError`` for a bad ``n``.
 
     Examples:
-        >>> from hypothesis import given
-        >>> from jaxpr_accum import testing
-        >>> @given(testing.chunk_sizes(10))
-        ... def test_chunk(chunk):
-        ...     assert 1 <= chunk <= 13
-        >>> test_chunk()
+        >>> strategy = testing.chunk_sizes(10)
     """
     st = _hypothesis().strategies
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
@@ -270,46 +243,21 @@ def check(
 ) -> None:
     """Check ``sf`` against ``sf.original`` on inputs and chunk sizes drawn by Hypothesis.
 
-    Each example draws arguments like ``args`` and ``kwargs`` (:func:`arrays_like`) and a
-    chunk size for the serialized axis (:func:`chunk_sizes`; multiples of the device count
-    under ``mesh_axis``), and runs :func:`assert_matches_original` in each gradient mode of
-    ``modes`` (a mode that does not apply, fused for a program whose outputs are not sums,
-    falls back as ``"auto"`` would, and is skipped when that fallback is already checked).
-
-    A plain function: call it inside any test. It uses the active Hypothesis settings
-    profile, with ``max_examples`` and no deadline. Each new (mode, chunk) pair (and vmap
-    context) compiles once: the cost grows with ``len(modes)`` times the chunk sizes drawn,
-    not with ``max_examples``.
+    Each example draws arguments and a chunk, then runs :func:`assert_matches_original` per mode.
 
     Args:
         sf: A ``SerializedFunction``.
-        *args: Example positional arguments: the drawn ones have their structure, shapes
-            and dtypes.
-        max_examples: How many examples Hypothesis draws.
-        modes: The gradient modes to check (default: ``"remat"``, ``"fused"``,
-            ``"native"``).
+        *args: Example arguments (and ``**kwargs``): drawn ones have their shapes and dtypes.
+        max_examples: How many examples Hypothesis draws (no deadline; the active profile).
+        modes: The gradient modes; one that falls back is skipped if its fallback is checked.
         rtol: The tolerance, as in :func:`assert_matches_original`.
-        vmap: Also compare under ``jax.vmap`` (see :func:`assert_matches_original`), in each
-            mode at one chunk size (the first drawn for it).
-        **kwargs: Example keyword arguments.
-
-    Returns:
-        None, when every example matches.
+        vmap: Also compare under ``jax.vmap``, in each mode at the first chunk drawn.
 
     Raises:
-        AssertionError: The smallest counterexample Hypothesis found, with the drawn example
-            in the exception's notes.
-        ImportError: Hypothesis is not installed (``pip install -e '.[testing]'`` from a
-            clone, or ``pip install hypothesis``).
+        AssertionError: The smallest counterexample found, the drawn example in its notes.
 
     Examples:
-        >>> import jax.numpy as jnp
-        >>> import jaxpr_accum as ja
-        >>> from jaxpr_accum import testing
-        >>> def loss(w, x):
-        ...     return jnp.mean(jnp.tanh(x @ w) ** 2)
-        >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
-        >>> testing.check(sf, jnp.ones((3, 2)), jnp.ones((10, 3)), max_examples=4)
+        >>> testing.check(sf, w, x, max_examples=4)
     """
     hypothesis = _hypothesis()
     _check_serialized(sf)

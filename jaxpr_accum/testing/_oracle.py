@@ -114,50 +114,28 @@ def assert_matches_original(
 ) -> None:
     """Assert that ``sf(*args, **kwargs)`` and its derivatives equal ``sf.original``'s.
 
-    Compared: the outputs of a plain call, the outputs under ``jax.vjp``, and the
-    cotangents of every floating-point array leaf of the arguments (keyword arguments
-    included) for a random cotangent on the outputs (for a single scalar output, the
-    gradient). Integer, boolean and PRNG-key leaves are passed through undifferentiated, and
-    outputs of those kinds must be bit-identical. Flax NNX objects among the arguments are
-    compared after the call as well (their random-number counters, say). Both functions run
-    under ``jax.jit``, each compiled once per argument structure.
+    Compared: the outputs of a plain call and under ``jax.vjp``, and the cotangents of every
+    floating array leaf of the arguments for a random output cotangent (the gradient, for one
+    scalar output). Integer, boolean and key outputs must be bit-identical; Flax NNX arguments
+    are compared after the call too. Both run under ``jax.jit``, compiled once per structure.
 
     Args:
-        sf: A ``SerializedFunction`` (what ``serialize_axis`` returns).
-        *args: The positional arguments of the call to check.
-        rtol: ``None`` for the defaults by dtype (float64 ``1e-10``, float32 ``2e-4``,
-            bfloat16 and float16 ``2e-2``), a float for every dtype, or a mapping from
-            dtypes to floats. Each leaf is compared relative to its own magnitude, floored at
-            ``1e-3`` of the largest leaf's; a leaf outside that may still pass within 4x the
-            original's own rounding noise (see the module docstring).
-        modes: Gradient modes (``"remat"``, ``"fused"``, ``"native"``, ``"auto"``) to check
-            copies of ``sf`` in; ``None``: ``sf``'s own.
-        chunks: Chunk sizes to check copies of ``sf`` at; ``None``: ``sf``'s own. With
-            ``modes``, every combination is checked.
-        vmap: Also compare both under ``jax.vmap``, over an extra leading axis of the chunked
-            arguments and over each unchunked argument with a floating leaf (the
-            parameters, a temperature), each batched with a second, different copy of
-            itself. With ``chunks``, each mode is compared under ``vmap`` at the first chunk
-            size (each context is a program of its own), and plainly at every one.
-        **kwargs: The keyword arguments of the call.
-
-    Returns:
-        None, when everything matches.
+        sf: A ``SerializedFunction``.
+        *args: The call's arguments (and ``**kwargs``).
+        rtol: ``None``: by dtype (float64 ``1e-10``, float32 ``2e-4``, 16-bit ``2e-2``); a
+            float; or a mapping from dtypes to floats. Each leaf is compared relative to its
+            own magnitude, or within 4x the original's own rounding noise (module docstring).
+        modes: Gradient modes to check copies of ``sf`` in (``None``: ``sf``'s own).
+        chunks: Chunk sizes to check copies at (``None``: ``sf``'s own); every combination.
+        vmap: Also compare under ``jax.vmap``: over an extra leading axis of the chunked
+            arguments and over each unchunked floating argument (at the first chunk only).
 
     Raises:
-        AssertionError: A leaf differs: the message names it by its pytree path (for
-            example ``gradient at args[0]['params']['Dense_0']['kernel']``), gives its worst
-            error and where it is, and the plan's gradient mode and chunk.
-        TypeError: ``sf`` is not a ``SerializedFunction``.
+        AssertionError: A leaf differs; the message names its pytree path (``gradient at
+            args[0]['params']['Dense_0']['kernel']``), the worst error and where it is, and
+            the plan's mode and chunk.
 
     Examples:
-        >>> import jax.numpy as jnp
-        >>> import jaxpr_accum as ja
-        >>> from jaxpr_accum import testing
-        >>> def loss(w, x):
-        ...     return jnp.mean(jnp.tanh(x @ w) ** 2)
-        >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
-        >>> w, x = jnp.ones((3, 2)) / 3, jnp.linspace(-1, 1, 30).reshape(10, 3)
         >>> testing.assert_matches_original(sf, w, x, modes=["remat", "fused"], chunks=[1, 3])
     """
     _check_serialized(sf)

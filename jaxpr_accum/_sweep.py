@@ -47,7 +47,7 @@ class Sweep:
     """What ``SerializedFunction.sweep`` measured: one row per function, the original first.
 
     ``str(sweep)`` is a table, with notes on rows that failed or chunk another axis than
-    ``sf``'s; in a notebook it is an HTML table; :meth:`plot` draws memory and time by chunk.
+    ``sf``'s; in a notebook it is an HTML table; ``plot`` draws memory and time by chunk.
 
     Attributes:
         rows: Dicts with ``chunk`` and ``grad`` (``None`` for the original), ``mode`` (what

@@ -82,7 +82,7 @@ def _fmt_index(index: tuple) -> str:
 
 
 class Difference(NamedTuple):
-    """The result of :func:`tree_difference`.
+    """The result of ``tree_difference``.
 
     Attributes:
         max_abs: The largest ``|got - ref|`` over the floating leaves.
@@ -269,7 +269,7 @@ def tree_difference(got: Any, ref: Any) -> Difference:
         ref: The reference pytree.
 
     Returns:
-        A :class:`Difference`; its ``max_rel`` is what :func:`assert_tree_close` checks.
+        A ``Difference``; its ``max_rel`` is what ``assert_tree_close`` checks.
 
     Raises:
         AssertionError: Structures, shapes, dtypes or non-floating leaves differ.

@@ -243,14 +243,14 @@ def check(
 ) -> None:
     """Check ``sf`` against ``sf.original`` on inputs and chunk sizes drawn by Hypothesis.
 
-    Each example draws arguments and a chunk, then runs :func:`assert_matches_original` per mode.
+    Each example draws arguments and a chunk, then runs ``assert_matches_original`` per mode.
 
     Args:
         sf: A ``SerializedFunction``.
         *args: Example arguments (and ``**kwargs``): drawn ones have their shapes and dtypes.
         max_examples: How many examples Hypothesis draws (no deadline; the active profile).
         modes: The gradient modes; one that falls back is skipped if its fallback is checked.
-        rtol: The tolerance, as in :func:`assert_matches_original`.
+        rtol: The tolerance, as in ``assert_matches_original``.
         vmap: Also compare under ``jax.vmap``, in each mode at the first chunk drawn.
 
     Raises:

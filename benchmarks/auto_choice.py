@@ -7,7 +7,7 @@ zoo; a full run takes about half an hour on 2 shared cores)::
     python benchmarks/auto_choice.py --quick   # smoke run (minutes): smaller sizes, prints only
     python benchmarks/auto_choice.py --cases eqx-mlp,issue20-mlp   # only these cases
 
-The rule (``grad="auto"``, DESIGN.md and the project's issue 20): auto weighs what each mode
+The rule (``grad="auto"``, docs/api.md, "Gradient modes"): auto weighs what each mode
 adds over the other and (a) its memory is within 10% of the smaller of the two modes' memory;
 (b) among the modes within that 10%, its time is within 10% of the fastest. Target: the rule
 holds on at least 95% of the cases, the misses named.

@@ -9,7 +9,7 @@ Run from the repository root::
     384, 2048 rows, its loss ``mean(h ** 2)`` serialized over the rows (``argnums=1``) in
     chunks of 256 (N/8), in every gradient mode. For each: XLA's temp memory of
     ``jax.jit(jax.jvp)`` (tangents for every weight and for the rows) against the original's
-    (target: at most 0.5, DESIGN.md), the time of that jvp against the original's jvp
+    (target: at most 0.5, docs/benchmarks.md), the time of that jvp against the original's jvp
     (interleaved paired rounds, median of the per-round ratios), the largest relative
     difference of value and tangent, and what ``jax.linearize`` holds: the bytes of the arrays
     its linear function closes over (``jax.tree_util.tree_leaves(f_lin)``), of which those

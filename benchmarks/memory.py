@@ -5,7 +5,7 @@ Run from the repository root (one process, CPU is fine; any backend works)::
     python benchmarks/memory.py            # acceptance table, exit 1 if a target fails
     python benchmarks/memory.py --no-peers # without the hand-written reference rows
 
-Memory is XLA's own accounting (DESIGN.md, "Performance targets"):
+Memory is XLA's own accounting (docs/benchmarks.md, "How figures are measured"):
 ``jax.jit(jax.value_and_grad(f)).lower(*args).compile().memory_analysis().temp_size_in_bytes``.
 
 Targets:

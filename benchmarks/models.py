@@ -7,7 +7,7 @@
 - ``transformer_problem``: a pre-norm Flax linen transformer language-model loss with dropout,
   for microbatching its token batch with ``argnums=1`` (``TransformerConfig.dropout=0``: the
   same model without any random draws).
-- Peers (DESIGN.md, "Performance targets"): for each problem, the hand-written
+- Peers (docs/benchmarks.md, "Targets"): for each problem, the hand-written
   ``lax.scan`` + ``jax.checkpoint`` gradient accumulation that users write today, and
   ``jax.lax.map(batch_size=k)`` with and without ``jax.checkpoint``. They compute the same loss
   (up to reassociation) with the same signature, so they can be measured with the same helpers
@@ -202,7 +202,8 @@ class TransformerConfig:
     vocab: int = 256
     dropout: float = 0.1
     #: Attention dropout drawn per example and head (``u32[batch, heads, seq, seq]``, as in
-    #: DESIGN.md's seed 2), not Flax's default mask broadcast over batch and heads.
+    #: the dropout transformer of docs/faq.md), not Flax's default mask broadcast over batch
+    #: and heads.
     attention_dropout_per_example: bool = True
     seed: int = 0
 

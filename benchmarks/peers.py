@@ -21,12 +21,12 @@ is compiled once and measured:
   (every round runs each chunk size's methods and the original back to back, order rotated).
   A program more than 8x slower than the original in the warm-up round is timed in that round
   only (``n = 1`` in the tables): on XLA:CPU the hand-written peers of the conv decoder hit
-  the conv-in-a-loop trap (DESIGN.md) and take seconds per call;
+  the conv-in-a-loop trap (docs/benchmarks.md) and take seconds per call;
 * exactness: value and gradients from the warm-up round against the original's, largest
   per-leaf relative difference (not for the transformer's peers: they draw their own dropout
   masks per chunk).
 
-The acceptance block at the end grades the targets of DESIGN.md ("Performance targets") and
+The acceptance block at the end grades the targets of docs/benchmarks.md ("Targets") and
 the process exits 1 if one fails.
 """
 
@@ -458,11 +458,11 @@ def commentary(results: dict[str, dict]) -> str:
                 + ", ".join(f"`{n}`" for n in slow_names)
                 + f" run {min(r[s]['time_ratio'] for s in slow):.0f}-{worst:.0f}x slower than "
                 "the original: the weight gradient of a convolution inside a while loop hits "
-                'the conv-in-a-loop trap (DESIGN.md, "Known trap"). The fused and remat modes '
+                "[the conv-in-a-loop trap](#the-conv-in-a-loop-trap). The fused and remat modes "
                 "emit their per-chunk pullbacks with canonical convolutions and take "
                 f"{min(ours):.2f}-{max(ours):.2f}x the original's time. The native mode "
                 "leaves the differentiation of the scan to JAX, so it cannot avoid the trap. "
-                "(The trap is XLA:CPU's, per DESIGN.md; not measured on a GPU here.)"
+                "(The trap is XLA:CPU's; not measured on a GPU here.)"
             )
         else:
             notes.append(

@@ -17,8 +17,9 @@ is hit), best of 3:
 * the same with the automatic axis (``ja.serialize_axis(loss, chunk=4)``): every candidate axis
   is analysed and estimated.
 
-Target (DESIGN.md): the serialized version costs less than 2 s more than plain tracing (wall
-clock; the process CPU time is shown as well, since the machine is shared). Exit 1 if not.
+Target (docs/benchmarks.md, "Targets"): the serialized version costs less than 2 s more than
+plain tracing (wall clock; the process CPU time is shown as well, since the machine is shared).
+Exit 1 if not.
 """
 
 from __future__ import annotations

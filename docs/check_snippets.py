@@ -1,6 +1,6 @@
 """Run the Python snippets of the Markdown pages in docs/ and compare what they print.
 
-Usage: ``python docs/check_snippets.py [-v] [PAGE.md ...]`` (default: every page in ``PAGES``;
+Usage: ``python docs/check_snippets.py [-v] [page ...]`` (default: every page in ``PAGES``;
 ``-v`` prints what each block prints, e.g. to refresh the outputs shown on a page). The test
 suite runs it too: ``tests/test_docs_snippets.py``, in the ``integration`` tier.
 
@@ -53,6 +53,8 @@ PAGES = [
     "quickstart.md",
     "how-it-works.md",
     "api.md",
+    "errors.md",
+    "semantics.md",
     "limitations.md",
     "faq.md",
     "multi-device.md",

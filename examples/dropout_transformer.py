@@ -1,6 +1,6 @@
 """A data-parallel transformer train step with dropout, its batch run in chunks.
 
-The second motivating report (``DESIGN.md`` seed 2): a transformer with dropout, trained
+The second question of ``docs/faq.md``: a transformer with dropout, trained
 data-parallel under ``jit`` with the batch sharded over devices. Every dropout draws random bits
 for every dropped activation (``u32[batch, seq, embed]`` per layer in the MLP,
 ``u32[batch, heads, seq, seq]`` in attention), and those buffers dominate memory.

@@ -1,7 +1,7 @@
 """Monte-Carlo gradients of a stochastic encoder-decoder, decoded a few samples at a time.
 
 This is the model and training loop of the first motivating report ("Accumulation of
-Monte-Carlo gradients within a flax module to avoid OOM error", ``DESIGN.md`` seed 1), as its
+Monte-Carlo gradients within a flax module to avoid OOM error", ``docs/faq.md`` question 1), as its
 author wrote it, with one change: the loss is decorated with ``ja.serialize_axis(chunk=4)``.
 ``jax.vmap(decoder)(z)`` stays inside the Flax module. The rewriter finds the 16-sample axis
 born at ``jax.random.normal(key, (n_samples, ...))``, decodes 4 samples per step of a

@@ -1,6 +1,6 @@
 """Gradient accumulation over microbatches of a Flax NNX model, as one decorator.
 
-The third motivating report (``DESIGN.md`` seed 3): its author wanted gradient accumulation
+The third question of ``docs/faq.md``: its author wanted gradient accumulation
 over microbatches inside an ``@nnx.jit`` train step, tried ``nnx.fori_loop`` / ``nnx.scan``
 with a carry of gradients and the model, and got "nnx.fori_loop requires body function's input
 and output to have the same reference and pytree structure".

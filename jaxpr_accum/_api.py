@@ -201,8 +201,8 @@ def serialize_axis(
     ``in_axes`` (as ``jax.vmap``'s: an int or None per leaf of the positional arguments), the
     one of size ``size``, or else found automatically. Instead of ``chunk``, ``memory`` (bytes, a
     string such as ``"2 GiB"``, or a fraction of the device's memory limit) chooses the
-    largest chunk whose compiled ``value_and_grad`` fits it, per call signature. See
-    DESIGN.md for the full contract.
+    largest chunk whose compiled ``value_and_grad`` fits it, per call signature. The full
+    contract: docs/api.md and docs/semantics.md.
     """
     settings = Settings.validated(
         chunk=chunk,

@@ -1,7 +1,8 @@
 """The demo behind ``python -m jaxpr_accum demo``: the seed-1 model (``_seed1``), original vs
 serialized.
 
-Measurements follow ``DESIGN.md`` ("Performance targets"), by ``SerializedFunction.sweep``:
+Measured as ``docs/benchmarks.md`` says ("How figures are measured"), by
+``SerializedFunction.sweep``:
 
 - memory: XLA's own accounting, ``jax.jit(jax.value_and_grad(f)).lower(*args).compile()
   .memory_analysis().temp_size_in_bytes``, serialized vs original, in one process;
@@ -27,7 +28,7 @@ from jaxpr_accum._cost import format_bytes
 from jaxpr_accum._measure import compare_exact
 from jaxpr_accum._seed1 import QUICK_SEED1, Seed1Config, seed1_problem
 
-#: The relative tolerance on value and gradients (DESIGN.md, issue-2 acceptance).
+#: The relative tolerance on value and gradients (float32's, as ``jaxpr_accum.testing`` uses).
 EXACT_RTOL = 2e-4
 
 

@@ -31,7 +31,51 @@ def _saved(n: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The result of ``SerializedFunction.explain``; ``str(plan)`` is a readable report."""
+    """What the rewriter decided for one call signature, and why: ``SerializedFunction.explain``.
+
+    ``str(plan)`` is the readable report (the chosen axis, the gradient mode, what is hoisted,
+    chunked and left after the loop, what is stacked, and every place the region stopped, with
+    your source lines); in a notebook a plan displays as an HTML table. The fields are the same
+    facts as data. A plan is frozen: build one with ``explain``, never directly.
+
+    Attributes:
+        axis_size: Length ``N`` of the serialized axis (0 when nothing is chunked).
+        chunk: Chunk length ``k``.
+        born: Where the axis first appears: an argument, or an equation and its source line.
+        grad: The gradient mode that runs (``"remat"``, ``"fused"``, ``"native"``; ``"none"``
+            when the function runs as written).
+        grad_reason: Why that mode (for example why fused does not apply).
+        n_chunks: Number of chunks, the remainder's included.
+        remainder: Length of the last chunk when ``k`` does not divide ``N``, else 0.
+        reduced_at: The reductions over the axis, with source lines.
+        counts: Equations ``"prologue"`` (hoisted before the loop), ``"body"`` (chunked) and
+            ``"epilogue"`` (left after the loop).
+        stacked: Outputs of the region that still carry the axis, with their bytes: memory
+            the rewrite did not save.
+        accumulated: Accumulators carried across chunks, with their monoid.
+        stops: Every place the region had to stop: primitive, source line, reason.
+        hoisted: Random draws computed before the loop on the full axis, and why.
+        candidates: Every candidate axis as ``(size, born, estimated bytes saved, chosen)``.
+        layout: One device, or sharded over mesh axes with the per-device chunk.
+        streamed: The streamed normalisers (sums over the axis computed chunk by chunk).
+        warning: Why the plan is not expected to save memory, or ``None``; also the report's
+            first line and a ``PlanWarning`` on the first call.
+        budget: With ``memory=``: the chunk search (what was compiled and measured).
+        pairs: For a program that pairs the axis with itself: the pairing equations.
+        between: What pass 1 stacks for pass 2, with bytes (two-pass plans).
+        second: Pass 2's plan (two-pass plans), else ``None``.
+        savings: Estimated bytes saved by these passes and by the one pass they replace.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import jaxpr_accum as ja
+        >>> def loss(w, x):
+        ...     return jnp.mean(jnp.tanh(x @ w) ** 2)
+        >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
+        >>> plan = sf.explain(jnp.ones((8, 3)), jnp.ones((10, 8)))
+        >>> plan.axis_size, plan.chunk, plan.n_chunks, plan.remainder, plan.stops
+        (10, 4, 3, 2, [])
+    """
 
     axis_size: int
     chunk: int
@@ -69,6 +113,7 @@ class Plan:
         layout: Any,
         budget: Any = None,
     ) -> Plan:
+        """The plan that runs ``chosen`` (the library's constructor; plans come from explain)."""
         split, chunk = chosen.split, chosen.chunk
         n_full, rem = divmod(split.size, chunk)
         counts = {s: split.stages.count(s) for s in (PROLOGUE, BODY, EPILOGUE)}
@@ -98,7 +143,7 @@ class Plan:
 
     @classmethod
     def unchunked(cls, why: str) -> Plan:
-        """The plan of a call that runs the original function as written (``_fallback``)."""
+        """The plan of a call that runs the original as written; ``why`` is its warning."""
         return cls(
             axis_size=0,
             chunk=0,

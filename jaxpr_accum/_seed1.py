@@ -1,5 +1,5 @@
-"""The seed-1 model: the stochastic encoder-decoder of the motivating issue (``DESIGN.md``,
-seed 1), sized by ``Seed1Config``; the demo's problem, and the benchmarks'.
+"""The seed-1 model: a Monte-Carlo encoder-decoder whose decoder is ``vmap``ped over samples
+(``docs/faq.md``, question 1), sized by ``Seed1Config``; the demo's problem, and the benchmarks'.
 
 An encoder produces ``mu, sigma`` of a latent image, 16 Monte-Carlo samples
 ``z = mu + sigma * normal(key, (16, ...))`` are drawn inside the module, and the decoder is

@@ -46,15 +46,23 @@ from jaxpr_accum._settings import GRAD_MODES, Settings
 class Sweep:
     """What ``SerializedFunction.sweep`` measured: one row per function, the original first.
 
-    ``rows``: dicts with ``chunk`` and ``grad`` (None for the original), ``mode`` (the gradient
-    mode the plan took, which ``"auto"`` resolves), ``temp_bytes``, ``time_s`` (median),
-    ``memory_ratio`` and ``time_ratio`` (to the original's), ``max_rel_err`` (the gradients'
-    largest per-leaf relative difference from the original's), ``value_rel_err``, ``axis``
-    (the axis the plan chunks; the original's row: ``sf``'s), ``warning`` (the plan's, if it is
-    not expected to save memory) and ``error`` (None, or why the row has no numbers).
     ``str(sweep)`` is a table, with notes on rows that failed or chunk another axis than
-    ``sf``'s (automatic mode at a chunk as long as the axis); ``sweep.plot()`` draws memory and
-    time by chunk.
+    ``sf``'s; in a notebook it is an HTML table; ``plot`` draws memory and time by chunk.
+
+    Attributes:
+        rows: Dicts with ``chunk`` and ``grad`` (``None`` for the original), ``mode`` (what
+            ``"auto"`` resolved to), ``temp_bytes``, ``time_s`` (median), ``memory_ratio`` and
+            ``time_ratio`` (to the original's), ``max_rel_err`` (gradients) and
+            ``value_rel_err``, ``axis`` (the axis chunked), ``warning`` and ``error``.
+        name: The function's name.
+        axis_size: The length of the serialized axis.
+        argnums: The positional arguments differentiated.
+        repeats: The timing rounds.
+
+    Examples:
+        >>> sweep = sf.sweep(w, x, chunks=(2, 5), repeats=1, progress=False)  # as in the docs
+        >>> [row["chunk"] for row in sweep.rows]
+        [None, 2, 5]
     """
 
     rows: list[dict[str, Any]]
@@ -70,10 +78,20 @@ class Sweep:
         return _sweep_view.html(self)
 
     def plot(self, path: str | None = None) -> Any:
-        """A matplotlib ``Figure``: temp memory and time against the chunk, one line per
-        gradient mode, the original's as a dashed horizontal line (time on a log scale where it
-        spreads over more than 10x); with ``path``, also written there as a PNG. Needs
-        matplotlib: ``pip install 'jaxpr-accum[plot]'``."""
+        """Draw temp memory and time against the chunk, one line per mode (original: dashed).
+
+        Args:
+            path: Where to write the figure as a PNG too; ``None``: nowhere.
+
+        Returns:
+            The matplotlib ``Figure``.
+
+        Raises:
+            ImportError: matplotlib is missing (``pip install -e '.[plot]'`` from a clone).
+
+        Examples:
+            >>> fig = sweep.plot("sweep.png")
+        """
         return _sweep_view.plot(self, path)
 
 

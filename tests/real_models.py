@@ -828,7 +828,7 @@ CASES: list[Case] = [
         128,
         argnums=(1, 2, 3, 4, 5),
         # the advantages are normalised by their mean and std over the minibatch: a statistic
-        # of the whole axis, so that subtraction runs after the loop (DESIGN.md, Plan)
+        # of the whole axis, so that subtraction runs after the loop (docs/how-it-works.md, Plan)
         expected_stops=frozenset({"sub"}),
     ),
     Case(

@@ -1,4 +1,4 @@
-"""Randomness inside the chunked region (DESIGN.md, "Randomness").
+"""Randomness inside the chunked region (``docs/semantics.md``, "Randomness").
 
 Draws inside the region must be bit-identical to the unchunked program's, generated per chunk
 inside the loop (never the full ``u32[N, ...]`` buffer), and recomputed in the backward pass.

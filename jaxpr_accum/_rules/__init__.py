@@ -27,10 +27,35 @@ from jaxpr_accum._table import RULES, Rule, resolve
 def register_rule(primitive: Any, rule: Any) -> None:
     """Tell the rewriter how ``primitive`` treats the axis.
 
-    ``primitive``: a JAX primitive or the name of one of the installed JAX's primitives (an
-    unknown name is a ``ValueError``). ``rule``: ``"elementwise"`` (acts on each position
-    independently, all full-rank operands share the output's shape), or an object with
-    ``propagate(eqn, view)`` and ``resize(eqn, r, invals)`` methods (see ``_table.Rule``).
+    Until then the primitive is a barrier: ``explain`` says it "is not known to be chunkable".
+    The registration is global and applies to functions planned afterwards. Unlike a
+    ``custom_vjp`` in your function, which is analysed, a registered rule is taken at its word:
+    check the function with ``jaxpr_accum.testing`` afterwards.
+
+    A rule object needs no base class, only two methods:
+
+    - ``propagate(eqn, view)``: ``view.in_loc(i)`` / ``view.out_loc(j)`` give where the axis
+      sits in operand ``i`` / result ``j`` (``None``, or ``(dim, inner, outer)``: dimension
+      ``dim`` has length ``outer * N * inner``; ``outer > 1`` only with the attribute
+      ``middle_factor_ok = True``). Record facts with ``view.set_in(i, loc)`` /
+      ``view.set_out(j, loc)``, ``view.reduce(j, kind)`` (a ``"sum"``, ``"max"``, ...
+      over the axis), ``view.barrier(reason)`` or ``view.hoist(reason)`` (run before the
+      loop). Propagation runs both ways until nothing changes: add only facts that always hold.
+    - ``resize(eqn, r, invals) -> list``: the equation's outputs on chunk-sized ``invals``;
+      ``r.k`` is the chunk length, ``r.start`` the chunk's (traced) first position,
+      ``r.in_locs`` / ``r.out_locs`` the axis positions.
+
+    Args:
+        primitive: A JAX primitive, or the name of one of the installed JAX's primitives.
+        rule: ``"elementwise"`` (each position independently; full-rank operands have the
+            output's shape, the others are broadcast), or a rule object as above.
+
+    Raises:
+        ValueError: ``primitive`` names no primitive of the installed JAX.
+        TypeError: ``primitive`` is not a primitive or a name, or ``rule`` is not a rule.
+
+    Examples:
+        >>> ja.register_rule(softsign_p, "elementwise")  # softsign_p: your own Primitive
     """
     key = resolve(primitive)
     if rule == "elementwise":

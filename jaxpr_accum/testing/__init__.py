@@ -3,17 +3,17 @@
 ``serialize_axis`` promises the original's values and gradients. This module checks that
 promise on the user's own function, in the user's own test suite:
 
-- :func:`assert_matches_original` runs ``sf`` and ``sf.original`` on the same arguments and
+- ``assert_matches_original`` runs ``sf`` and ``sf.original`` on the same arguments and
   compares their outputs and their reverse-mode derivatives with respect to every floating
   input leaf (``jax.vjp`` with a random cotangent; the plain gradient for one scalar
   output). ``modes=`` / ``chunks=`` repeat the check on copies of ``sf`` with other gradient
   modes and chunk sizes.
-- :func:`arrays_like` and :func:`chunk_sizes` are Hypothesis strategies: inputs with the
+- ``arrays_like`` and ``chunk_sizes`` are Hypothesis strategies: inputs with the
   structure, shapes and dtypes of example arguments, and chunk sizes that exercise the
   loop's edge cases (1, a divisor, a non-divisor, the whole axis, more than the axis).
-- :func:`check` runs :func:`assert_matches_original` as a Hypothesis property over drawn
+- ``check`` runs ``assert_matches_original`` as a Hypothesis property over drawn
   inputs and chunk sizes in every gradient mode, and fails with the smallest counterexample.
-- :func:`assert_tree_close` and :func:`tree_difference` are the comparison itself, for
+- ``assert_tree_close`` and ``tree_difference`` are the comparison itself, for
   results computed some other way (a train step, a compiled ``value_and_grad``).
 
 **The comparison.** Pytree structure, shapes and dtypes must be equal. Integer, boolean and
@@ -28,7 +28,7 @@ scale of its tree, where reassociation noise belongs. Non-finite entries must ag
 ``1e-10`` for float64 (and complex128), ``2e-4`` for float32 (and complex64), ``2e-2`` for
 bfloat16 and float16.
 
-**The original's own noise.** Where a leaf fails that rule, :func:`assert_matches_original`
+**The original's own noise.** Where a leaf fails that rule, ``assert_matches_original``
 measures how far the original's leaf moves when every value it computes from the floating
 inputs moves by one rounding error (two runs of the original's jaxpr with each such
 equation's result multiplied by ``1 +- eps`` at random; random draws, constants and integer
@@ -42,10 +42,14 @@ values each equation produces, not the rounding inside derivative formulas: wher
 gradient is itself made of rounding errors (``1 - tanh(x)**2`` for a ``tanh`` saturated at
 ``|x| > 9`` everywhere) the check can fail although the rewrite is exact; raise ``rtol`` or
 draw milder inputs for such a model. A passing check proves the inputs it saw;
-:func:`check` widens them.
+``check`` widens them.
 
-Hypothesis is needed only by the strategies and :func:`check` (``pip install
-'jaxpr_accum[testing]'``); importing this module does not need it.
+Hypothesis is needed only by the strategies and ``check`` (``pip install -e
+'.[testing]'`` from a clone, or ``pip install hypothesis``); importing this module does not
+need it: without it they raise an ``ImportError`` that says so.
+
+The examples in the docstrings assume ``from jaxpr_accum import testing``, a ``loss(w, x)``,
+``sf = jaxpr_accum.serialize_axis(loss, chunk=4, argnums=1)`` and arguments ``w, x``.
 """
 
 from jaxpr_accum.testing._compare import Difference, Tolerance, assert_tree_close, tree_difference

@@ -19,9 +19,7 @@ _NOISE_FACTOR = 4.0  # a leaf may also differ by this many times the original's 
 Tolerance = float | Mapping[Any, float] | None
 
 
-# --------------------------------------------------------------------------------------------
-# Leaves
-# --------------------------------------------------------------------------------------------
+# -- Leaves ----------------------------------------------------------------------------------------
 
 
 def _is_array(x: Any) -> bool:
@@ -80,17 +78,17 @@ def _fmt_index(index: tuple) -> str:
     return "()" if not index else "(" + ", ".join(str(int(i)) for i in index) + ")"
 
 
-# --------------------------------------------------------------------------------------------
-# The comparison
-# --------------------------------------------------------------------------------------------
+# -- The comparison --------------------------------------------------------------------------------
 
 
 class Difference(NamedTuple):
-    """The result of :func:`tree_difference`.
+    """The result of ``tree_difference``.
 
-    ``max_abs``: the largest ``|got - ref|`` over all floating leaves. ``max_rel``: the
-    largest of those differences divided by the leaf's scale (see the module docstring);
-    ``path`` and ``index`` locate it (``""`` and ``()`` when every leaf is equal).
+    Attributes:
+        max_abs: The largest ``|got - ref|`` over the floating leaves.
+        max_rel: The largest difference over its leaf's scale (see the module docstring).
+        path: The pytree path of that leaf (``""`` when every leaf is equal).
+        index: The entry's index in that leaf (``()`` when every leaf is equal).
     """
 
     max_abs: float
@@ -266,10 +264,15 @@ def _float_mismatch(
 def tree_difference(got: Any, ref: Any) -> Difference:
     """The largest difference between two pytrees of arrays, by the per-leaf rule.
 
-    ``max_rel`` is what :func:`assert_tree_close` compares with the tolerance: each floating
-    leaf's ``max|got - ref|`` over ``max(max|ref leaf|, 1e-3 * max over leaves of max|ref|)``.
-    Raises ``AssertionError`` when the trees differ in structure, shapes or dtypes, or their
-    integer, boolean or key leaves differ.
+    Args:
+        got: The pytree to measure.
+        ref: The reference pytree.
+
+    Returns:
+        A ``Difference``; its ``max_rel`` is what ``assert_tree_close`` checks.
+
+    Raises:
+        AssertionError: Structures, shapes, dtypes or non-floating leaves differ.
     """
     compared = _compare(got, ref, float("inf"), lambda p: _label("", p))
     if compared.mismatch is not None:
@@ -280,8 +283,17 @@ def tree_difference(got: Any, ref: Any) -> Difference:
 def assert_tree_close(got: Any, ref: Any, *, rtol: Tolerance = None, what: str = "output") -> None:
     """Assert that ``got`` matches ``ref`` by the per-leaf rule (see the module docstring).
 
-    ``rtol``: ``None`` for the defaults by dtype, a float for every floating dtype, or a
-    mapping from dtypes to floats. ``what`` names the tree in the message.
+    Args:
+        got: The pytree to check.
+        ref: The reference pytree.
+        rtol: ``None``: the defaults by dtype; a float; or a mapping from dtypes to floats.
+        what: The tree's name in the message.
+
+    Raises:
+        AssertionError: A leaf differs (named by its path), or the trees differ in structure.
+
+    Examples:
+        >>> testing.assert_tree_close(jax.grad(sf)(w, x), jax.grad(loss)(w, x))
     """
     compared = _compare(got, ref, rtol, lambda p: _label(what, p))
     if compared.mismatch is not None:

@@ -29,9 +29,7 @@ from jaxpr_accum.testing._variants import _variant
 #: Every gradient mode that ``check`` tries by default.
 MODES = ("remat", "fused", "native")
 
-# --------------------------------------------------------------------------------------------
-# Hypothesis
-# --------------------------------------------------------------------------------------------
+# -- Hypothesis ------------------------------------------------------------------------------------
 
 
 def _hypothesis() -> Any:
@@ -169,22 +167,35 @@ def _recipes(args: Any, label: Callable[[tuple], str] | None = None) -> Any:
 def arrays_like(args: Any) -> Any:
     """A Hypothesis strategy of pytrees with the structure, shapes and dtypes of ``args``.
 
-    Floating leaves are drawn from a normal distribution at the example leaf's root mean
-    square (1 for a leaf of zeros) times a magnitude from ``1e-3`` to ``1e3`` (``1e-2`` to
-    ``1e2`` for 16-bit floats), non-negative where the example leaf is (a scale, a mask).
-    Integer leaves are drawn between the example leaf's minimum and maximum (token ids and
-    labels stay valid), booleans at random, PRNG keys from random key data of the same
-    implementation. Non-array leaves are kept; so are the example arrays' shardings. Flax
-    NNX modules come back as new modules with drawn state. Shrinks towards magnitude 1 and
-    seed 0.
+    Floats: normal, at the example leaf's root mean square times ``1e-3`` to ``1e3``
+    (``1e-2`` to ``1e2`` in 16 bits), non-negative where the example is; integers within the
+    example's range; keys of its implementation. Non-array leaves and shardings are kept; NNX
+    modules come back with drawn state. Shrinks towards magnitude 1.
+
+    Args:
+        args: An example pytree, typically the tuple of a call's arguments.
+
+    Returns:
+        A Hypothesis strategy. Raises ``ImportError`` without Hypothesis.
+
+    Examples:
+        >>> strategy = testing.arrays_like((w, x))
     """
     return _recipes(args).map(lambda r: r.build())
 
 
 def chunk_sizes(n: int) -> Any:
-    """A Hypothesis strategy of chunk sizes for an axis of length ``n``: 1, a divisor of
-    ``n``, a non-divisor (the loop then has a remainder), ``n`` (one chunk) and ``n + 3``
-    (more than the axis). Shrinks towards 1."""
+    """A Hypothesis strategy of chunk sizes for an axis of length ``n``, shrinking towards 1.
+
+    Args:
+        n: The axis length. Draws 1, a divisor, a non-divisor, ``n`` and ``n + 3``.
+
+    Returns:
+        A strategy of ints. Raises ``ValueError`` for a bad ``n``.
+
+    Examples:
+        >>> strategy = testing.chunk_sizes(10)
+    """
     st = _hypothesis().strategies
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"`n` must be a non-negative int (the axis length), got {n!r}")
@@ -232,21 +243,21 @@ def check(
 ) -> None:
     """Check ``sf`` against ``sf.original`` on inputs and chunk sizes drawn by Hypothesis.
 
-    ``args`` and ``kwargs`` are example arguments: each example draws new ones like them
-    (:func:`arrays_like`) and a chunk size for the serialized axis (:func:`chunk_sizes`),
-    and runs :func:`assert_matches_original` in each gradient mode of ``modes`` (a mode
-    that does not apply, fused for a program whose outputs are not sums, falls back as
-    ``"auto"`` would, and is skipped when that fallback is already checked). On failure,
-    Hypothesis shrinks to the smallest counterexample it finds and raises its
-    ``AssertionError``, with the drawn example in the notes.
+    Each example draws arguments and a chunk, then runs ``assert_matches_original`` per mode.
 
-    ``vmap``: also compare under ``jax.vmap`` (see :func:`assert_matches_original`), in each
-    mode at one chunk size (the first drawn for it): each context is a program of its own.
+    Args:
+        sf: A ``SerializedFunction``.
+        *args: Example arguments (and ``**kwargs``): drawn ones have their shapes and dtypes.
+        max_examples: How many examples Hypothesis draws (no deadline; the active profile).
+        modes: The gradient modes; one that falls back is skipped if its fallback is checked.
+        rtol: The tolerance, as in ``assert_matches_original``.
+        vmap: Also compare under ``jax.vmap``, in each mode at the first chunk drawn.
 
-    A plain function: call it inside any test. Uses the active Hypothesis settings profile,
-    with ``max_examples`` and no deadline. Needs Hypothesis (``pip install
-    'jaxpr_accum[testing]'``). Each new (mode, chunk) pair (and vmap context) compiles once:
-    the cost grows with ``len(modes)`` times the chunk sizes drawn, not ``max_examples``.
+    Raises:
+        AssertionError: The smallest counterexample found, the drawn example in its notes.
+
+    Examples:
+        >>> testing.check(sf, w, x, max_examples=4)
     """
     hypothesis = _hypothesis()
     _check_serialized(sf)

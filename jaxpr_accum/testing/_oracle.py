@@ -114,33 +114,29 @@ def assert_matches_original(
 ) -> None:
     """Assert that ``sf(*args, **kwargs)`` and its derivatives equal ``sf.original``'s.
 
-    Compared: the outputs of a plain call, the outputs under ``jax.vjp``, and the
-    cotangents of every floating-point array leaf of the arguments (keyword arguments
-    included) for a random cotangent on the outputs (for a single scalar output, the
-    gradient). Integer, boolean and PRNG-key leaves are passed through undifferentiated, and
-    outputs of those kinds must be bit-identical. Flax NNX objects among the arguments are
-    compared after the call as well (their random-number counters, say). Both functions run
-    under ``jax.jit``, each compiled once per argument structure.
+    Compared: the outputs of a plain call and under ``jax.vjp``, and the cotangents of every
+    floating array leaf of the arguments for a random output cotangent (the gradient, for one
+    scalar output). Integer, boolean and key outputs must be bit-identical; Flax NNX arguments
+    are compared after the call too. Both run under ``jax.jit``, compiled once per structure.
 
-    ``rtol``: ``None`` for the defaults by dtype (float64 ``1e-10``, float32 ``2e-4``,
-    bfloat16 and float16 ``2e-2``), a float for every dtype, or a mapping from dtypes to
-    floats. Each leaf is compared relative to its own magnitude, floored at ``1e-3`` of the
-    largest leaf's; a leaf outside that may still pass within 4x the original's own rounding
-    noise (see the module docstring).
+    Args:
+        sf: A ``SerializedFunction``.
+        *args: The call's arguments (and ``**kwargs``).
+        rtol: ``None``: by dtype (float64 ``1e-10``, float32 ``2e-4``, 16-bit ``2e-2``); a
+            float; or a mapping from dtypes to floats. Each leaf is compared relative to its
+            own magnitude, or within 4x the original's own rounding noise (module docstring).
+        modes: Gradient modes to check copies of ``sf`` in (``None``: ``sf``'s own).
+        chunks: Chunk sizes to check copies at (``None``: ``sf``'s own); every combination.
+        vmap: Also compare under ``jax.vmap``: over an extra leading axis of the chunked
+            arguments and over each unchunked floating argument (at the first chunk only).
 
-    ``modes``: gradient modes (``"remat"``, ``"fused"``, ``"native"``, ``"auto"``) and
-    ``chunks``: chunk sizes; the check then runs on a copy of ``sf`` for each combination
-    (``sf``'s own mode or chunk where one of them is not given).
+    Raises:
+        AssertionError: A leaf differs; the message names its pytree path (``gradient at
+            args[0]['params']['Dense_0']['kernel']``), the worst error and where it is, and
+            the plan's mode and chunk.
 
-    ``vmap``: also compare both under ``jax.vmap``, over an extra leading axis of the chunked
-    arguments and over each unchunked argument with a floating leaf (the parameters, a
-    temperature), each batched with a second, different copy of itself. With ``chunks``,
-    each mode is compared under ``vmap`` at the first chunk size (each context is a program
-    of its own), and plainly at every one.
-
-    Raises ``AssertionError`` naming the first leaf that differs by its pytree path (for
-    example ``gradient at args[0]['params']['Dense_0']['kernel']``), its worst error and
-    where it is, and the plan's gradient mode and chunk.
+    Examples:
+        >>> testing.assert_matches_original(sf, w, x, modes=["remat", "fused"], chunks=[1, 3])
     """
     _check_serialized(sf)
     if modes is None and chunks is None:

@@ -2,9 +2,10 @@
 
 A call traces and compiles the built program first (the library's stages: a failure there runs
 the original, ``test_fallback``), then runs it uncaught. So an exception raised by the user's
-code at run time (a raising ``io_callback``, a ``checkify`` check, ``jax_debug_nans`` /
-``jax_debug_infs``) propagates as the original raises it: same type, same message, no
-``PlanWarning``, nothing run twice. Callbacks fire as often as in the original in every way of
+code at run time (a raising ``io_callback``, ``pure_callback`` or ``debug.callback``, a
+``checkify`` check, ``jax_debug_nans`` / ``jax_debug_infs``) propagates as the original raises
+it (under ``jax.jit`` for a debug callback): same type, same first line, no ``PlanWarning``,
+nothing run twice. Callbacks fire as often as in the original in every way of
 calling (plain, ``jit``, ``grad``, ``value_and_grad``, ``jit(grad)``) and every gradient mode,
 ``memory=`` included (planning compiles, never runs). The tests run lenient
 (``JAXPR_ACCUM_STRICT=0``), so a fallback would show as a warning and a second run rather than
@@ -56,6 +57,18 @@ def features(w, x):
 def raising_loss(w, x):
     loss = jnp.mean(features(w, x) ** 2)
     io_callback(refuse, None, jax.lax.stop_gradient(loss))  # ordered: raised at a later barrier
+    return loss
+
+
+def raising_pure_loss(w, x):
+    loss = jnp.mean(features(w, x) ** 2)
+    out = jax.ShapeDtypeStruct((), jnp.float32)
+    return loss + jax.pure_callback(lambda v: refuse(v) or v, out, jax.lax.stop_gradient(loss))
+
+
+def raising_debug_loss(w, x):
+    loss = jnp.mean(features(w, x) ** 2)
+    jax.debug.callback(refuse, loss)
     return loss
 
 
@@ -140,6 +153,24 @@ def test_a_raising_callback_raises_once_as_in_the_original(how, grad):
     assert_raises_as_the_original(CALLS[how], raising_loss, sf, jax.errors.JaxRuntimeError)
     assert calls == {"refused": 1}
     assert "the user's callback refuses the loss" in str(outcome(CALLS[how], sf)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "loss, how",
+    [(raising_pure_loss, h) for h in CALLS if h != "jit_grad"]
+    + [(raising_debug_loss, h) for h in CALLS],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_pure_and_debug_callbacks_raise_once_as_in_the_original(loss, how):
+    """Compared with the original under ``jax.jit``: eagerly, JAX calls a debug callback
+    directly (its exception unwrapped); compiled, as the serialized function always is, it
+    wraps it in a ``JaxRuntimeError``, as it does any callback's. (Under ``jit(grad)`` a pure
+    callback that only the value needs is dead code: it may not run at all.)"""
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad="remat")
+    assert sf.explain(W, X).counts["body"] > 0
+    assert_raises_as_the_original(CALLS[how], jax.jit(loss), sf, jax.errors.JaxRuntimeError)
+    assert calls == {"refused": 1}
 
 
 @pytest.mark.parametrize(

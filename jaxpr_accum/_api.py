@@ -6,7 +6,11 @@ shapes) is checked at the first call with those shapes, before anything is trace
 (``_arguments``). Each distinct call signature (avals, placements and static leaves) is traced,
 planned, built and validated once (``_prepare``), like ``jax.jit``; a function that closes
 over tracers of an enclosing transformation is re-traced on each call. The plan cache is
-LRU-bounded (``CACHE_SIZE`` signatures per function). Flax NNX graph nodes among the
+LRU-bounded (``CACHE_SIZE`` signatures per function). A call first traces and compiles the
+built program (``_fallback.ready``: an internal error there runs the original instead), then
+runs it uncaught: an error raised while it runs (a callback's, ``checkify``'s,
+``jax_debug_nans``') is the user's, raised as it is, and nothing is run twice. Flax NNX graph
+nodes among the
 arguments are handled by one dispatch helper (``_nnx``). The public methods are JAX API
 boundaries: an error raised through them shows the user's frames only
 (``JAX_TRACEBACK_FILTERING=off`` shows all).
@@ -24,7 +28,14 @@ import jax
 from jaxpr_accum import _arguments, _budget, _compat, _fallback, _nnx, _trace
 from jaxpr_accum._compat import ClosedJaxpr
 from jaxpr_accum._errors import warn
-from jaxpr_accum._prepare import CACHE_SIZE, LRU, Planner, Prepared, float_arguments
+from jaxpr_accum._prepare import (
+    CACHE_SIZE,
+    LRU,
+    Planner,
+    Prepared,
+    float_arguments,
+    run_as_written,
+)
 from jaxpr_accum._report import Plan
 from jaxpr_accum._settings import SETTING_NAMES, Settings
 from jaxpr_accum._sweep import Sweep, measure_sweep
@@ -88,13 +99,17 @@ class SerializedFunction:
         if prepared.plan.warning and not prepared.warned and split is not None and split.size:
             prepared.warned = True
             warn(f"{self!r}: {prepared.plan.warning}")
-        try:
-            outs = prepared.jitted(*inputs)
+        original = functools.partial(run_as_written, prepared.traced.jaxpr)
+        try:  # the library's stages of the call, before anything of the user's runs
+            compiles = _fallback.ready(prepared.jitted, inputs, prepared.ready, original)
         except Exception as error:
             if prepared.as_written or _fallback.strict():
                 raise
             warn(_fallback.at_call(error))
             return self.original(*args, **kwargs)
+        if not compiles:  # nor does the function as written: it runs as written
+            return self.original(*args, **kwargs)
+        outs = prepared.jitted(*inputs)  # runs the user's code: what it raises is the user's
         return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
 
     @_compat.api_boundary

@@ -9,6 +9,13 @@ abstractly (``jax.eval_shape`` of a VJP), so that a failure that would only surf
 step. The first attempt that gets through is used; if it is not the first, one
 ``PlanWarning`` names the internal error, the stage where it happened and what runs instead.
 
+At call time (``ready``) the built program is traced, and for a call that runs now lowered
+and compiled, before it runs: a failure there is the library's and runs the original for that
+call. The run itself is never caught: nothing of the user's has run before it, everything
+after it is the user's (a callback's exception, ``checkify``, ``jax_debug_nans``), raised as
+it is, and a fallback would run the user's callbacks twice. Planning never runs the program
+either (measurements compile at abstract inputs; validation traces).
+
 What is never caught: a ``SerializeError`` of the first attempt (the documented answer for a
 program with nothing to chunk), and ``ArgumentError`` (a bad argument of the user's); errors
 raised by the user's own function while it is traced run before any attempt. A backward pass
@@ -98,8 +105,35 @@ def _message(failures: list[str], instead: str) -> str:
 
 
 def at_call(error: BaseException) -> str:
-    """The warning for a call whose built program failed to trace although it validated."""
+    """The warning for a call whose built program failed to trace or compile although it
+    validated."""
     return _message([describe(error)], "the original function, unchunked, for this call")
+
+
+def ready(jitted: Any, inputs: Sequence, done: set[bool], original: Callable) -> bool:
+    """The library's stages of a call, run ahead of it so that their failures are told from
+    the user's: trace ``jitted`` at ``inputs`` and, for a call that runs now (no enclosing
+    transformation traces it), lower and compile it; JAX's caches hand the call itself what
+    was made here. Once per kind of call (``done``: the kinds already made). False where the
+    ``original`` (a function of the same inputs) does not lower either (a ``checkify.check``
+    outside ``checkify``): not ours, the call runs the function as written."""
+    now = _compat.runs_now() and not any(isinstance(x, jax.core.Tracer) for x in inputs)
+    if now in done:
+        return True
+    with stage("tracing the built program for this call"):
+        traced = jitted.trace(*inputs)
+    if now:
+        try:
+            with stage("compiling the built program for this call"):
+                traced.lower().compile()
+        except Exception:
+            try:
+                jax.jit(original).trace(*inputs).lower()
+            except Exception:
+                return False
+            raise
+    done.add(now)
+    return True
 
 
 def validate(run: Callable, inputs: Sequence, original: Callable) -> None:

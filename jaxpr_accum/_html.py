@@ -68,15 +68,16 @@ def plan_html(plan: Any) -> str:
                 [f"{a}: {format_bytes(n)}" for a, n in plan.between],
             ),
             _one_plan(dataclasses.replace(plan, warning=None), head),
-            "" if plan.second is None else _one_plan(plan.second, "pass 2: the pairs by rows"),
+            "" if plan.second is None else _one_plan(plan.second, "pass 2: the pairs by rows", 2),
             "</div>",
         ]
     )
 
 
-def _one_plan(plan: Any, title: str) -> str:
+def _one_plan(plan: Any, title: str, pass_: int = 1) -> str:
     """One region at a glance: axis, chunks, gradient mode and why, equation counts, the
-    estimated saving, the warning; then the stops (with their source lines) and the rest."""
+    estimated saving, the warning; then the stops of pass ``pass_`` (with their source
+    lines) and the rest."""
     counts = [plan.counts[s] for s in (PROLOGUE, BODY, EPILOGUE)]
     chunks = f"{plan.chunk} ({plan.n_chunks} chunk{'s' if plan.n_chunks != 1 else ''}" + (
         f", the last of {plan.remainder})" if plan.remainder else ")"
@@ -103,12 +104,13 @@ def _one_plan(plan: Any, title: str) -> str:
     body = "".join(f"<tr>{cell(k, 'th')}{cell(v)}</tr>" for k, v in rows)
     note = "" if plan.warning is None else f"<div {_NOTE}>note: {escape(plan.warning)}</div>"
     others = sorted((c for c in plan.candidates if not c[3]), key=lambda c: -c[2])
+    stops = [s for s in plan.stops if getattr(s, "pass_", 1) == pass_]  # a plain string: 1
     return "".join(
         [
             f"<div><strong>{escape(title)}</strong>",
             note,
             f"<table {TABLE}>{body}</table>",
-            items("the region stopped at", plan.stops),
+            items("the region stopped at", stops),
             items("reduced at", plan.reduced_at),
             items("streamed normalisers", plan.streamed),
             items("accumulated across chunks", plan.accumulated),

@@ -76,6 +76,7 @@ class Prepared:
         self.traced, self.split, self.plan, self.as_written = traced, split, plan, as_written
         self.run = run if run is not None else functools.partial(run_as_written, traced.jaxpr)
         self.jitted = jax.jit(self.run)
+        self.ready: set[bool] = set()  # the kinds of call compiled for (``_fallback.ready``)
         self.warned = split is None
 
     @classmethod

@@ -29,6 +29,19 @@ def _saved(n: int) -> str:
     return format_bytes(n) if n >= 0 else f"-{format_bytes(-n)} (costs memory)"
 
 
+class PlanStop(str):
+    """One place where a region stopped, as readable text (```prim` at file:line: why``),
+    with the pass it belongs to: ``pass_`` is 1, or 2 for the second pass of a two-pass
+    plan. A ``str``, so that code reading ``plan.stops`` as text keeps working."""
+
+    pass_: int
+
+    def __new__(cls, text: str, pass_: int = 1) -> PlanStop:
+        stop = super().__new__(cls, text)
+        stop.pass_ = pass_
+        return stop
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What the rewriter decided for one call signature, and why: ``SerializedFunction.explain``.
@@ -88,7 +101,7 @@ class Plan:
     counts: dict[str, int]
     stacked: list[tuple[str, int]]
     accumulated: list[str]
-    stops: list[str]
+    stops: list[PlanStop]  # every stop of every pass, each with its ``pass_``
     hoisted: list[str]
     candidates: list[tuple[int, str, int, bool]]
     layout: str
@@ -130,7 +143,7 @@ class Plan:
             stacked=[(str(v.aval), nbytes(v)) for v, _ in split.stacked],
             accumulated=[f"{v.aval} (sum)" for v in split.sums]
             + [f"{v.aval} ({kind})" for v, kind in split.partials],
-            stops=[str(s) for s in split.stops],
+            stops=[PlanStop(str(s)) for s in split.stops],
             hoisted=[str(s) for s in split.hoisted_draws],
             candidates=[
                 (c.split.size, c.split.born, c.net_saving, c is chosen) for c in candidates
@@ -174,7 +187,7 @@ class Plan:
         if self.second is None:
             return "\n".join(lines + self._lines("one pass by rows: "))
         lines += self._lines("pass 1, the per-example part: ")
-        lines += self.second._lines("pass 2, the pairs by rows: ")
+        lines += self.second._lines("pass 2, the pairs by rows: ", pass_=2)
         return "\n".join(lines)
 
     def _pairs_lines(self) -> list[str]:
@@ -201,7 +214,9 @@ class Plan:
             )
         return lines
 
-    def _lines(self, title: str) -> list[str]:
+    def _lines(self, title: str, pass_: int = 1) -> list[str]:
+        """The section of one pass; of ``stops``, those of pass ``pass_`` (a plain string: 1)."""
+        stops = [s for s in self.stops if getattr(s, "pass_", 1) == pass_]
         lines = [
             f"{title}axis of size {self.axis_size} in chunks of {self.chunk} "
             f"({self.n_chunks} chunk{'s' if self.n_chunks != 1 else ''}"
@@ -229,9 +244,9 @@ class Plan:
         if self.hoisted:
             lines.append("  computed before the loop on the full axis:")
             lines.extend(f"    {h}" for h in self.hoisted)
-        if self.stops:
+        if stops:
             lines.append("  the region stopped at:")
-            lines.extend(f"    {s}" for s in self.stops)
+            lines.extend(f"    {s}" for s in stops)
         others = [c for c in self.candidates if not c[3]]
         if others:
             lines.append("  candidate axes (estimated bytes saved by chunking, higher is better):")

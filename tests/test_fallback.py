@@ -1,14 +1,16 @@
 """Fail-safe: an internal error never reaches a user whose original function runs.
 
 Faults are injected into each stage (planning, streaming, resizing, building, the forward
-pass, the backward pass, the fused Jacobians, a call that fails after validating); the call
-still returns the original's values and gradients, with one warning that names the internal
-error and what runs instead. ``JAXPR_ACCUM_STRICT=1`` (the suite's default) raises instead.
+pass, the backward pass, the fused Jacobians, a call that fails to compile after validating);
+the call still returns the original's values and gradients, with one warning that names the
+internal error and what runs instead. ``JAXPR_ACCUM_STRICT=1`` (the suite's default) raises
+instead. The user's own errors at run time are never fallbacks (``test_user_errors``).
 """
 
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -97,15 +99,34 @@ def test_the_stage_is_named(monkeypatch):
     assert "while tracing the forward and backward passes" in str(fallbacks[0].message)
 
 
-def test_a_call_that_fails_after_validating_runs_the_original(monkeypatch):
+class _FailsToCompile:
+    """A built program that traces but fails to lower, as an internal lowering bug would."""
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+
+    def trace(self, *inputs):
+        self.jitted.trace(*inputs)
+        return SimpleNamespace(lower=_raise)
+
+    def __call__(self, *inputs):
+        return self.jitted(*inputs)
+
+
+def test_a_call_that_fails_to_compile_after_validating_runs_the_original(monkeypatch):
+    """The call's own library stages (``_fallback.ready``: trace, lower, compile) fall back
+    for that call, before anything runs; strict mode raises."""
     monkeypatch.setenv("JAXPR_ACCUM_STRICT", "0")
     sf = ja.serialize_axis(mlp, chunk=3, argnums=1)
-    sf(W, X)
+    sf.explain(W, X)  # planned and validated, not yet compiled
     (prepared,) = sf._cache.values()
-    prepared.jitted = _raise
-    with pytest.warns(ja.PlanWarning, match="internal error.*for this call"):
+    prepared.jitted = _FailsToCompile(prepared.jitted)
+    with pytest.warns(ja.PlanWarning, match="Injected while compiling.*for this call"):
         got = sf(W, X)
     assert_tree_close(got, mlp(W, X))
+    monkeypatch.setenv("JAXPR_ACCUM_STRICT", "1")
+    with pytest.raises(Injected):
+        sf(W, X)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from html import escape
 
 import jax
 import jax.numpy as jnp
@@ -337,6 +338,65 @@ def test_explain_shows_both_passes():
     assert plan.second.axis_size == N and plan.second.counts["body"] > 0
     html = plan._repr_html_()
     assert "pass 2: the pairs by rows" in html and "nt_xent" in html and "float32[16,4]" in html
+
+
+def gp_negative_log_likelihood(w, x, y, lengthscale):
+    """A Gaussian process's marginal likelihood on learnt features: the kernel matrix over
+    the batch pairs it with itself, and its ``cholesky`` couples every row (a pass-2 stop)."""
+    h = encode(w, x)
+    sq = jnp.sum(h * h, axis=-1)
+    k = jnp.exp(-(sq[:, None] + sq[None, :] - 2.0 * h @ h.T) / lengthscale)
+    low = jnp.linalg.cholesky(k + 0.1 * jnp.eye(x.shape[0]))
+    alpha = jax.scipy.linalg.cho_solve((low, True), y)
+    return 0.5 * y @ alpha + jnp.sum(jnp.log(jnp.diag(low)))
+
+
+def _shown_by_pass(plan) -> tuple[str, str]:
+    """The stops listed in the report's and in the HTML's pass-2 section (after its title)."""
+    return str(plan).split("pass 2, the pairs by rows")[1], plan._repr_html_().split(
+        "pass 2: the pairs by rows"
+    )[1]
+
+
+def test_plan_stops_are_every_stop_of_every_pass():
+    """Issue 30: a pass-2 stop is in ``plan.stops`` (with ``pass_ == 2``), not only in
+    ``plan.second.stops``; the report and the HTML list each stop in its own pass."""
+    rs, n = np.random.RandomState(21), 2 * N  # two passes save more than one from here on
+    w = (_normal(rs, D, 16, scale=0.5), _normal(rs, 16, E, scale=0.5))
+    args = (w, _normal(rs, n, D), _normal(rs, n), jnp.float32(2.0))
+    f = gp_negative_log_likelihood
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "(?s).*not expected to save", ja.PlanWarning)
+        sf = ja.serialize_axis(f, chunk=5, argnums=1, grad="remat")
+        plan = sf.explain(*args)
+        assert_tree_close(jax.value_and_grad(sf)(*args), jax.value_and_grad(f)(*args))
+    assert plan.second is not None and plan.second.stops, str(plan)
+    assert [s.pass_ for s in plan.stops] == sorted(s.pass_ for s in plan.stops)
+    second = [s for s in plan.stops if s.pass_ == 2]
+    assert second == plan.second.stops and all(s.pass_ == 2 for s in plan.second.stops)
+    assert [s for s in plan.stops if s.pass_ == 1] == plan.stops[: len(plan.stops) - len(second)]
+    text, html = _shown_by_pass(plan)
+    for stop in plan.stops:
+        assert (stop in text) == (stop.pass_ == 2) and stop in str(plan), (stop, str(plan))
+        assert (escape(stop) in html) == (stop.pass_ == 2), (stop, html)
+        assert escape(stop) in plan._repr_html_()
+
+
+@pytest.mark.slow
+def test_a_one_pass_plan_has_its_stops_in_pass_1():
+    def f(w, x):
+        return jnp.sum(jnp.tanh(jnp.cumsum(encode(w, x), axis=0)))  # stops at `cumsum`
+
+    rs = np.random.RandomState(23)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "(?s).*not expected to save", ja.PlanWarning)
+        plan = ja.serialize_axis(f, chunk=3, argnums=1, grad="remat").explain(
+            _params(24), _normal(rs, N, D)
+        )
+    assert plan.second is None and plan.stops and "cumsum" in plan.stops[0], str(plan)
+    assert all(s.pass_ == 1 for s in plan.stops)
+    for stop in plan.stops:
+        assert stop in str(plan) and escape(stop) in plan._repr_html_()
 
 
 @pytest.mark.slow

@@ -169,3 +169,11 @@ def differentiated(x: Any) -> bool | None:
     if isinstance(x, ad):
         return not is_zero(x.tangent)
     return None
+
+
+def runs_now() -> bool:
+    """Whether an equation bound here runs now: no transformation traces the current call
+    (JAX's current trace is its eval trace). Under ``jax.jit``, ``jax.grad``, ``jax.vmap`` or
+    ``checkify`` the call is traced (whatever its arguments: ``checkify`` passes arrays)."""
+    ctx = internal("jax._src.core.trace_ctx")
+    return isinstance(ctx.trace, internal("jax._src.core.EvalTrace"))

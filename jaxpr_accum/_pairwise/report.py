@@ -10,7 +10,7 @@ from typing import Any
 from jaxpr_accum import _compat
 from jaxpr_accum._cost import nbytes
 from jaxpr_accum._pairwise.plan import TwoPass, describe_value
-from jaxpr_accum._report import Plan
+from jaxpr_accum._report import Plan, PlanStop
 
 
 def pairs(two: TwoPass, names: dict) -> list[str]:
@@ -29,16 +29,18 @@ def pairs(two: TwoPass, names: dict) -> list[str]:
 
 def plan_of(two: TwoPass, grads: Sequence[tuple[str, str]], layout: Any, names: dict) -> Plan:
     """The ``Plan`` of the two passes: pass 1's (or, without one, pass 2's) with the pairings,
-    what pass 1 stacks and pass 2's plan as ``second``."""
+    what pass 1 stacks and pass 2's plan as ``second``; its ``stops`` are both passes'."""
     plans = [
         Plan.from_candidate(c, [c], grad, why, layout)
         for c, (grad, why) in zip(two.passes, grads, strict=True)
     ]
     second = None
     if len(plans) == 2:
-        second = dataclasses.replace(plans[1], warning=None)
+        stops = [PlanStop(s, pass_=2) for s in plans[1].stops]
+        second = dataclasses.replace(plans[1], warning=None, stops=stops)
     return dataclasses.replace(
         plans[0],
+        stops=plans[0].stops + ([] if second is None else second.stops),
         warning=two.warning(),
         pairs=pairs(two, names),
         between=[(str(v.aval), nbytes(v)) for v in two.stacked],

@@ -1,0 +1,247 @@
+"""The user's errors stay the user's (issue 30, item 5).
+
+A call traces and compiles the built program first (the library's stages: a failure there runs
+the original, ``test_fallback``), then runs it uncaught. So an exception raised by the user's
+code at run time (a raising ``io_callback``, ``pure_callback`` or ``debug.callback``, a
+``checkify`` check, ``jax_debug_nans`` / ``jax_debug_infs``) propagates as the original raises
+it (under ``jax.jit`` for a debug callback): same type, same first line, no ``PlanWarning``,
+nothing run twice. Callbacks fire as often as in the original in every way of
+calling (plain, ``jit``, ``grad``, ``value_and_grad``, ``jit(grad)``) and every gradient mode,
+``memory=`` included (planning compiles, never runs). The tests run lenient
+(``JAXPR_ACCUM_STRICT=0``), so a fallback would show as a warning and a second run rather than
+as the strict suite's error.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify, io_callback
+
+import jaxpr_accum as ja
+
+from .oracle import MODES
+
+_rs = np.random.RandomState(30)
+W = jnp.asarray(_rs.normal(size=(6, 6)) * 0.4, jnp.float32)
+X = jnp.asarray(_rs.normal(size=(24, 6)), jnp.float32)
+NOT_WORTH_IT = "(?s).*not expected to save"
+
+calls: dict[str, int] = {}
+
+
+def count(name: str):
+    def callback(*values):
+        calls[name] = calls.get(name, 0) + 1
+
+    return callback
+
+
+class UserError(Exception):
+    pass
+
+
+def refuse(loss):
+    calls["refused"] = calls.get("refused", 0) + 1
+    raise UserError(f"the user's callback refuses the loss {float(loss):.3f}")
+
+
+def features(w, x):
+    return jnp.tanh(jnp.tanh(x @ w) @ w)
+
+
+def raising_loss(w, x):
+    loss = jnp.mean(features(w, x) ** 2)
+    io_callback(refuse, None, jax.lax.stop_gradient(loss))  # ordered: raised at a later barrier
+    return loss
+
+
+def raising_pure_loss(w, x):
+    loss = jnp.mean(features(w, x) ** 2)
+    out = jax.ShapeDtypeStruct((), jnp.float32)
+    return loss + jax.pure_callback(lambda v: refuse(v) or v, out, jax.lax.stop_gradient(loss))
+
+
+def raising_debug_loss(w, x):
+    loss = jnp.mean(features(w, x) ** 2)
+    jax.debug.callback(refuse, loss)
+    return loss
+
+
+def counted_loss(w, x):
+    """A logging ``io_callback`` on the loss, a ``debug.callback`` on the per-example features
+    (the region stops there: the features are stacked) and a ``debug.print``."""
+    h = features(w, x)
+    jax.debug.callback(count("features"), h)
+    loss = jnp.mean(h**2)
+    io_callback(count("loss"), None, jax.lax.stop_gradient(loss), ordered=True)
+    jax.debug.print("loss {l}", l=loss)
+    return loss
+
+
+def nan_loss(w, x):
+    return jnp.mean(jnp.log(features(w, x)))  # negative features: log gives NaN
+
+
+def inf_loss(w, x):
+    return jnp.mean(1.0 / (features(w, x) ** 2 * 0.0))  # +inf
+
+
+def checked_loss(w, x):
+    loss = jnp.mean(features(w, x) ** 2)
+    checkify.check(loss < 0, "the loss must be negative, got {l}", l=loss)
+    return loss
+
+
+CALLS = {
+    "plain": lambda f: f(W, X),
+    "jit": lambda f: jax.jit(f)(W, X),
+    "grad": lambda f: jax.grad(f, argnums=(0, 1))(W, X),
+    "value_and_grad": lambda f: jax.value_and_grad(f)(W, X),
+    "jit_grad": lambda f: jax.jit(jax.grad(f))(W, X),
+}
+
+
+@pytest.fixture(autouse=True)
+def lenient(monkeypatch):
+    monkeypatch.setenv("JAXPR_ACCUM_STRICT", "0")
+
+
+def outcome(call, f):
+    """``(the exception raised or None, callback counts, jaxpr_accum warnings)``."""
+    calls.clear()
+    error = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            jax.block_until_ready(call(f))
+        except Exception as e:
+            error = e
+        jax.effects_barrier()
+    ours = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, ja.PlanWarning) and "not expected to save" not in str(w.message)
+    ]
+    return error, dict(calls), ours
+
+
+def assert_raises_as_the_original(call, f, sf, error_type):
+    expected, expected_calls, _ = outcome(call, f)
+    got, got_calls, ours = outcome(call, sf)
+    assert isinstance(expected, error_type), expected
+    assert type(got) is type(expected), got
+    assert str(got).splitlines()[0] == str(expected).splitlines()[0]
+    assert ours == [], ours
+    assert got_calls == expected_calls, (got_calls, expected_calls)
+
+
+def _first_fast(values, fast):
+    """``values`` with all but ``fast`` marked slow."""
+    return [v if v == fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
+@pytest.mark.parametrize("how", _first_fast(CALLS, "plain"))
+@pytest.mark.parametrize("grad", _first_fast(MODES, "remat"))
+def test_a_raising_callback_raises_once_as_in_the_original(how, grad):
+    sf = ja.serialize_axis(raising_loss, chunk=5, argnums=1, grad=grad)
+    assert sf.explain(W, X).counts["body"] > 0
+    assert_raises_as_the_original(CALLS[how], raising_loss, sf, jax.errors.JaxRuntimeError)
+    assert calls == {"refused": 1}
+    assert "the user's callback refuses the loss" in str(outcome(CALLS[how], sf)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "loss, how",
+    [(raising_pure_loss, h) for h in CALLS if h != "jit_grad"]
+    + [(raising_debug_loss, h) for h in CALLS],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_pure_and_debug_callbacks_raise_once_as_in_the_original(loss, how):
+    """Compared with the original under ``jax.jit``: eagerly, JAX calls a debug callback
+    directly (its exception unwrapped); compiled, as the serialized function always is, it
+    wraps it in a ``JaxRuntimeError``, as it does any callback's. (Under ``jit(grad)`` a pure
+    callback that only the value needs is dead code: it may not run at all.)"""
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad="remat")
+    assert sf.explain(W, X).counts["body"] > 0
+    assert_raises_as_the_original(CALLS[how], jax.jit(loss), sf, jax.errors.JaxRuntimeError)
+    assert calls == {"refused": 1}
+
+
+@pytest.mark.parametrize(
+    "flag, loss, how",
+    [
+        ("jax_debug_nans", nan_loss, "plain"),
+        *(
+            pytest.param(flag, loss, how, marks=pytest.mark.slow)
+            for flag, loss in (("jax_debug_nans", nan_loss), ("jax_debug_infs", inf_loss))
+            for how in ("plain", "jit", "grad")
+            if (flag, how) != ("jax_debug_nans", "plain")
+        ),
+    ],
+)
+def test_debug_nans_raise_as_in_the_original(flag, loss, how):
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad="remat")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", NOT_WORTH_IT, ja.PlanWarning)
+        assert sf.explain(W, X).counts["body"] > 0
+    with getattr(jax, flag.removeprefix("jax_"))(True):  # jax.debug_nans / jax.debug_infs
+        got, _, ours = outcome(CALLS[how], sf)
+        expected, _, _ = outcome(CALLS[how], loss)
+    assert isinstance(expected, FloatingPointError), expected
+    assert type(got) is FloatingPointError and ours == [], (got, ours)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("how", CALLS)
+def test_callbacks_fire_as_often_as_in_the_original(how, grad, capfd):
+    sf = ja.serialize_axis(counted_loss, chunk=5, argnums=1, grad=grad)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", NOT_WORTH_IT, ja.PlanWarning)
+        assert sf.explain(W, X).counts["body"] > 0
+    capfd.readouterr()
+    expected, expected_calls, _ = outcome(CALLS[how], counted_loss)
+    printed = capfd.readouterr().out.count("loss ")
+    got, got_calls, ours = outcome(CALLS[how], sf)
+    assert expected is None and got is None and ours == [], (got, ours)
+    assert got_calls == expected_calls and set(got_calls) == {"features", "loss"}, got_calls
+    assert capfd.readouterr().out.count("loss ") == printed == 1
+
+
+@pytest.mark.slow
+def test_a_memory_budget_plans_without_running_the_callbacks():
+    """``memory=`` compiles candidate chunks and auto measures fused against remat: both
+    compile at abstract inputs, neither runs the program."""
+    for sf in (
+        ja.serialize_axis(counted_loss, memory=1 << 30, argnums=1),
+        ja.serialize_axis(counted_loss, chunk=5, argnums=1),
+    ):
+        calls.clear()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", NOT_WORTH_IT, ja.PlanWarning)
+            sf.explain(W, X)
+        jax.effects_barrier()
+        assert calls == {}
+        assert outcome(CALLS["value_and_grad"], sf)[1] == {"features": 1, "loss": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda f: checkify.checkify(f)(W, X)[0].throw(),
+        lambda f: jax.jit(checkify.checkify(f))(W, X)[0].throw(),
+        lambda f: f(W, X),  # a check outside checkify: jit cannot stage it, it runs as written
+    ],
+    ids=["checkify", "jit_checkify", "unchecked"],
+)
+def test_a_failing_check_raises_as_in_the_original(wrap, grad):
+    sf = ja.serialize_axis(checked_loss, chunk=5, argnums=1, grad=grad)
+    assert_raises_as_the_original(wrap, checked_loss, sf, checkify.JaxRuntimeError)

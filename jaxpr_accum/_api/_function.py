@@ -1,0 +1,292 @@
+"""``SerializedFunction``: the plan cache and dispatch (see ``jaxpr_accum._api``).
+
+Each distinct call signature (avals, placements and static leaves) is traced, planned, built
+and validated once (``_prepare``), like ``jax.jit``; a function that closes over tracers of an
+enclosing transformation is re-traced on each call. The plan cache is LRU-bounded
+(``CACHE_SIZE`` signatures per function). Flax NNX graph nodes among the arguments are handled
+by one dispatch helper (``_nnx``). The public methods are JAX API boundaries: an error raised
+through them shows the user's frames only (``JAX_TRACEBACK_FILTERING=off`` shows all). The
+``repr`` shows every setting that differs from its default (``Settings``' field defaults).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, NoReturn, ParamSpec, TypeVar
+
+import jax
+
+from jaxpr_accum import _arguments, _budget, _compat, _fallback, _nnx, _trace
+from jaxpr_accum._api._naming import non_defaults, unexpected
+from jaxpr_accum._compat import ClosedJaxpr
+from jaxpr_accum._errors import warn
+from jaxpr_accum._prepare import CACHE_SIZE, LRU, Planner, Prepared, float_arguments
+from jaxpr_accum._report import Plan
+from jaxpr_accum._settings import SETTING_NAMES, Settings
+from jaxpr_accum._sweep import Sweep, measure_sweep
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _setting(name: str) -> property:
+    return property(lambda self: getattr(self.settings, name), doc=f"The `{name}` setting.")
+
+
+class SerializedFunction(Generic[P, R]):
+    """A function with one axis run in chunks: what ``serialize_axis`` returns.
+
+    Call it as the original (also under ``jax.jit``, ``jax.grad``, ``jax.vmap``); ask it what
+    it does with ``explain``, ``jaxpr`` and ``sweep``. The settings of ``serialize_axis`` are
+    read-only attributes (plans are cached): ``serialize_axis(sf.original, ...)`` makes a
+    function with other settings. The ``repr`` shows every setting not at its default.
+
+    Attributes:
+        original: The wrapped function, undecorated (the oracle in tests).
+        settings: The validated settings, an immutable dataclass.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxpr_accum as ja
+        >>> ja.serialize_axis(lambda w, x: jnp.sum(x @ w), chunk=2, argnums=1)
+        serialize_axis('<lambda>', chunk=2, argnums=(1,))
+    """
+
+    settings: Settings
+    original: Callable[P, R]
+    _cache: LRU
+    _planner: Planner
+    _pure: SerializedFunction | None
+
+    chunk = _setting("chunk")
+    memory = _setting("memory")
+    axis = _setting("axis")
+    argnums = _setting("argnums")
+    size = _setting("size")
+    grad = _setting("grad")
+    accum_dtype = _setting("accum_dtype")
+    mesh_axis = _setting("mesh_axis")
+    in_axes = _setting("in_axes")
+
+    def __init__(self, fun: Callable[P, R], settings: Settings):
+        if not callable(fun):
+            raise TypeError(f"`fun` must be callable, got {fun!r}")
+        object.__setattr__(self, "settings", settings)
+        object.__setattr__(self, "original", fun)
+        object.__setattr__(self, "_cache", LRU(CACHE_SIZE))
+        object.__setattr__(self, "_planner", Planner(settings))
+        object.__setattr__(self, "_pure", None)
+        functools.update_wrapper(self, fun)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in SETTING_NAMES or name in ("settings", "original"):
+            raise AttributeError(
+                f"`{name}` of a SerializedFunction is read-only (its plans are cached); make "
+                f"a new one instead: `serialize_axis(sf.original, {name}=...)`"
+            )
+        object.__setattr__(self, name, value)
+
+    # -- public --------------------------------------------------------------------------
+    @_compat.api_boundary
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function with its axis in chunks: the original's values, as the original.
+
+        Args:
+            *args: The original's positional arguments.
+            **kwargs: The original's keyword arguments.
+
+        Returns:
+            What the original returns, computed chunk by chunk (equal up to floating-point
+            reassociation; random draws bit-identical).
+
+        Raises:
+            SerializeError: The program has no chunkable axis for these argument shapes.
+            ArgumentError: The arguments do not match the settings.
+            MissingInternal: On an untested JAX, an internal this package needs has moved.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, jaxpr_accum as ja
+            >>> loss = lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)
+            >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
+            >>> w, x = jnp.ones((3, 2)), jnp.ones((10, 3))
+            >>> bool(jnp.allclose(jax.grad(sf)(w, x), jax.grad(loss)(w, x)))
+            True
+        """
+        nnx = self._on_nnx_state(args, kwargs)
+        if nnx is not None:
+            out, new_states, new_kw = nnx[0](*nnx[1], **nnx[2])
+            _nnx.write_back(args, kwargs, new_states, new_kw)
+            return out
+        prepared, inputs = self._prepare(args, kwargs)
+        split = prepared.split
+        if prepared.plan.warning and not prepared.warned and split is not None and split.size:
+            prepared.warned = True
+            warn(f"{self!r}: {prepared.plan.warning}")
+        try:
+            outs = prepared.jitted(*inputs)
+        except Exception as error:
+            if prepared.as_written or _fallback.strict():
+                raise
+            warn(_fallback.at_call(error))
+            return self.original(*args, **kwargs)
+        return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
+
+    @_compat.api_boundary
+    def explain(self, *args: P.args, **kwargs: P.kwargs) -> Plan:
+        """The plan for a call with these arguments, without running it.
+
+        Args:
+            *args: The original's positional arguments.
+            **kwargs: The original's keyword arguments.
+
+        Returns:
+            The ``Plan``: the axis and where it is born, the chunk, the gradient mode and why,
+            what stops the region (with source lines), the estimated saving. ``print`` it for
+            a report; in a notebook it renders as HTML.
+
+        Raises:
+            SerializeError: The program has no chunkable axis for these argument shapes.
+            ArgumentError: The arguments do not match the settings.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxpr_accum as ja
+            >>> sf = ja.serialize_axis(lambda x: jnp.sum(jnp.sin(x)), chunk=4)
+            >>> plan = sf.explain(jnp.ones(16))
+            >>> plan.axis_size, plan.chunk
+            (16, 4)
+        """
+        nnx = self._on_nnx_state(args, kwargs)
+        if nnx is not None:
+            return nnx[0].explain(*nnx[1], **nnx[2])
+        prepared, inputs = self._prepare(args, kwargs)
+        budget = prepared.plan.budget
+        if budget is not None and budget.original is None:  # compiled once, when asked
+            traced = prepared.traced
+            original = _budget.original_memory(
+                traced.jaxpr, inputs, float_arguments(traced, inputs)
+            )
+            budget = dataclasses.replace(budget, original=original)
+            prepared.plan = dataclasses.replace(prepared.plan, budget=budget)
+        return prepared.plan
+
+    @_compat.api_boundary
+    def jaxpr(self, *args: P.args, **kwargs: P.kwargs) -> ClosedJaxpr:
+        """The rewritten program for these arguments, as ``jax.make_jaxpr`` shows it.
+
+        Args:
+            *args: The original's positional arguments.
+            **kwargs: The original's keyword arguments.
+
+        Returns:
+            A ``jax.extend.core.ClosedJaxpr``; the chunked region is a ``scan``.
+
+        Raises:
+            SerializeError: The program has no chunkable axis for these argument shapes.
+            ArgumentError: The arguments do not match the settings.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxpr_accum as ja
+            >>> sf = ja.serialize_axis(lambda x: jnp.sum(jnp.sin(x)), chunk=4)
+            >>> "scan" in str(sf.jaxpr(jnp.ones(16)))
+            True
+        """
+        nnx = self._on_nnx_state(args, kwargs)
+        if nnx is not None:
+            return nnx[0].jaxpr(*nnx[1], **nnx[2])
+        prepared, inputs = self._prepare(args, kwargs)
+        return jax.make_jaxpr(prepared.run)(*inputs)
+
+    @_compat.api_boundary
+    def sweep(
+        self,
+        *args: Any,
+        chunks: int | Sequence[int] | None = None,
+        grads: str | Sequence[str] = ("auto",),
+        grad_argnums: int | Sequence[int] = 0,
+        repeats: int = 3,
+        progress: bool | None = None,
+        **removed: NoReturn,
+    ) -> Sweep:
+        """Measure the original and a copy per ``(chunk, grad)`` pair, side by side.
+
+        Each copy is ``serialize_axis(sf.original, chunk=c, grad=g)`` with ``sf``'s other
+        settings. For each, ``jax.jit(jax.value_and_grad(g, grad_argnums))`` (``g`` sums the
+        floating outputs) is compiled at ``args`` and measured: XLA's temp bytes, the median
+        time of ``repeats`` interleaved rounds, the largest relative difference of value and
+        gradients from the original's.
+
+        Args:
+            *args: The original's positional arguments (keyword arguments are not taken).
+            chunks: The chunk sizes to measure; None: the powers of two up to the axis size,
+                and the axis size.
+            grads: The gradient modes to measure (``"auto"``, ``"remat"``, ``"fused"``,
+                ``"native"``), each at every chunk.
+            grad_argnums: The positional arguments to differentiate, as ``jax.grad``'s
+                ``argnums`` (not ``serialize_axis``'s ``argnums``, which names the arguments
+                that carry the axis).
+            repeats: Rounds of timed calls; each round calls every compiled program once.
+            progress: A line per step on stderr; None: when stderr is a terminal.
+
+        Returns:
+            The ``Sweep``, a row per function, the original first: a table with notes when
+            printed, HTML in a notebook, a figure with ``.plot()``.
+
+        Raises:
+            TypeError: A bad argument type, or the old spelling ``argnums=`` (renamed
+                ``grad_argnums`` in 0.1.0).
+            ValueError: A bad argument value (an empty ``chunks``, an unknown mode, a
+                ``grad_argnums`` out of range or naming an argument with no arrays).
+            SerializeError: The program has no chunkable axis for these argument shapes.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxpr_accum as ja
+            >>> sf = ja.serialize_axis(lambda w, x: jnp.sum(jnp.tanh(x @ w)), chunk=2, argnums=1)
+            >>> sweep = sf.sweep(jnp.ones((3, 2)), jnp.ones((8, 3)), chunks=(2, 4), repeats=1)
+            >>> [row["chunk"] for row in sweep.rows]
+            [None, 2, 4]
+        """
+        if removed:
+            raise TypeError(unexpected("sweep", removed))
+        return measure_sweep(
+            self, args, chunks=chunks, grads=grads, grad_argnums=grad_argnums,
+            repeats=repeats, progress=progress,
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        name = getattr(self.original, "__name__", self.original)
+        settings = ", ".join(f"{k}={v}" for k, v in non_defaults(self.settings))
+        return f"serialize_axis({name!r}, {settings})"
+
+    # -- internals -----------------------------------------------------------------------
+    def _on_nnx_state(self, args: tuple, kwargs: dict) -> tuple | None:
+        """For a call with Flax NNX graph nodes: ``(the same serialization of fun as a pure
+        function of NNX state, state args, state kwargs)`` (see ``_nnx``); else None."""
+        if self._pure is self or not _nnx.has_graph_nodes(args, kwargs):
+            return None
+        pure = self._pure
+        if pure is None:
+            pure = SerializedFunction(_nnx.purify(self.original), self.settings)
+            object.__setattr__(pure, "_pure", pure)  # its arguments are already pure state
+            object.__setattr__(self, "_pure", pure)
+        states, kw_states = _nnx.pure_arguments(args, kwargs)
+        return pure, states, kw_states
+
+    def _prepare(self, args: tuple, kwargs: dict) -> tuple[Prepared, list]:
+        call = _arguments.flatten(args, kwargs)
+        key = _arguments.cache_key(call)
+        # ``memory=`` budgets, and auto measures, what the caller differentiates: a plan per
+        # perturbation pattern
+        weighs = self.memory is not None or self.settings.grad == "auto"
+        pattern = _arguments.perturbation(call) if weighs else None
+        if key is not None and weighs:
+            key = (key, pattern)
+        prepared = self._cache.get(key) if key is not None else None
+        if prepared is None:
+            _arguments.check_concrete_shapes(call)
+            seeds = _arguments.seed_axes(self.settings, call)
+            traced = _trace.trace(self.original, call, seeds)
+            prepared = self._planner.plan(traced, [*traced.consts, *call.dyn], key, pattern)
+            if key is not None and not traced.has_tracer_consts:
+                self._cache.put(key, prepared)
+        return prepared, [*prepared.traced.consts, *call.dyn]

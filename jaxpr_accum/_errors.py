@@ -36,7 +36,7 @@ class SerializeError(ValueError):
     here", an ``ArgumentError`` says "these arguments do not match the settings". Catch
     ``ValueError`` for both.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, jaxpr_accum as ja
         >>> sf = ja.serialize_axis(lambda x: jnp.sum(x), chunk=2, size=7)
         >>> try:
@@ -60,7 +60,7 @@ class ArgumentError(ValueError):
     ``ArgumentError`` is about the arguments against the settings, a ``SerializeError`` about
     the program. Catch ``ValueError`` for both.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, jaxpr_accum as ja
         >>> sf = ja.serialize_axis(lambda x, y: jnp.sum(x * y), chunk=2, argnums=(0, 1))
         >>> try:
@@ -77,7 +77,7 @@ class PlanWarning(UserWarning):
     Attributed to the user's call site. Silence it with
     ``warnings.filterwarnings("ignore", category=jaxpr_accum.PlanWarning)``.
 
-    Example:
+    Examples:
         >>> import warnings, jaxpr_accum as ja
         >>> with warnings.catch_warnings():
         ...     warnings.simplefilter("ignore", category=ja.PlanWarning)

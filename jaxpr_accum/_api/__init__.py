@@ -118,7 +118,7 @@ def serialize_axis(
             ``ArgumentError`` (arguments that do not match the settings) and
             ``SerializeError`` (nothing to chunk) subclass ``ValueError`` too.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, jaxpr_accum as ja
         >>> @ja.serialize_axis(chunk=4, argnums=(1, 2))
         ... def mse(w, x, y):

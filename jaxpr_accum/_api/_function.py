@@ -47,7 +47,7 @@ class SerializedFunction(Generic[P, R]):
         original: The wrapped function, undecorated (the oracle in tests).
         settings: The validated settings, an immutable dataclass.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, jaxpr_accum as ja
         >>> ja.serialize_axis(lambda w, x: jnp.sum(x @ w), chunk=2, argnums=1)
         serialize_axis('<lambda>', chunk=2, argnums=(1,))
@@ -105,7 +105,7 @@ class SerializedFunction(Generic[P, R]):
             ArgumentError: The arguments do not match the settings.
             MissingInternal: On an untested JAX, an internal this package needs has moved.
 
-        Example:
+        Examples:
             >>> import jax, jax.numpy as jnp, jaxpr_accum as ja
             >>> loss = lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)
             >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
@@ -149,7 +149,7 @@ class SerializedFunction(Generic[P, R]):
             SerializeError: The program has no chunkable axis for these argument shapes.
             ArgumentError: The arguments do not match the settings.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, jaxpr_accum as ja
             >>> sf = ja.serialize_axis(lambda x: jnp.sum(jnp.sin(x)), chunk=4)
             >>> plan = sf.explain(jnp.ones(16))
@@ -185,7 +185,7 @@ class SerializedFunction(Generic[P, R]):
             SerializeError: The program has no chunkable axis for these argument shapes.
             ArgumentError: The arguments do not match the settings.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, jaxpr_accum as ja
             >>> sf = ja.serialize_axis(lambda x: jnp.sum(jnp.sin(x)), chunk=4)
             >>> "scan" in str(sf.jaxpr(jnp.ones(16)))
@@ -239,7 +239,7 @@ class SerializedFunction(Generic[P, R]):
                 ``grad_argnums`` out of range or naming an argument with no arrays).
             SerializeError: The program has no chunkable axis for these argument shapes.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, jaxpr_accum as ja
             >>> sf = ja.serialize_axis(lambda w, x: jnp.sum(jnp.tanh(x @ w)), chunk=2, argnums=1)
             >>> sweep = sf.sweep(jnp.ones((3, 2)), jnp.ones((8, 3)), chunks=(2, 4), repeats=1)

@@ -33,7 +33,7 @@ class JaxVersionWarning(PlanWarning):
     primitives its rule tables name that this JAX does not have (skipped: they cannot appear
     in this JAX's programs). A ``PlanWarning``, so filtering those filters this one too.
 
-    Example:
+    Examples:
         >>> import warnings, jaxpr_accum as ja
         >>> with warnings.catch_warnings():
         ...     warnings.simplefilter("error", category=ja.JaxVersionWarning)
@@ -48,7 +48,7 @@ class MissingInternal(RuntimeError):
     ``JaxVersionWarning``); the message names the piece and the JAX version. A
     ``RuntimeError``: no argument of the caller's can fix it, only another JAX version.
 
-    Example:
+    Examples:
         >>> import jaxpr_accum as ja
         >>> issubclass(ja.MissingInternal, RuntimeError)
         True

@@ -3,15 +3,24 @@
 ``serialize_axis(chunk=k)`` traces the function to a jaxpr, finds the axis by dataflow
 analysis, and rewrites that region into a chunked ``lax.scan`` with rematerialisation and
 explicit cotangent accumulation. Same values, same gradients; memory that scales with ``k``.
+
+The public names are those of ``__all__`` (and the ``jaxpr_accum.testing`` subpackage);
+``dir(jaxpr_accum)`` lists them and the dunders only, as JAX's modules do. The private
+modules (``jaxpr_accum._api`` ...) stay importable, but are no part of the API.
 """
 
+from jaxpr_accum import _compat
 from jaxpr_accum._api import SerializedFunction, serialize_axis
-from jaxpr_accum._errors import PlanWarning, SerializeError
+from jaxpr_accum._compat import JaxVersionWarning, MissingInternal
+from jaxpr_accum._errors import ArgumentError, PlanWarning, SerializeError
 from jaxpr_accum._report import Plan
 from jaxpr_accum._rules import register_rule
 from jaxpr_accum._sweep import Sweep
 
 __all__ = [
+    "ArgumentError",
+    "JaxVersionWarning",
+    "MissingInternal",
     "Plan",
     "PlanWarning",
     "SerializeError",
@@ -20,4 +29,16 @@ __all__ = [
     "register_rule",
     "serialize_axis",
 ]
+# The one version source: the distribution's metadata reads it (pyproject.toml's
+# ``[tool.setuptools.dynamic]``); tests/test_installed.py checks that the two agree.
 __version__ = "0.1.0"
+
+# Once every rule table is built: on a JAX outside the tested series, the one warning, with
+# the primitives the tables name that this JAX lacks (skipped).
+_compat.check_jax_version()
+
+
+def __dir__() -> list[str]:
+    """The public names and the dunders (not the private submodules the import loads)."""
+    names = {n for n in globals() if n.startswith("__") and n.endswith("__")}
+    return sorted(names | set(__all__) | ({"testing"} & set(globals())))

@@ -3,8 +3,9 @@
 Every warning ``jaxpr_accum`` issues is a ``PlanWarning`` issued through ``warn``, which
 attributes it to the user's code: the first frame of the call stack outside this package and
 outside the frameworks it runs under (JAX, jaxlib, Flax, Equinox, Haiku, and the standard
-library's ``contextlib``, through which they enter contexts). So the warning's ``filename``
-and ``lineno`` are the line of the user's program that called into the library, also when
+library's ``contextlib``, through which they enter contexts, and ``importlib``, through which a
+warning at import comes). So the warning's ``filename`` and ``lineno`` are the line of the
+user's program that called into (or imported) the library, also when
 that call is traced under ``jax.jit`` or ``jax.grad``, and Python's "once per location"
 filtering uses the user's module registry, as ``warnings.warn(..., stacklevel=n)`` would for
 a direct call.
@@ -16,65 +17,70 @@ import sys
 import warnings
 
 #: Modules whose frames are never the user's (the package itself and what it runs under).
-_INTERNAL = ("jaxpr_accum", "jax", "jaxlib", "flax", "equinox", "haiku", "contextlib")
+_INTERNAL = (
+    "jaxpr_accum", "jax", "jaxlib", "flax", "equinox", "haiku", "contextlib", "importlib"
+)  # fmt: skip
 
 
 class SerializeError(ValueError):
     """The program cannot be serialized along the requested axis; the message says why.
 
-    Raised at the first call (or ``explain``) when there is no candidate axis, when two
-    different axes have the requested ``size``, or when no equation can run per chunk. The
-    message names the primitives and your source lines, and what to pass instead. Where only
-    part of a program cannot be chunked, nothing is raised: that part runs unchunked and
-    ``explain`` says why. A ``ValueError``; it is not the error for bad arguments (those raise
-    ``TypeError`` or ``ValueError`` naming the argument).
+    Raised at the first call (or ``explain`` / ``jaxpr`` / ``sweep``) with given argument
+    shapes, when the function itself offers nothing to chunk: no axis of the requested size or
+    position is found, no equation carries it, or a custom derivative rule cannot be chunked.
+    It is about the program, never about a value: the same function with other shapes may
+    serialize.
+
+    ``SerializeError`` and ``ArgumentError`` are siblings: both subclass ``ValueError``, and
+    neither subclasses the other. A ``SerializeError`` says "this program has no chunkable axis
+    here", an ``ArgumentError`` says "these arguments do not match the settings". Catch
+    ``ValueError`` for both.
 
     Examples:
-        >>> import jax.numpy as jnp
-        >>> import jaxpr_accum as ja
-        >>> sf = ja.serialize_axis(lambda x: jnp.sum(x**2), chunk=4, size=7)
+        >>> import jax.numpy as jnp, jaxpr_accum as ja
+        >>> sf = ja.serialize_axis(lambda x: jnp.sum(x), chunk=2, size=7)
         >>> try:
-        ...     sf(jnp.ones((10, 3)))
+        ...     sf(jnp.ones(3))
         ... except ja.SerializeError as e:
-        ...     print(str(e).split(";")[0])
-        found no axis of size 7 born at position 0
+        ...     print("cannot serialize:", e)  # doctest: +ELLIPSIS
+        cannot serialize: ...
     """
 
 
 class ArgumentError(ValueError):
-    """A bad argument of the user's, found once the call's arguments are known.
+    """A call's arguments do not match the function's settings; the message names which.
 
-    A ``ValueError`` naming the argument and what was expected (``argnums`` or ``axis`` out of
-    range, leaves of unequal length along the axis, a chunk that the shards do not divide).
-    It is reported as it is, never a reason to fall back to a narrower plan. It is not a
-    ``SerializeError``: that one says the program, not the call, has nothing to chunk.
+    Raised at the first call with given arguments (before anything is traced) where the
+    settings of ``serialize_axis`` cannot apply to them: ``argnums`` or ``in_axes`` out of
+    range or naming no array, leaves named for the axis that differ in size, ``axis`` out of
+    range for an argument, a ``memory`` budget that no chunk fits. It is the caller's to fix,
+    so it is reported as it is, never a reason for a narrower plan or a fallback.
+
+    ``ArgumentError`` and ``SerializeError`` are siblings: both subclass ``ValueError``. An
+    ``ArgumentError`` is about the arguments against the settings, a ``SerializeError`` about
+    the program. Catch ``ValueError`` for both.
 
     Examples:
-        >>> import jax.numpy as jnp
-        >>> import jaxpr_accum as ja
-        >>> sf = ja.serialize_axis(lambda w, x: jnp.sum(x @ w), chunk=4, argnums=(0, 1))
+        >>> import jax.numpy as jnp, jaxpr_accum as ja
+        >>> sf = ja.serialize_axis(lambda x, y: jnp.sum(x * y), chunk=2, argnums=(0, 1))
         >>> try:
-        ...     sf(jnp.ones((8, 3)), jnp.ones((10, 8)))
-        ... except ValueError as e:
-        ...     print(type(e).__name__)
-        ArgumentError
+        ...     sf(jnp.ones(4), jnp.ones(6))
+        ... except ja.ArgumentError as e:
+        ...     print("bad arguments:", e)  # doctest: +ELLIPSIS
+        bad arguments: ...
     """
 
 
 class PlanWarning(UserWarning):
     """A warning from ``jaxpr_accum`` about a plan: one not expected to save memory, a fallback.
 
-    The category of every warning the library issues: a plan not expected to save memory (on
-    its first call), and a fallback to a narrower plan after an internal error (naming the
-    error). It is attributed to the line of your code that called into the library, also
-    through ``jax.jit`` and ``jax.grad``, so the usual filters apply.
+    Attributed to the user's call site. Silence it with
+    ``warnings.filterwarnings("ignore", category=jaxpr_accum.PlanWarning)``.
 
     Examples:
-        >>> import warnings
-        >>> import jaxpr_accum as ja
+        >>> import warnings, jaxpr_accum as ja
         >>> with warnings.catch_warnings():
-        ...     warnings.filterwarnings("ignore", category=ja.PlanWarning)  # silenced here
-        ...     # or "error": every PlanWarning raised, as in a strict test suite
+        ...     warnings.simplefilter("ignore", category=ja.PlanWarning)
     """
 
 

@@ -2,7 +2,7 @@
 
 Each function measured is the original, ``sf.original``, or a copy of ``sf`` with one chunk and
 one gradient mode and the rest of ``sf``'s settings (``Settings`` with ``chunk`` and ``grad``
-replaced, ``memory`` dropped). For each, ``jax.jit(jax.value_and_grad(g, argnums))`` is
+replaced, ``memory`` dropped). For each, ``jax.jit(jax.value_and_grad(g, grad_argnums))`` is
 lowered at the arguments and compiled once, where ``g`` reduces the function's floating
 outputs to a scalar as the memory budget does (``_budget.scalar_of``). Then:
 
@@ -46,17 +46,21 @@ from jaxpr_accum._settings import GRAD_MODES, Settings
 class Sweep:
     """What ``SerializedFunction.sweep`` measured: one row per function, the original first.
 
-    ``str(sweep)`` is a table, with notes on rows that failed or chunk another axis than
-    ``sf``'s; in a notebook it is an HTML table; ``plot`` draws memory and time by chunk.
+    ``str(sweep)`` is a table and its HTML (``_repr_html_``, in notebooks) the same table,
+    each with the same notes: rows that failed, rows that chunk another axis than ``sf``'s
+    (automatic mode at a chunk as long as the axis), the plans' warnings. ``plot`` draws
+    memory and time by chunk.
 
     Attributes:
         rows: Dicts with ``chunk`` and ``grad`` (``None`` for the original), ``mode`` (what
             ``"auto"`` resolved to), ``temp_bytes``, ``time_s`` (median), ``memory_ratio`` and
-            ``time_ratio`` (to the original's), ``max_rel_err`` (gradients) and
-            ``value_rel_err``, ``axis`` (the axis chunked), ``warning`` and ``error``.
+            ``time_ratio`` (to the original's), ``max_rel_err`` (the gradients' largest
+            per-leaf relative difference from the original's) and ``value_rel_err``, ``axis``
+            (the axis chunked), ``warning`` (the plan's, if it is not expected to save memory)
+            and ``error`` (``None``, or why the row has no numbers).
         name: The function's name.
         axis_size: The length of the serialized axis.
-        argnums: The positional arguments differentiated.
+        grad_argnums: The positional arguments differentiated.
         repeats: The timing rounds.
 
     Examples:
@@ -68,7 +72,7 @@ class Sweep:
     rows: list[dict[str, Any]]
     name: str
     axis_size: int
-    argnums: tuple[int, ...]
+    grad_argnums: tuple[int, ...]
     repeats: int
 
     def __str__(self) -> str:
@@ -135,17 +139,20 @@ def check_grads(grads: Any) -> list[str]:
     return out
 
 
-def check_argnums(argnums: Any, args: tuple) -> tuple[int, ...]:
-    nums = argnums if isinstance(argnums, (tuple, list)) else (argnums,)
+def check_grad_argnums(grad_argnums: Any, args: tuple) -> tuple[int, ...]:
+    nums = grad_argnums if isinstance(grad_argnums, (tuple, list)) else (grad_argnums,)
     if not nums:
-        raise ValueError("`argnums` must name at least one argument")
+        raise ValueError("`grad_argnums` must name at least one argument")
     out = []
     for a in nums:
         if isinstance(a, bool) or not isinstance(a, int):
-            raise TypeError(f"`argnums` must be an int or a tuple of ints, got {argnums!r}")
+            raise TypeError(
+                f"`grad_argnums` must be an int or a tuple of ints, got {grad_argnums!r}"
+            )
         if not -len(args) <= a < len(args):
             raise ValueError(
-                f"`argnums` {a} is out of range for a sweep with {len(args)} positional argument(s)"
+                f"`grad_argnums` {a} is out of range for a sweep with {len(args)} positional "
+                "argument(s)"
             )
         out.append(a % len(args))
     return tuple(out)
@@ -164,7 +171,7 @@ def measure_sweep(
     *,
     chunks: Any = None,
     grads: Any = ("auto",),
-    argnums: Any = 0,
+    grad_argnums: Any = 0,
     repeats: int = 3,
     progress: bool | None = None,
     time_budget_s: float | None = None,
@@ -174,11 +181,13 @@ def measure_sweep(
     many rounds would take longer than this, judged by the warm-up round; ``check_precision``,
     off CPU the values and gradients compared are those of programs compiled again at that
     matmul precision (``"highest"``: no TF32 rounding to drown the differences checked)."""
-    modes, nums, dynamic, progress = _check_call(args, chunks, grads, argnums, repeats, progress)
+    modes, nums, dynamic, progress = _check_call(
+        args, chunks, grads, grad_argnums, repeats, progress
+    )
     say = _Progress(progress)
     plan = sf.explain(*args)
     diff = tuple(dynamic.index(i) for i in nums)
-    program = Program(args, dynamic, diff[0] if isinstance(argnums, int) else diff)
+    program = Program(args, dynamic, diff[0] if isinstance(grad_argnums, int) else diff)
     entries = [(_row(None, None) | {"axis": _axis(plan)}, sf.original)]
     fields = {f.name: getattr(sf.settings, f.name) for f in dataclasses.fields(Settings)}
     for g in modes:
@@ -204,9 +213,9 @@ def measure_sweep(
 
 
 def _check_call(
-    args: tuple, chunks: Any, grads: Any, argnums: Any, repeats: Any, progress: Any
+    args: tuple, chunks: Any, grads: Any, grad_argnums: Any, repeats: Any, progress: Any
 ) -> tuple[list[str], tuple[int, ...], list[int], bool]:
-    """The sweep's arguments checked before anything is traced: ``(modes, argnums, the
+    """The sweep's arguments checked before anything is traced: ``(modes, grad_argnums, the
     positions of the arguments with array leaves, progress on or off)``."""
     if isinstance(repeats, bool) or not isinstance(repeats, int):
         raise TypeError(f"`repeats` must be an int >= 1, got {repeats!r}")
@@ -215,12 +224,12 @@ def _check_call(
     if progress is not None and not isinstance(progress, bool):
         raise TypeError(f"`progress` must be None, True or False, got {progress!r}")
     modes = check_grads(grads)
-    nums = check_argnums(argnums, args)
+    nums = check_grad_argnums(grad_argnums, args)
     if chunks is not None:
         check_chunks(chunks, 1)  # bad arguments fail before anything is traced
     dynamic = [i for i, a in enumerate(args) if _has_arrays(a)]
     if any(i not in dynamic for i in nums):
-        raise ValueError(f"`argnums` {argnums!r} names an argument with no array leaves")
+        raise ValueError(f"`grad_argnums` {grad_argnums!r} names an argument with no array leaves")
     if progress is None:
         progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
     return modes, nums, dynamic, progress

@@ -20,8 +20,8 @@ def text(sweep: Any) -> str:
     """The sweep as a table, one line per row, then the notes."""
     head = (
         f"jaxpr_accum sweep of {sweep.name}: axis of size {sweep.axis_size}, "
-        f"value_and_grad with respect to argnums {sweep.argnums}, median of {sweep.repeats} "
-        f"interleaved repeat{'s' if sweep.repeats != 1 else ''}"
+        f"value_and_grad with respect to grad_argnums {sweep.grad_argnums}, median of "
+        f"{sweep.repeats} interleaved repeat{'s' if sweep.repeats != 1 else ''}"
     )
     cells = [_cells(r) for r in sweep.rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(COLUMNS)]
@@ -36,9 +36,9 @@ def text(sweep: Any) -> str:
     return "\n".join(lines + notes(sweep))
 
 
-def notes(sweep: Any, warnings: bool = False) -> list[str]:
-    """Rows without numbers, rows whose plan chunks another axis than ``sf``'s (and with
-    ``warnings``, the plans' warnings)."""
+def notes(sweep: Any) -> list[str]:
+    """The notes under the table, the same in text and HTML: rows without numbers, rows whose
+    plan chunks another axis than ``sf``'s, the plans' warnings."""
     out = [f"{label(r)}: {r['error']}" for r in sweep.rows if r["error"]]
     out += [
         f"{label(r)}: chunks another axis, {r['axis']} (an axis found rather than named "
@@ -46,8 +46,7 @@ def notes(sweep: Any, warnings: bool = False) -> list[str]:
         for r in sweep.rows[1:]
         if r["axis"] is not None and r["axis"] != sweep.rows[0]["axis"]
     ]
-    if warnings:
-        out += [f"{label(r)}: {r['warning']}" for r in sweep.rows if r["warning"]]
+    out += [f"{label(r)}: {r['warning']}" for r in sweep.rows if r["warning"]]
     return out
 
 
@@ -60,10 +59,10 @@ def html(sweep: Any) -> str:
 
     caption = (
         f"jaxpr_accum sweep of {sweep.name}: axis of size {sweep.axis_size}, value_and_grad "
-        f"with respect to argnums {sweep.argnums}, median of {sweep.repeats} interleaved "
+        f"with respect to grad_argnums {sweep.grad_argnums}, median of {sweep.repeats} interleaved "
         f"repeat{'s' if sweep.repeats != 1 else ''}; ratios to the original's"
     )
-    listed = notes(sweep, warnings=True)
+    listed = notes(sweep)
     return (
         f'<div><table {_html.TABLE}><caption style="caption-side: top; text-align: left">'
         f"{escape(caption)}</caption><thead>{row(COLUMNS, 'th')}</thead><tbody>"

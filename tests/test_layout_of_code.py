@@ -128,11 +128,15 @@ def test_no_module_is_over_300_lines():
 
 
 def test_no_function_is_much_over_60_lines():
+    """Lines of code: a docstring (Args, Returns, Raises, Example) does not count."""
     long = {}
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
+                if ast.get_docstring(node) is not None:
+                    doc = node.body[0]
+                    n -= doc.end_lineno - doc.lineno + 1
                 if n > 65:
                     long[f"{path.relative_to(PACKAGE)}:{node.name}"] = n
     assert not long, long

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum import _sweep
+from jaxpr_accum import _sweep, _sweep_view
 
 W = jnp.asarray(np.random.RandomState(0).normal(size=(8, 16)) / 3, jnp.float32)
 X = jnp.asarray(np.random.RandomState(1).normal(size=(2, 64, 8)), jnp.float32)  # 2 examples
@@ -44,7 +44,7 @@ def test_rows_are_the_original_then_every_chunk_and_mode(sweep):
     assert [(r["chunk"], r["grad"]) for r in sweep.rows] == [
         (None, None), (1, "auto"), (2, "auto"), (1, "remat"), (2, "remat"),
     ]  # fmt: skip
-    assert sweep.axis_size == 2 and sweep.argnums == (0,) and sweep.repeats == 1
+    assert sweep.axis_size == 2 and sweep.grad_argnums == (0,) and sweep.repeats == 1
     for r in sweep.rows:
         assert set(r) >= KEYS, r
         assert r["error"] is None, r
@@ -121,12 +121,20 @@ def test_the_text_table_has_a_line_per_row(sweep):
     lines = str(sweep).splitlines()
     assert lines[0].startswith("jaxpr_accum sweep of loss: axis of size 2")
     assert lines[1].split()[:3] == ["chunk", "grad", "temp"]
-    body = lines[3:]
-    assert len(body) == len(sweep.rows)
+    body = lines[3 : 3 + len(sweep.rows)]
     assert body[0].startswith("original")
     assert [ln.split()[0] for ln in body[1:]] == ["1", "2", "1", "2"]
     r = sweep.rows[2]
     assert f"{r['memory_ratio']:.3f}" in body[2] and f"{r['time_ratio']:.3f}" in body[2]
+
+
+def test_the_text_carries_the_notes_of_the_html(sweep):
+    """``str(sweep)`` and its HTML list the same notes, the plans' warnings among them."""
+    notes = _sweep_view.notes(sweep)
+    html = sweep._repr_html_()
+    assert any("holds the whole axis" in n for n in notes), notes
+    assert str(sweep).splitlines()[3 + len(sweep.rows) :] == notes
+    assert all(escape(n) in html for n in notes), html
 
 
 def _fake(name: str = "loss") -> ja.Sweep:
@@ -238,9 +246,11 @@ def test_default_chunks_are_powers_of_two_and_the_axis_size():
         ({"grads": ()}, ValueError, "`grads`"),
         ({"repeats": 0}, ValueError, "`repeats`"),
         ({"repeats": 1.0}, TypeError, "`repeats`"),
-        ({"argnums": 2}, ValueError, "`argnums` 2 is out of range"),
-        ({"argnums": -3}, ValueError, "`argnums`"),
-        ({"argnums": "0"}, TypeError, "`argnums`"),
+        ({"grad_argnums": 2}, ValueError, "`grad_argnums` 2 is out of range"),
+        ({"grad_argnums": -3}, ValueError, "`grad_argnums`"),
+        ({"grad_argnums": "0"}, TypeError, "`grad_argnums`"),
+        ({"argnums": 0}, TypeError, "unexpected keyword argument 'argnums': .*`grad_argnums`"),
+        ({"chunk": 2}, TypeError, "unexpected keyword argument 'chunk'"),
         ({"progress": "yes"}, TypeError, "`progress`"),
     ],
 )

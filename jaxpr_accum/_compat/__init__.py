@@ -6,7 +6,9 @@ versions (the parameters of ``custom_jvp_call`` / ``custom_vjp_call``, source in
 dead-code elimination). Tested with JAX 0.9.x and 0.10.x (``TESTED``); where the two differ,
 the helpers detect what is present. Every private lookup goes through ``_lookup``: on a JAX
 where one has moved it raises ``MissingInternal``, naming the JAX version and the missing
-piece, at first use; a JAX outside the tested series warns once at import.
+piece, at first use; a JAX outside the tested series warns once at import
+(``check_jax_version``, called by the package once its rule tables are built, so that the
+warning lists the table entries this JAX has no primitive for).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import jax
 import jax.extend.core
@@ -78,7 +80,6 @@ from jaxpr_accum._compat._sharding import (  # noqa: F401 (re-exported)
     placement_key,
 )
 
-check_jax_version()
 # Public in jax.extend.core since JAX 0.10; private (jax._src.core) in 0.9.
 DropVar = getattr(jax.extend.core, "DropVar", None) or _jax("jax._src.core.DropVar")
 
@@ -93,11 +94,15 @@ with contextlib.suppress(MissingInternal):
     _jax("jax._src.source_info_util.register_inclusion")(os.path.join(_PACKAGE_DIR, "_seed1.py"))
 
 
-def api_boundary(fun: Callable) -> Callable:
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def api_boundary(fun: _F) -> _F:
     """Mark a public entry point: errors raised through it show the user's frames only (as
-    JAX's own entry points do; ``JAX_TRACEBACK_FILTERING=off`` shows everything)."""
+    JAX's own entry points do; ``JAX_TRACEBACK_FILTERING=off`` shows everything). Typed as
+    the identity, so a decorated method keeps its signature for type checkers."""
     try:
-        return _jax("jax._src.traceback_util.api_boundary")(fun)
+        return cast(_F, _jax("jax._src.traceback_util.api_boundary")(fun))
     except MissingInternal:  # cosmetic: full tracebacks
         return fun
 

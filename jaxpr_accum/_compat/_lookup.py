@@ -1,6 +1,14 @@
 """Which JAX versions are tested; lookups of JAX's internals that say clearly when one has
 moved (the rest of ``_compat`` goes through ``internal`` and ``param``); JAX's primitives by
-name."""
+name.
+
+The package's rule tables name primitives (``table_primitive``). A name the installed JAX has
+no primitive for is skipped and recorded in ``ABSENT``, never an error at import: such a
+primitive cannot appear in this JAX's programs. On a tested JAX, ``ABSENT`` is exactly what
+that series lacks (tests/test_compat.py checks it, so a misspelt name fails there); on an
+untested one, the one version warning (``check_jax_version``, issued once the tables are
+built) lists what was skipped.
+"""
 
 from __future__ import annotations
 
@@ -18,13 +26,33 @@ _TESTED_TEXT = " and ".join(f"{v}.x" for v in TESTED)
 
 
 class JaxVersionWarning(PlanWarning):
-    """The installed JAX is of another series than the tested ones (``TESTED``): it may work,
-    or raise ``MissingInternal`` where an internal this package needs has moved."""
+    """The installed JAX is of another series than the tested ones (0.9.x and 0.10.x).
+
+    Issued once, at ``import jaxpr_accum``. The package may work there, or raise
+    ``MissingInternal`` where an internal it needs has moved; the warning also lists the
+    primitives its rule tables name that this JAX does not have (skipped: they cannot appear
+    in this JAX's programs). A ``PlanWarning``, so filtering those filters this one too.
+
+    Examples:
+        >>> import warnings, jaxpr_accum as ja
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error", category=ja.JaxVersionWarning)
+    """
 
 
 class MissingInternal(RuntimeError):
-    """A JAX internal this package needs (a private function, a parameter of an equation) is
-    not in the installed JAX."""
+    """A JAX internal this package needs is not in the installed JAX.
+
+    Raised at first use of the piece (a private function, a parameter of an equation) on a
+    JAX whose internals have moved, typically one outside the tested series (see
+    ``JaxVersionWarning``); the message names the piece and the JAX version. A
+    ``RuntimeError``: no argument of the caller's can fix it, only another JAX version.
+
+    Examples:
+        >>> import jaxpr_accum as ja
+        >>> issubclass(ja.MissingInternal, RuntimeError)
+        True
+    """
 
     def __init__(self, what: str):
         super().__init__(
@@ -38,7 +66,8 @@ _warned = False
 
 def check_jax_version(version: str | None = None) -> bool:
     """Whether ``version`` (default: the installed JAX's) is of a tested series; if it is not,
-    a ``JaxVersionWarning``, once per process."""
+    a ``JaxVersionWarning``, once per process, that lists the rule-table entries skipped so
+    far (``ABSENT``; the package calls this once its tables are built)."""
     global _warned
     version = jax.__version__ if version is None else version
     tested = ".".join(version.split(".")[:2]) in TESTED
@@ -48,6 +77,11 @@ def check_jax_version(version: str | None = None) -> bool:
             f"jaxpr_accum is tested with JAX {_TESTED_TEXT}, not {version}; it raises "
             "MissingInternal where an internal of JAX it needs has moved"
         )
+        if ABSENT:
+            message += (
+                "; its rule tables name primitives this JAX does not have, skipped: "
+                + ", ".join(sorted(ABSENT))
+            )
         warn(message, JaxVersionWarning)  # attributed to the user's import
     return tested
 
@@ -102,22 +136,12 @@ def primitive(name: str) -> Any:
 ABSENT: set[str] = set()
 
 
-# Primitives that some tested JAX has and another lacks (0.10 only, for now): the package's
-# tables name them, and skip them where the installed JAX has none.
-VERSION_DEPENDENT = frozenset({"mulhi", "ormqr", "stack", "unstack", "stage"})
-
-
 def table_primitive(name: str) -> Any:
-    """The primitive named ``name`` in one of the package's own tables, or None (recorded in
-    ``ABSENT``) if the installed JAX lacks it and it is one of ``VERSION_DEPENDENT``; any
-    other unknown name is an error, as a user's is (``primitive``)."""
+    """The primitive named ``name`` in one of the package's own tables, or None, recorded in
+    ``ABSENT``, if the installed JAX has none (see the module docstring; a user's unknown
+    name, ``register_rule``'s, is an error instead)."""
     found = primitive(name)
     if found is None:
-        if name not in VERSION_DEPENDENT:
-            raise ValueError(
-                f"no primitive named {name!r} in JAX {jax.__version__}, and it is not one "
-                "that a tested JAX version lacks: a misspelt name in a rule table?"
-            )
         ABSENT.add(name)
     return found
 

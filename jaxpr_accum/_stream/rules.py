@@ -38,8 +38,8 @@ STREAM_RULES: dict[Any, StreamRule] = {}  # keyed by primitive objects, as ``_ta
 
 
 def _rule(*names: str) -> Callable[[StreamRule], StreamRule]:
-    """Register a streaming rule for the primitives ``names`` (a name that no tested JAX
-    has is an error; one the installed JAX lacks is skipped, ``_compat.table_primitive``)."""
+    """Register a streaming rule for the primitives ``names`` (a name the installed JAX lacks
+    is skipped and recorded, ``_compat.table_primitive``)."""
 
     def register(fn: StreamRule) -> StreamRule:
         for name in names:

@@ -1,4 +1,4 @@
-"""``serialize_axis`` and ``SerializedFunction``: the plan cache and dispatch.
+"""``SerializedFunction``: the plan cache and dispatch (see ``jaxpr_accum._api``).
 
 Settings are validated once, at decoration (``_settings``); what depends on the call
 (``argnums`` / ``axis`` / ``in_axes`` against the actual arguments, equal sizes, concrete
@@ -10,10 +10,10 @@ LRU-bounded (``CACHE_SIZE`` signatures per function). A call first traces and co
 built program (``_fallback.ready``: an internal error there runs the original instead), then
 runs it uncaught: an error raised while it runs (a callback's, ``checkify``'s,
 ``jax_debug_nans``') is the user's, raised as it is, and nothing is run twice. Flax NNX graph
-nodes among the
-arguments are handled by one dispatch helper (``_nnx``). The public methods are JAX API
-boundaries: an error raised through them shows the user's frames only
-(``JAX_TRACEBACK_FILTERING=off`` shows all).
+nodes among the arguments are handled by one dispatch helper (``_nnx``). The public methods
+are JAX API boundaries: an error raised through them shows the user's frames only
+(``JAX_TRACEBACK_FILTERING=off`` shows all). The ``repr`` shows every setting that differs
+from its default (``Settings``' field defaults).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, NoReturn, ParamSpec, TypeVar
 
 import jax
 
 from jaxpr_accum import _arguments, _budget, _compat, _fallback, _nnx, _trace
+from jaxpr_accum._api._naming import non_defaults, unexpected
 from jaxpr_accum._compat import ClosedJaxpr
 from jaxpr_accum._errors import warn
 from jaxpr_accum._prepare import (
@@ -40,20 +41,34 @@ from jaxpr_accum._report import Plan
 from jaxpr_accum._settings import SETTING_NAMES, Settings
 from jaxpr_accum._sweep import Sweep, measure_sweep
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 def _setting(name: str) -> property:
     return property(lambda self: getattr(self.settings, name), doc=f"The `{name}` setting.")
 
 
-class SerializedFunction:
-    """``fun`` with one axis run in chunks. See ``serialize_axis``.
+class SerializedFunction(Generic[P, R]):
+    """A function with one axis run in chunks: what ``serialize_axis`` returns.
 
-    The settings (``chunk``, ``axis``, ...) are read-only; ``serialize_axis(sf.original,
-    ...)`` makes a function with other settings.
+    Call it as the original (also under ``jax.jit``, ``jax.grad``, ``jax.vmap``); ask it what
+    it does with ``explain``, ``jaxpr`` and ``sweep``. The settings of ``serialize_axis`` are
+    read-only attributes (plans are cached): ``serialize_axis(sf.original, ...)`` makes a
+    function with other settings. The ``repr`` shows every setting not at its default.
+
+    Attributes:
+        original: The wrapped function, undecorated (the oracle in tests).
+        settings: The validated settings, an immutable dataclass.
+
+    Examples:
+        >>> import jax.numpy as jnp, jaxpr_accum as ja
+        >>> ja.serialize_axis(lambda w, x: jnp.sum(x @ w), chunk=2, argnums=1)
+        serialize_axis('<lambda>', chunk=2, argnums=(1,))
     """
 
     settings: Settings
-    original: Callable
+    original: Callable[P, R]
     _cache: LRU
     _planner: Planner
     _pure: SerializedFunction | None
@@ -68,7 +83,7 @@ class SerializedFunction:
     mesh_axis = _setting("mesh_axis")
     in_axes = _setting("in_axes")
 
-    def __init__(self, fun: Callable, settings: Settings):
+    def __init__(self, fun: Callable[P, R], settings: Settings):
         if not callable(fun):
             raise TypeError(f"`fun` must be callable, got {fun!r}")
         object.__setattr__(self, "settings", settings)
@@ -88,7 +103,30 @@ class SerializedFunction:
 
     # -- public --------------------------------------------------------------------------
     @_compat.api_boundary
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function with its axis in chunks: the original's values, as the original.
+
+        Args:
+            *args: The original's positional arguments.
+            **kwargs: The original's keyword arguments.
+
+        Returns:
+            What the original returns, computed chunk by chunk (equal up to floating-point
+            reassociation; random draws bit-identical).
+
+        Raises:
+            SerializeError: The program has no chunkable axis for these argument shapes.
+            ArgumentError: The arguments do not match the settings.
+            MissingInternal: On an untested JAX, an internal this package needs has moved.
+
+        Examples:
+            >>> import jax, jax.numpy as jnp, jaxpr_accum as ja
+            >>> loss = lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)
+            >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
+            >>> w, x = jnp.ones((3, 2)), jnp.ones((10, 3))
+            >>> bool(jnp.allclose(jax.grad(sf)(w, x), jax.grad(loss)(w, x)))
+            True
+        """
         nnx = self._on_nnx_state(args, kwargs)
         if nnx is not None:
             out, new_states, new_kw = nnx[0](*nnx[1], **nnx[2])
@@ -113,7 +151,29 @@ class SerializedFunction:
         return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
 
     @_compat.api_boundary
-    def explain(self, *args: Any, **kwargs: Any) -> Plan:
+    def explain(self, *args: P.args, **kwargs: P.kwargs) -> Plan:
+        """The plan for a call with these arguments, without running it.
+
+        Args:
+            *args: The original's positional arguments.
+            **kwargs: The original's keyword arguments.
+
+        Returns:
+            The ``Plan``: the axis and where it is born, the chunk, the gradient mode and why,
+            what stops the region (with source lines), the estimated saving. ``print`` it for
+            a report; in a notebook it renders as HTML.
+
+        Raises:
+            SerializeError: The program has no chunkable axis for these argument shapes.
+            ArgumentError: The arguments do not match the settings.
+
+        Examples:
+            >>> import jax.numpy as jnp, jaxpr_accum as ja
+            >>> sf = ja.serialize_axis(lambda x: jnp.sum(jnp.sin(x)), chunk=4)
+            >>> plan = sf.explain(jnp.ones(16))
+            >>> plan.axis_size, plan.chunk
+            (16, 4)
+        """
         nnx = self._on_nnx_state(args, kwargs)
         if nnx is not None:
             return nnx[0].explain(*nnx[1], **nnx[2])
@@ -129,7 +189,26 @@ class SerializedFunction:
         return prepared.plan
 
     @_compat.api_boundary
-    def jaxpr(self, *args: Any, **kwargs: Any) -> ClosedJaxpr:
+    def jaxpr(self, *args: P.args, **kwargs: P.kwargs) -> ClosedJaxpr:
+        """The rewritten program for these arguments, as ``jax.make_jaxpr`` shows it.
+
+        Args:
+            *args: The original's positional arguments.
+            **kwargs: The original's keyword arguments.
+
+        Returns:
+            A ``jax.extend.core.ClosedJaxpr``; the chunked region is a ``scan``.
+
+        Raises:
+            SerializeError: The program has no chunkable axis for these argument shapes.
+            ArgumentError: The arguments do not match the settings.
+
+        Examples:
+            >>> import jax.numpy as jnp, jaxpr_accum as ja
+            >>> sf = ja.serialize_axis(lambda x: jnp.sum(jnp.sin(x)), chunk=4)
+            >>> "scan" in str(sf.jaxpr(jnp.ones(16)))
+            True
+        """
         nnx = self._on_nnx_state(args, kwargs)
         if nnx is not None:
             return nnx[0].jaxpr(*nnx[1], **nnx[2])
@@ -142,25 +221,60 @@ class SerializedFunction:
         *args: Any,
         chunks: int | Sequence[int] | None = None,
         grads: str | Sequence[str] = ("auto",),
-        argnums: int | Sequence[int] = 0,
+        grad_argnums: int | Sequence[int] = 0,
         repeats: int = 3,
         progress: bool | None = None,
+        **removed: NoReturn,
     ) -> Sweep:
-        """Measure the original and each ``(chunk, grad)`` pair side by side: XLA temp bytes
-        of ``jax.jit(jax.value_and_grad(g, argnums))``, the median time of ``repeats``
-        interleaved calls, the largest relative gradient error (see ``_sweep``).
-        ``chunks=None``: powers of two up to the axis size, and the axis size. ``progress``:
-        a line per step on stderr (None: when stderr is a terminal)."""
+        """Measure the original and a copy per ``(chunk, grad)`` pair, side by side.
+
+        Each copy is ``serialize_axis(sf.original, chunk=c, grad=g)`` with ``sf``'s other
+        settings. For each, ``jax.jit(jax.value_and_grad(g, grad_argnums))`` (``g`` sums the
+        floating outputs) is compiled at ``args`` and measured: XLA's temp bytes, the median
+        time of ``repeats`` interleaved rounds, the largest relative difference of value and
+        gradients from the original's.
+
+        Args:
+            *args: The original's positional arguments (keyword arguments are not taken).
+            chunks: The chunk sizes to measure; None: the powers of two up to the axis size,
+                and the axis size.
+            grads: The gradient modes to measure (``"auto"``, ``"remat"``, ``"fused"``,
+                ``"native"``), each at every chunk.
+            grad_argnums: The positional arguments to differentiate, as ``jax.grad``'s
+                ``argnums`` (not ``serialize_axis``'s ``argnums``, which names the arguments
+                that carry the axis).
+            repeats: Rounds of timed calls; each round calls every compiled program once.
+            progress: A line per step on stderr; None: when stderr is a terminal.
+
+        Returns:
+            The ``Sweep``, a row per function, the original first: a table with notes when
+            printed, HTML in a notebook, a figure with ``.plot()``.
+
+        Raises:
+            TypeError: A bad argument type, or the old spelling ``argnums=`` (renamed
+                ``grad_argnums`` in 0.1.0).
+            ValueError: A bad argument value (an empty ``chunks``, an unknown mode, a
+                ``grad_argnums`` out of range or naming an argument with no arrays).
+            SerializeError: The program has no chunkable axis for these argument shapes.
+
+        Examples:
+            >>> import jax.numpy as jnp, jaxpr_accum as ja
+            >>> sf = ja.serialize_axis(lambda w, x: jnp.sum(jnp.tanh(x @ w)), chunk=2, argnums=1)
+            >>> sweep = sf.sweep(jnp.ones((3, 2)), jnp.ones((8, 3)), chunks=(2, 4), repeats=1)
+            >>> [row["chunk"] for row in sweep.rows]
+            [None, 2, 4]
+        """
+        if removed:
+            raise TypeError(unexpected("sweep", removed))
         return measure_sweep(
-            self, args, chunks=chunks, grads=grads, argnums=argnums, repeats=repeats,
-            progress=progress,
+            self, args, chunks=chunks, grads=grads, grad_argnums=grad_argnums,
+            repeats=repeats, progress=progress,
         )  # fmt: skip
 
     def __repr__(self) -> str:
         name = getattr(self.original, "__name__", self.original)
-        if self.chunk is None:
-            return f"serialize_axis({name!r}, memory={self.memory!r})"
-        return f"serialize_axis({name!r}, chunk={self.chunk})"
+        settings = ", ".join(f"{k}={v}" for k, v in non_defaults(self.settings))
+        return f"serialize_axis({name!r}, {settings})"
 
     # -- internals -----------------------------------------------------------------------
     def _on_nnx_state(self, args: tuple, kwargs: dict) -> tuple | None:
@@ -194,42 +308,3 @@ class SerializedFunction:
             if key is not None and not traced.has_tracer_consts:
                 self._cache.put(key, prepared)
         return prepared, [*prepared.traced.consts, *call.dyn]
-
-
-def serialize_axis(
-    fun: Callable | None = None,
-    *,
-    chunk: int | None = None,
-    memory: int | str | float | None = None,
-    axis: int | None = 0,
-    argnums: int | tuple[int, ...] | None = None,
-    in_axes: Any = None,
-    size: int | None = None,
-    grad: str = "auto",
-    accum_dtype: Any = None,
-    mesh_axis: Any = None,
-) -> Any:
-    """Run one axis of ``fun`` in chunks of ``chunk``, with the same values and gradients.
-
-    Use as ``@serialize_axis(chunk=4)`` or ``serialize_axis(f, chunk=4)``. The axis is the
-    one named by ``argnums`` (position ``axis`` of those arguments' array leaves), by
-    ``in_axes`` (as ``jax.vmap``'s: an int or None per leaf of the positional arguments), the
-    one of size ``size``, or else found automatically. Instead of ``chunk``, ``memory`` (bytes, a
-    string such as ``"2 GiB"``, or a fraction of the device's memory limit) chooses the
-    largest chunk whose compiled ``value_and_grad`` fits it, per call signature. The full
-    contract: docs/api.md and docs/semantics.md.
-    """
-    settings = Settings.validated(
-        chunk=chunk,
-        memory=memory,
-        axis=axis,
-        argnums=argnums,
-        size=size,
-        grad=grad,
-        accum_dtype=accum_dtype,
-        mesh_axis=mesh_axis,
-        in_axes=in_axes,
-    )
-    if fun is None:
-        return lambda f: SerializedFunction(f, settings)
-    return SerializedFunction(fun, settings)

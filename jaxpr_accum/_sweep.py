@@ -6,14 +6,11 @@ replaced, ``memory`` dropped). For each, ``jax.jit(jax.value_and_grad(g, grad_ar
 lowered at the arguments and compiled once, where ``g`` reduces the function's floating
 outputs to a scalar as the memory budget does (``_budget.scalar_of``). Then:
 
-- memory: XLA's temp bytes of that compiled program (``memory_analysis()``; None where the
-  backend does not report it);
-- error: its first call (also the warm-up) gives value and gradients, compared with the
-  original's by ``jaxpr_accum.testing.tree_difference``: the largest difference over every
-  leaf, relative to that leaf's own magnitude (``inf`` where the trees differ in structure);
-- time: ``repeats`` rounds, each calling every compiled program once in the same order (so
-  drift, other processes and thermal state hit all of them alike), each call timed to
-  ``block_until_ready``; the median per function.
+- memory: XLA's temp bytes of that compiled program (None where the backend has none);
+- error: its first call (the warm-up) gives value and gradients, compared with the original's
+  leaf by leaf, relative to each leaf's magnitude (``inf`` where the trees differ);
+- time: ``repeats`` rounds, each calling every program once in the same order (so drift and
+  load hit all alike), timed to ``block_until_ready``; the median per function.
 
 Arguments with no array leaves (static Python values) are closed over, not traced. A copy
 that fails to compile or run is a row with its ``error`` and no numbers; the original failing
@@ -46,18 +43,14 @@ from jaxpr_accum._settings import GRAD_MODES, Settings
 class Sweep:
     """What ``SerializedFunction.sweep`` measured: one row per function, the original first.
 
-    ``str(sweep)`` is a table and its HTML (``_repr_html_``, in notebooks) the same table,
-    each with the same notes: rows that failed, rows that chunk another axis than ``sf``'s
-    (automatic mode at a chunk as long as the axis), the plans' warnings. ``plot`` draws
-    memory and time by chunk.
+    ``str(sweep)`` is a table, its HTML the same, each with the same notes (failed rows, rows
+    chunking another axis than ``sf``'s, the plans' warnings); ``plot`` draws them by chunk.
 
     Attributes:
         rows: Dicts with ``chunk`` and ``grad`` (``None`` for the original), ``mode`` (what
             ``"auto"`` resolved to), ``temp_bytes``, ``time_s`` (median), ``memory_ratio`` and
-            ``time_ratio`` (to the original's), ``max_rel_err`` (the gradients' largest
-            per-leaf relative difference from the original's) and ``value_rel_err``, ``axis``
-            (the axis chunked), ``warning`` (the plan's, if it is not expected to save memory)
-            and ``error`` (``None``, or why the row has no numbers).
+            ``time_ratio`` (to the original's), ``max_rel_err`` (gradients, per leaf) and
+            ``value_rel_err``, ``axis`` (the axis chunked), ``warning`` and ``error``.
         name: The function's name.
         axis_size: The length of the serialized axis.
         grad_argnums: The positional arguments differentiated.

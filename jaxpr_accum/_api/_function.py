@@ -1,19 +1,10 @@
 """``SerializedFunction``: the plan cache and dispatch (see ``jaxpr_accum._api``).
 
-Settings are validated once, at decoration (``_settings``); what depends on the call
-(``argnums`` / ``axis`` / ``in_axes`` against the actual arguments, equal sizes, concrete
-shapes) is checked at the first call with those shapes, before anything is traced
-(``_arguments``). Each distinct call signature (avals, placements and static leaves) is traced,
-planned, built and validated once (``_prepare``), like ``jax.jit``; a function that closes
-over tracers of an enclosing transformation is re-traced on each call. The plan cache is
-LRU-bounded (``CACHE_SIZE`` signatures per function). A call first traces and compiles the
-built program (``_fallback.ready``: an internal error there runs the original instead), then
-runs it uncaught: an error raised while it runs (a callback's, ``checkify``'s,
-``jax_debug_nans``') is the user's, raised as it is, and nothing is run twice. Flax NNX graph
-nodes among the arguments are handled by one dispatch helper (``_nnx``). The public methods
-are JAX API boundaries: an error raised through them shows the user's frames only
-(``JAX_TRACEBACK_FILTERING=off`` shows all). The ``repr`` shows every setting that differs
-from its default (``Settings``' field defaults).
+Each call signature (avals, placements, static leaves) is checked (``_arguments``), traced,
+planned, built and validated once (``_prepare``), in an LRU cache like ``jax.jit``'s. A call
+first traces and compiles the built program (``_fallback.ready``: an internal error there runs
+the original instead), then runs it uncaught: what that raises (a callback, ``checkify``,
+``jax_debug_nans``) is the user's, and nothing runs twice. NNX graph nodes go via ``_nnx``.
 """
 
 from __future__ import annotations
@@ -53,9 +44,8 @@ class SerializedFunction(Generic[P, R]):
     """A function with one axis run in chunks: what ``serialize_axis`` returns.
 
     Call it as the original (also under ``jax.jit``, ``jax.grad``, ``jax.vmap``); ask it what
-    it does with ``explain``, ``jaxpr`` and ``sweep``. The settings of ``serialize_axis`` are
-    read-only attributes (plans are cached): ``serialize_axis(sf.original, ...)`` makes a
-    function with other settings. The ``repr`` shows every setting not at its default.
+    it does with ``explain``, ``jaxpr`` and ``sweep``. Its settings are read-only (plans are
+    cached); the ``repr`` shows every setting not at its default.
 
     Attributes:
         original: The wrapped function, undecorated (the oracle in tests).

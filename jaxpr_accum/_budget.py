@@ -151,8 +151,12 @@ class Measure:
                 figure: int | None = temp_bytes(run, self.inputs, self.diff)
             except Exception:  # not measurable out of the caller's context: see the docstring
                 figure = None
-            self.measured[id(run)] = (run, figure)
+            self.record(run, figure)
         return self.measured[id(run)][1]
+
+    def record(self, run: Callable, figure: int | None) -> None:
+        """``run``'s figure, measured elsewhere (the chunk search's, for its chosen chunk)."""
+        self.measured[id(run)] = (run, figure)
 
 
 def temp_bytes_of(compiled: Any) -> int | None:

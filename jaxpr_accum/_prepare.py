@@ -147,6 +147,8 @@ class Planner:
             chosen = fitted
         if two is None:
             run, grad, reason = self._one_pass(chosen, grad, reason, requested, layout, measure)
+            if budget is not None:  # the search compiled this program: never again
+                measure.record(run, budget.measured)
             plan = Plan.from_candidate(chosen, usable, grad, reason, layout, budget)
             estimate: _worth.Estimate = chosen
         else:
@@ -173,13 +175,18 @@ class Planner:
         measure: _budget.Measure,
     ) -> tuple[Callable, str, str]:
         """``(run, grad, why)``: the one-pass plan built; auto's pick of fused is confirmed by
-        measuring both modes (``_choice.confirm_fused``), except under a memory budget, which
-        measured its own choice."""
+        measuring both modes (``_choice.confirm_fused``) where the estimate does not decide
+        alone (``_choice.estimate_decides``), and not under a memory budget, which measured
+        its own choice."""
         accum = self.settings.accum_dtype
         with _fallback.stage("building"):
             run = build(chosen.split, chosen.chunk, grad, accum, layout)
         budgeted = self.settings.chunk is None
-        if requested == "auto" and grad == "fused" and not budgeted and measure.diff:
+        if requested != "auto" or grad != "fused" or budgeted or not measure.diff:
+            return run, grad, reason
+        if _choice.estimate_decides(chosen, measure.diff):
+            grad, reason = _choice.by_estimate(reason)
+        else:
             with _fallback.stage("measuring fused against remat"):
                 remat = build(chosen.split, chosen.chunk, "remat", accum, layout)
                 grad, reason = _choice.confirm_fused(reason, measure(run), measure(remat))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
+from jaxpr_accum import _budget
 from jaxpr_accum.testing import assert_tree_close
 
 from .oracle import NOT_WORTH_IT, assert_matches_original
@@ -77,6 +78,35 @@ def test_one_entry_dense_model_takes_fused_for_the_weights_gradient():
     fused = ja.serialize_axis(mlp, chunk=32, argnums=1, grad="fused")
     assert temp(sf) == temp(fused), plan
     assert_tree_close(jax.value_and_grad(sf)(ws, x), jax.value_and_grad(mlp)(ws, x))
+
+
+def test_auto_decides_from_the_estimate_without_compiling(monkeypatch):
+    """Where the caller does not differentiate the chunked inputs (the weights' gradient; an
+    integer token batch), the estimate decides alone: planning compiles nothing, and
+    ``explain`` says the pick was not measured; the values are the original's."""
+    compiled = []
+    real = _budget.temp_bytes
+    monkeypatch.setattr(_budget, "temp_bytes", lambda *a: compiled.append(1) or real(*a))
+    ws = [jnp.asarray(RS.normal(size=(32, 32)) / 6, jnp.float32) for _ in range(3)]
+    x = jnp.asarray(RS.normal(size=(256, 32)), jnp.float32)
+
+    def mlp(ws, x):
+        h = x
+        for w in ws:
+            h = jnp.tanh(h @ w)
+        return jnp.mean(h**2)
+
+    sf = ja.serialize_axis(mlp, chunk=32, argnums=1)
+    got = jax.jit(jax.value_and_grad(sf))(ws, x)
+    assert not compiled
+    assert_tree_close(got, jax.value_and_grad(mlp)(ws, x))
+
+    emb = jnp.asarray(RS.normal(size=(50, 32)) / 6, jnp.float32)
+    tokens = jnp.asarray(RS.randint(0, 50, size=(256,)), jnp.int32)
+    embedded = ja.serialize_axis(lambda ws, e, t: mlp(ws, e[t]), chunk=32, argnums=2)
+    plan = embedded.explain(ws, emb, tokens)
+    assert plan.grad == "fused" and "not measured" in plan.grad_reason, plan
+    assert not compiled
 
 
 def test_fused_measured_above_remat_takes_remat():

@@ -1,0 +1,109 @@
+"""What planning costs on a 12-layer transformer: ``sf.jaxpr`` against tracing, and the first
+call of ``jax.jit(jax.value_and_grad(sf))`` against the original's.
+
+Run from the repository root::
+
+    python benchmarks/planning_cost.py           # 12 layers, 3 interleaved repeats
+    python benchmarks/planning_cost.py --quick   # 4 layers, 2 repeats
+
+The loss is the Flax linen transformer language model with dropout of ``benchmarks/models.py``
+(12 layers, batch 16, seq 32, width 64), serialized with ``chunk=4, argnums=1`` under
+the default ``grad="auto"``. Each measurement uses a fresh function object (a new linen module
+and a new closure: no trace or compile cache is hit), and the pairs are interleaved:
+
+* *planning*: ``jax.make_jaxpr(loss)(*args)`` against ``sf.jaxpr(*args)`` (tracing, axis
+  analysis, planning, building and tracing the rewritten program). Target: at most 2 s more
+  than tracing;
+* *first call*: ``jax.jit(jax.value_and_grad(f))(*args)`` of the original against the same of
+  ``sf`` (trace, plan, compile, run). Target: at most 1.3x the original's.
+
+Figures are process CPU time (the machine is shared: CPU time is what the load inflates
+least), medians over the repeats, with wall times and the load average beside them. Exit 1
+if a target is missed.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+from harness import benchmark_options, print_table  # noqa: E402
+from models import TransformerConfig, make_transformer_loss, transformer_problem  # noqa: E402
+
+import jaxpr_accum as ja  # noqa: E402
+
+EXTRA_S = 2.0  # planning: at most this much beyond tracing
+FIRST_CALL_RATIO = 1.3  # the first call: at most this many times the original's
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """``(CPU seconds, wall seconds)`` of ``fn()``, its result blocked on."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    jax.block_until_ready(fn())
+    return time.process_time() - c0, time.perf_counter() - w0
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = benchmark_options(__doc__, "4 layers, 2 repeats", argv)
+    repeats = 2 if opts.quick else 3
+    cfg = TransformerConfig(batch=16, seq=32, embed=64, layers=4 if opts.quick else 12)
+    _, args = transformer_problem(cfg)
+
+    def serialized():
+        return ja.serialize_axis(make_transformer_loss(cfg), chunk=4, argnums=1)
+
+    def first_call(f):
+        return jax.jit(jax.value_and_grad(f))(*args)
+
+    cases = {
+        "make_jaxpr(loss)": lambda: jax.make_jaxpr(make_transformer_loss(cfg))(*args),
+        "sf.jaxpr": lambda: serialized().jaxpr(*args),
+        "first call, original": lambda: first_call(make_transformer_loss(cfg)),
+        "first call, sf": lambda: first_call(serialized()),
+    }
+    cpu: dict[str, list[float]] = {n: [] for n in cases}
+    wall: dict[str, list[float]] = {n: [] for n in cases}
+    loads = [os.getloadavg()[0]]
+    print(
+        f"jax {jax.__version__}: {cfg.layers}-layer transformer (batch {cfg.batch}, seq "
+        f"{cfg.seq}, width {cfg.embed}), chunk=4, argnums=1; {repeats} interleaved repeats; "
+        f"load {loads[0]:.1f}",
+        flush=True,
+    )
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            c, w = timed(fn)
+            cpu[name].append(c)
+            wall[name].append(w)
+        loads.append(os.getloadavg()[0])
+    med = {n: (statistics.median(cpu[n]), statistics.median(wall[n])) for n in cases}
+    extra_cpu = med["sf.jaxpr"][0] - med["make_jaxpr(loss)"][0]
+    extra_wall = med["sf.jaxpr"][1] - med["make_jaxpr(loss)"][1]
+    ratio_cpu = med["first call, sf"][0] / med["first call, original"][0]
+    ratio_wall = med["first call, sf"][1] / med["first call, original"][1]
+    rows = [[n, f"{c:.2f} s", f"{w:.2f} s"] for n, (c, w) in med.items()]
+    print_table(["what", "median CPU", "median wall"], rows)
+    plan = serialized().explain(*args)
+    print(f"\nauto's mode: {plan.grad} ({plan.grad_reason})")
+    ok_plan, ok_call = extra_cpu <= EXTRA_S, ratio_cpu <= FIRST_CALL_RATIO
+    print(
+        f"planning: sf.jaxpr - make_jaxpr = {extra_cpu:+.2f} s CPU ({extra_wall:+.2f} s wall; "
+        f"ratio {med['sf.jaxpr'][0] / med['make_jaxpr(loss)'][0]:.2f}x CPU), target <= "
+        f"{EXTRA_S:.0f} s: {'PASS' if ok_plan else 'FAIL'}"
+    )
+    print(
+        f"first call: sf / original = {ratio_cpu:.2f}x CPU ({ratio_wall:.2f}x wall), target "
+        f"<= {FIRST_CALL_RATIO}x: {'PASS' if ok_call else 'FAIL'}"
+    )
+    print("load average (1 min): " + ", ".join(f"{x:.1f}" for x in loads))
+    return 0 if ok_plan and ok_call else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -63,8 +63,8 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
-from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict, is_middle_factor
-from jaxpr_accum._table import passed_through, reduced_inside, rule_for
+from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict, canonical, is_mapped, positions
+from jaxpr_accum._table import passed_through, reduced_inside, refusal, rule_for
 from jaxpr_accum._view import Context, Ctx, EqnKey, Ref, View, order, parent
 
 
@@ -140,7 +140,10 @@ class Analysis:
         if ref in self.conflicts:
             return
         shape = v.aval.shape
-        if not (0 <= loc.dim < len(shape)) or shape[loc.dim] != loc.outer * self.size * loc.inner:
+        loc = canonical(loc, self.size)
+        rows = loc.outer * positions(loc, self.size) * loc.inner
+        bad = is_mapped(loc) and loc.outer > 1  # a row map of a middle factor: not modelled
+        if bad or not (0 <= loc.dim < len(shape)) or shape[loc.dim] != rows:
             self.mark_barrier(key, f"the axis cannot sit at dimension {loc.dim} of {v.aval}")
             return
         old = self.locs.get(ref)
@@ -160,10 +163,10 @@ class Analysis:
         self.hoists.setdefault(key, reason)
 
     def mark_reduction(self, key: EqnKey, j: int, kind: str) -> None:
+        ctx = key[0]
         marks = self.reductions.setdefault(key, {})
         if marks.get(j) != kind:
             marks[j] = kind
-            ctx = key[0]
             if ctx:  # a call passes reductions of its body out: let its rule see this one
                 self._enqueue(parent(ctx))
 
@@ -206,14 +209,9 @@ class Analysis:
             eqn = contexts[ctx].eqns[idx]
             self.eqns[key] = eqn
             rule, view = rule_for(eqn.primitive), View(self, ctx, idx, eqn)
-            if not rule.middle_factor_ok and any(
-                is_middle_factor(self.loc(ctx, v)) for v in (*eqn.invars, *eqn.outvars)
-            ):
-                view.barrier(
-                    f"`{eqn.primitive.name}` meets the axis as a middle factor of a merged "
-                    "dimension (after a reshape such as [T, B, H] -> [T * B, H]) and has no "
-                    "rule for it"
-                )
+            why = refusal(rule, [self.loc(ctx, v) for v in (*eqn.invars, *eqn.outvars)])
+            if why is not None:
+                view.barrier(f"`{eqn.primitive.name}` meets {why} and has no rule for it")
                 continue
             rule.propagate(eqn, view)
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxpr_accum import _compat
-from jaxpr_accum._axes import Analysis
+from jaxpr_accum import _compat, _fanout
 from jaxpr_accum._compat import Jaxpr, Var
 from jaxpr_accum._cost import Candidate, format_bytes
 from jaxpr_accum._errors import SerializeError
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._lattice import AxisLoc, is_mapped
 from jaxpr_accum._plan import Split, make_split
 
 
@@ -41,9 +40,9 @@ def choose_split(
             if ax is not None
         ]
         n = _compat.shape_of(seeds[0][0])[seeds[0][1].dim]
-        analysis = Analysis(jaxpr, n).run(seeds)
+        fanned, analysis = _fanout.analyse(jaxpr, n, seeds)
         born = _listed(sorted({f"{names[v]} at axis {loc.dim}" for v, loc in seeds}))
-        candidates = [make_split(jaxpr, analysis, born, stream)]
+        candidates = [make_split(fanned, analysis, born, stream)]
         what = (
             f"`argnums` {settings.argnums}"
             if settings.argnums is not None
@@ -151,14 +150,15 @@ def find_candidates(
                 continue
             if (v, d) in covered:
                 continue
-            analysis = Analysis(jaxpr, n).run([(v, AxisLoc(d))])
+            fanned, analysis = _fanout.analyse(jaxpr, n, [(v, AxisLoc(d))])
             reached = [(u, loc) for (ctx, u), loc in analysis.locs.items() if ctx == ()]
-            covered.update((u, loc.dim) for u, loc in reached if loc.inner == loc.outer == 1)
-            first, first_loc = min(reached, key=lambda p: order.get(p[0], len(order)))
+            covered.update((u, loc.dim) for u, loc in reached if loc == AxisLoc(loc.dim))
+            whole = [(u, loc) for u, loc in reached if not is_mapped(loc)] or reached
+            first, first_loc = min(whole, key=lambda p: order.get(p[0], len(order)))
             if axis is not None and first_loc != AxisLoc(d):
                 continue
-            born = describe_origin(jaxpr, first, first_loc.dim, arg_names)
-            splits.append(make_split(jaxpr, analysis, born, stream))
+            born = describe_origin(fanned, first, first_loc.dim, arg_names)
+            splits.append(make_split(fanned, analysis, born, stream))
     return splits
 
 

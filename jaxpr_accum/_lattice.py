@@ -10,11 +10,25 @@ only the rules that never index along it accept such a location (``Rule.middle_f
 the analysis makes every other equation that meets one a barrier. ``join`` is the least
 upper bound: two different locations meet at ``CONFLICT``, the top, from which nothing
 propagates.
+
+**Row maps.** ``lo``, ``span`` and ``rev`` say which positions of the axis the rows of the
+dimension are: row ``j`` is position ``lo + j`` (``rev``: ``lo + span - 1 - j``), for ``span``
+rows (``0``: the whole axis, ``N``). A concatenation along the axis gives each part the
+segment of positions its rows become, a slice the segment it keeps, ``rev`` the reversed map
+(``jnp.roll`` is two slices and a concatenation). A row-mapped value is computed per chunk on
+its *window* (``window``): the chunk's positions clamped into its own, ``min(k, span)``
+rows, so consecutive windows may overlap. That is exact for positionwise equations
+(``Rule.row_map_ok``), never for a reduction over the axis, and a mapped value is never
+stacked after the loop. Windows nest: the window of a sub-segment is the clamp of its
+parent's window into it, so a concatenation's window is one contiguous run of its parts'
+windows (``_rules/rows``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
 
 
 class AxisLoc(NamedTuple):
@@ -24,8 +38,14 @@ class AxisLoc(NamedTuple):
     dim: int
     inner: int = 1
     outer: int = 1
+    lo: int = 0
+    span: int = 0
+    rev: bool = False
 
     def describe(self) -> str:
+        if is_mapped(self):
+            order = "reversed " if self.rev else ""
+            return f"dimension {self.dim} ({order}positions {self.lo} .. {self.lo + self.span - 1})"
         if self.outer > 1:
             return f"dimension {self.dim} (a middle factor, {self.outer} x N x {self.inner})"
         if self.inner == 1:
@@ -37,6 +57,38 @@ def is_middle_factor(loc: AxisLoc | None) -> bool:
     """Whether ``loc`` holds the axis as a middle factor (``[T * B, H]``): a chunk of it is
     strided, not a block."""
     return loc is not None and loc.outer > 1
+
+
+def is_mapped(loc: AxisLoc | None) -> bool:
+    """Whether ``loc``'s rows are not the axis positions in order (a segment, or reversed)."""
+    return loc is not None and (loc.span != 0 or loc.lo != 0 or loc.rev)
+
+
+def positions(loc: AxisLoc, size: int) -> int:
+    """How many axis positions the rows at ``loc`` are (``span``, or the whole axis)."""
+    return loc.span or size
+
+
+def canonical(loc: AxisLoc, size: int) -> AxisLoc:
+    """``loc`` with a segment that is the whole axis written as the whole axis."""
+    if loc.lo == 0 and loc.span == size:
+        return loc._replace(span=0)
+    return loc
+
+
+def window(loc: AxisLoc, size: int, k: int, start: Any) -> tuple[Any, int]:
+    """``(first row, rows)`` of the value at ``loc`` that chunk ``[start, start + k)`` computes,
+    in the value's own row order (rows of the axis; ``inner`` not applied): the chunk clamped
+    into the value's positions, ``min(k, span)`` rows. The whole axis: the chunk itself."""
+    if not is_mapped(loc):
+        return start, k
+    n = positions(loc, size)
+    w = min(k, n)
+    if isinstance(start, int):
+        first: Any = min(max(start - loc.lo, 0), n - w)
+    else:
+        first = jnp.clip(start - loc.lo, 0, n - w)
+    return (n - w - first if loc.rev else first), w
 
 
 class Conflict:

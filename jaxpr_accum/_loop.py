@@ -32,7 +32,7 @@ from jaxpr_accum import _compat, _stream
 from jaxpr_accum._dtypes import accumulator_dtype, is_float
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._plan import BODY, Split
-from jaxpr_accum._resize import Resizer, shifted, take_chunk
+from jaxpr_accum._resize import Resizer, shifted, take_chunk, windows
 from jaxpr_accum._signature import Inputs, Outputs, Signature
 
 
@@ -101,13 +101,13 @@ class ChunkLoop:
     def body(self, k: int, start: Any, inputs: Inputs) -> ChunkOut:
         """The region's equations on chunk ``[start, start + k)``: ``inputs.chunked`` holds
         the chunk's slices."""
-        sig, split = self.signature, self.split
-        env: dict = dict(zip(sig.invariants, inputs.invariants, strict=True))
+        sig, split, at = self.signature, self.split, shifted(start, self.offset)
+        env = dict(zip(sig.invariants, windows(split.analysis, sig, inputs, at, k), strict=True))
         env.update(zip((v for v, _ in sig.chunked), inputs.chunked, strict=True))
         # Values reduced over the whole axis are only known after the loop: streamed equations
         # see them as deferred (``_stream.emitter``) even where the body computes their partial.
         env.update((v, _stream.DEFERRED) for v in split.deferred if v not in env)
-        resizer = Resizer(split.analysis, k, shifted(start, self.offset))
+        resizer = Resizer(split.analysis, k, at)
         streamed, emit = split.streamed, _stream.emitter(split.deferred)
 
         def special(idx: int) -> Any:

@@ -18,11 +18,13 @@ Stages, assigned in one pass in program order (inputs are in the prologue):
 Body outputs that later stages read are *sums* (carried accumulators), other monoid
 *partials* (stacked per chunk, combined after the loop) or *stacked* values that still carry
 the axis. Body inputs are *invariant* (no axis: parameters, the encoder's output) or
-*chunked* (sliced per chunk). A value that holds the axis as a middle factor of a merged
-dimension (``[T * B, H]``, ``AxisLoc.outer``) is never one of them: a chunk of it is strided,
-not a block, so an equation that would read one from before the loop, or produce one read
-after it, runs after the loop instead (to a fixpoint, like undone streaming). This split is
-exact by construction: every equation computes what it computed before, on the same values.
+*chunked* (sliced per chunk; a row-mapped one, ``_lattice``, is passed whole as an invariant
+and the body takes its windows, which may overlap). A value that holds the axis as a middle
+factor of a merged dimension (``[T * B, H]``, ``AxisLoc.outer``) is never one of them: a chunk
+of it is strided, not a block, so an equation that would read one from before the loop, or
+produce one read after it, runs after the loop instead (to a fixpoint, like undone streaming).
+This split is exact by construction: every equation computes what it computed before, on the
+same values.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from jaxpr_accum import _compat, _cost
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, Var
 from jaxpr_accum._cost import nbytes
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._lattice import AxisLoc, is_mapped
 from jaxpr_accum._stages import BODY, EPILOGUE, PROLOGUE, Stages, Stop, variables
 
 __all__ = ["BODY", "EPILOGUE", "PROLOGUE", "Split", "Stop", "make_split"]
@@ -168,7 +170,7 @@ def _region_inputs(jaxpr: Jaxpr, analysis: Analysis, stages: Stages) -> tuple[li
             if stages.stage[v] == PROLOGUE and v not in seen:
                 seen.add(v)
                 where = analysis.loc((), v)
-                if where is None:
+                if where is None or is_mapped(where):  # a mapped one: its windows, in the body
                     invariants.append(v)
                 else:
                     chunked.append((v, where))

@@ -22,7 +22,7 @@ from jax import lax
 from jaxpr_accum import _compat, _interpret
 from jaxpr_accum._axes import Analysis, Ctx
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._lattice import AxisLoc, is_mapped, window
 from jaxpr_accum._table import rule_for
 from jaxpr_accum._view import EqnResize
 
@@ -37,13 +37,27 @@ def shifted(index: Any, offset: Any) -> Any:
     return index if isinstance(offset, int) and offset == 0 else index + offset
 
 
-def take_chunk(x: Any, loc: AxisLoc, start: Any, k: int) -> Any:
+def take_chunk(x: Any, loc: AxisLoc, start: Any, k: int, size: int | None = None) -> Any:
     """Rows ``start .. start+k-1`` of the axis of ``x`` (which carries it at ``loc``, never
-    as a middle factor: ``_plan`` keeps such values inside the region)."""
+    as a middle factor: ``_plan`` keeps such values inside the region); a row-mapped ``loc``
+    (then ``size`` is the axis's): the chunk's window of ``x``."""
     assert loc.outer == 1, loc
+    if is_mapped(loc):
+        assert size is not None, loc
+        start, k = window(loc, size, k, start)
     if isinstance(start, int) and start == 0 and k * loc.inner == x.shape[loc.dim]:
         return x
     return lax.dynamic_slice_in_dim(x, scaled(start, loc.inner), k * loc.inner, loc.dim)
+
+
+def windows(analysis: Analysis, sig: Any, inputs: Any, start: Any, k: int) -> list:
+    """The region's invariant inputs for the chunk at ``start``: a row-mapped one (passed
+    whole, ``_plan``) as the chunk's window of it, the others as they are."""
+    locs = [analysis.loc((), v) for v in sig.invariants]
+    return [
+        x if loc is None else take_chunk(x, loc, start, k, analysis.size)
+        for x, loc in zip(inputs.invariants, locs, strict=True)
+    ]
 
 
 class Resizer:
@@ -51,13 +65,14 @@ class Resizer:
 
     def __init__(self, analysis: Analysis, k: int, start: Any):
         self.analysis, self.k, self.start = analysis, k, start
+        self.size = analysis.size
 
     def eval_jaxpr(self, ctx: Ctx, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Any]) -> list:
         inner, consts = _compat.open_closed(jaxpr)
         env: dict = {}
         for v, x in zip(inner.constvars, consts, strict=True):
             loc = self.analysis.loc(ctx, v)  # a constant along the axis: this chunk's rows
-            env[v] = x if loc is None else take_chunk(x, loc, self.start, self.k)
+            env[v] = x if loc is None else take_chunk(x, loc, self.start, self.k, self.size)
         env.update(zip(inner.invars, args, strict=True))
         self.eval_eqns(ctx, inner.eqns, env)
         return [_interpret.read(env, v) for v in inner.outvars]

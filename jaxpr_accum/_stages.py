@@ -16,7 +16,7 @@ from typing import Any
 from jaxpr_accum import _compat, _stream
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
-from jaxpr_accum._lattice import is_middle_factor
+from jaxpr_accum._lattice import is_mapped, is_middle_factor
 
 PROLOGUE, BODY, EPILOGUE = "prologue", "body", "epilogue"
 
@@ -92,7 +92,8 @@ class Stages:
         if idx in self.unstacked:
             root = self.unstacked[idx].root
             why = f"it cannot be stacked per chunk, and {_named(root.eqn)} needs it whole"
-            self.stops.append(Stop(eqn, _MIDDLE_FACTOR + why, root))
+            mapped = any(is_mapped(loc((), v)) for v in eqn.outvars)
+            self.stops.append(Stop(eqn, (_ROW_MAP if mapped else _MIDDLE_FACTOR) + why, root))
             return EPILOGUE
         if any(stage[v] == PROLOGUE and is_middle_factor(loc((), v)) for v in ins):
             self.stops.append(Stop(eqn, _MIDDLE_INPUT))
@@ -131,7 +132,7 @@ class Stages:
 
     def _stream(self, idx: int, eqn: JaxprEqn, reduced: dict) -> bool:
         """Whether ``eqn`` runs in the loop as a streamed equation (recorded if so)."""
-        if any(is_middle_factor(self.analysis.loc((), v)) for v in (*eqn.invars, *eqn.outvars)):
+        if any(_not_a_block(self.analysis.loc((), v)) for v in (*eqn.invars, *eqn.outvars)):
             return False
         out_loc = self.analysis.loc((), eqn.outvars[0]) if eqn.outvars else None
         sink = out_loc is None
@@ -172,7 +173,7 @@ class Stages:
             if self.stages[idx] != BODY:
                 continue
             for v in eqn.outvars:
-                if not is_middle_factor(self.analysis.loc((), v)):
+                if not _not_a_block(self.analysis.loc((), v)):
                     continue
                 if v in reader:
                     user = self.jaxpr.eqns[reader[v]]
@@ -190,6 +191,13 @@ class Stages:
                 continue
             bad.update(self.producer[v] for v in variables(eqn.invars) if v in self.values)
         return bad
+
+
+def _not_a_block(loc: Any) -> bool:
+    """Whether a chunk of a value at ``loc`` is not its block of rows ``[start, start + k)``
+    (a middle factor, or a row-mapped axis whose windows may overlap): never stacked or
+    streamed."""
+    return is_middle_factor(loc) or is_mapped(loc)
 
 
 def _why_after(inputs_ok: bool, eqn: JaxprEqn, reduced: dict, loc: Any, used: set) -> str:
@@ -212,6 +220,7 @@ def _named(eqn: JaxprEqn) -> str:
 
 
 _MIDDLE_FACTOR = "its result holds the axis as a middle factor of a merged dimension: "
+_ROW_MAP = "its result holds a concatenated, sliced or reversed part of the axis: "
 _MIDDLE_INPUT = (
     "reads a value computed before the loop that holds the axis as a middle factor of a "
     "merged dimension: it cannot be sliced per chunk"

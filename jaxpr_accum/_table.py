@@ -35,7 +35,7 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import JaxprEqn
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._lattice import AxisLoc, is_mapped
 from jaxpr_accum._view import EqnResize, View
 
 
@@ -48,6 +48,9 @@ class Rule:
       dimension (``AxisLoc.outer > 1``) because it never indexes along a dimension that holds
       the axis: elementwise functions, layout changes, contractions and reductions of it. For
       every other rule the analysis turns such an equation into a barrier before the rule runs.
+    - ``row_map_ok``: the rule accepts a row-mapped axis (``AxisLoc.lo / span / rev``: a
+      concatenated, sliced or reversed one), computing its window (``EqnResize.window``);
+      ``middle_factor_ok`` rules accept it too (they never index along the axis).
     - ``passes_reductions``: a reduction over the axis whose result is a direct output of a
       sub-jaxpr makes that output of the equation a reduction too (an inlined call).
     - ``children``: the sub-jaxprs that must be chunkable for the equation to be.
@@ -56,6 +59,7 @@ class Rule:
     """
 
     middle_factor_ok: bool = False
+    row_map_ok: bool = False
     passes_reductions: bool = False
 
     def propagate(self, eqn: JaxprEqn, view: View) -> None:
@@ -73,6 +77,18 @@ class Rule:
 
     def finalize(self, eqn: JaxprEqn, view: View) -> None:
         """After the analysis has converged (nothing by default)."""
+
+
+def refusal(rule: Any, locs: list) -> str | None:
+    """Why ``rule`` cannot meet the axis at ``locs``: a middle factor, or a row map."""
+    if not rule.middle_factor_ok and any(loc is not None and loc.outer > 1 for loc in locs):
+        return (
+            "the axis as a middle factor of a merged dimension (after a reshape such as "
+            "[T, B, H] -> [T * B, H])"
+        )
+    if not (rule.middle_factor_ok or rule.row_map_ok) and any(is_mapped(loc) for loc in locs):
+        return "a concatenated, sliced or reversed axis"
+    return None
 
 
 class Barrier(Rule):
@@ -126,10 +142,22 @@ def resolve(primitive: Any) -> Any:
 def shared_loc(eqn: Any, view: Any, operands: Any) -> AxisLoc | None:
     """The one position that ``operands`` and every result agree on, or None.
 
-    Two different positions make the equation a barrier (and return None).
+    Two different positions make the equation a barrier (and return None); two row maps of
+    one dimension make the values conflicted instead.
     """
     found = [view.in_loc(i) for i in operands]
     found += [view.out_loc(j) for j in range(len(eqn.outvars))]
+    locs = {loc for loc in found if loc is not None}
+    one_dim = len({(loc.dim, loc.inner, loc.outer) for loc in locs}) == 1
+    if len(locs) > 1 and one_dim and any(is_mapped(loc) for loc in locs):
+        # two row maps of one dimension: the values meet at CONFLICT, which the analysis
+        # reports, and ``_fanout`` resolves by copying the equations in front
+        for loc in locs:
+            for i in operands:
+                view.set_in(i, loc)
+            for j in range(len(eqn.outvars)):
+                view.set_out(j, loc)
+        return None
     return agreed(eqn, view, found)
 
 

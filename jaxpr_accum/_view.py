@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._lattice import AxisLoc, is_mapped, window
 
 Ctx = tuple  # path of (equation index, sub-jaxpr path) pairs from the top-level jaxpr
 EqnKey = tuple  # (ctx, equation index)
@@ -90,6 +90,10 @@ class View:
         self.analysis.mark_hoist(self.key, reason)
 
     def reduce(self, j: int, kind: str) -> None:
+        if any(is_mapped(self.in_loc(i)) for i in range(len(self.eqn.invars))):
+            # a mapped value is computed on windows that may overlap: never summed over
+            self.barrier("reduces over a concatenated, sliced or reversed axis")
+            return
         self.analysis.mark_reduction(self.key, j, kind)
 
     # -- sub-jaxprs ----------------------------------------------------------------------
@@ -163,8 +167,13 @@ class EqnResize:
         return tuple(shape)
 
     def rows(self, loc: AxisLoc) -> int:
-        """Length at chunk size of the dimension that holds the axis at ``loc``."""
-        return loc.outer * self.k * loc.inner
+        """Length at chunk size of the dimension that holds the axis at ``loc`` (a row-mapped
+        one: its window's)."""
+        return loc.outer * self.window(loc)[1] * loc.inner
+
+    def window(self, loc: AxisLoc) -> tuple[Any, int]:
+        """``(first row, rows)`` of the axis at ``loc`` in this chunk (``_lattice.window``)."""
+        return window(loc, self.analysis.size, self.k, self.start)
 
     def eval(self, path: tuple, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Any]) -> list:
         return self.resizer.eval_jaxpr(self.ctx + ((self.idx, path),), jaxpr, args)

@@ -18,6 +18,7 @@ from jaxpr_accum._rules import (  # noqa: F401  (registration side effects)
     linalg,
     random,
     reduction,
+    rows,
     shape,
 )
 from jaxpr_accum._rules.elementwise import Elementwise

@@ -39,6 +39,8 @@ class LayoutOnly(Elementwise):
 class PerOperandIdentity(Rule):
     """``optimization_barrier``-like: output ``i`` is operand ``i``."""
 
+    row_map_ok = True
+
     def propagate(self, eqn: Any, view: Any) -> None:
         for i in range(len(eqn.invars)):
             view.set_out(i, view.in_loc(i))
@@ -63,6 +65,8 @@ class NoAxisOut(Rule):
 
 class BitcastConvert(Rule):
     """``bitcast_convert_type`` may add or drop a trailing dimension; others map 1:1."""
+
+    row_map_ok = True
 
     def propagate(self, eqn: Any, view: Any) -> None:
         rank = min(len(eqn.invars[0].aval.shape), len(eqn.outvars[0].aval.shape))

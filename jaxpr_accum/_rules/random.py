@@ -77,7 +77,10 @@ def in_loop_draw_refusal(eqn: Any) -> str | None:
 
 
 class KeyPrefix(Rule):
-    """Output dims ``< keys.ndim`` are the keys' dims; the rest are drawn here."""
+    """Output dims ``< keys.ndim`` are the keys' dims; the rest are drawn here (for a
+    row-mapped axis, the rows of the chunk's window)."""
+
+    row_map_ok = True
 
     def propagate(self, eqn: Any, view: Any) -> None:
         key_rank = len(eqn.invars[0].aval.shape)
@@ -103,7 +106,8 @@ class KeyPrefix(Rule):
             return super().resize(eqn, r, invals)
         full_shape = tuple(eqn.params["shape"])
         with _compat.user_context(eqn):
-            counters = chunk_counters(full_shape, loc, r.k, r.start)
+            first, rows = r.window(loc)
+            counters = chunk_counters(full_shape, loc, rows, first)
             return [self.finish(eqn, invals[0], _compat.threefry_counter_bits(invals[0], counters))]
 
     def finish(self, eqn: Any, key: Any, bits: tuple[Any, Any]) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 from jax import lax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._lattice import AxisLoc, positions
 from jaxpr_accum._resize import scaled
 from jaxpr_accum._table import Rule, agreed, register, shared_loc
 
@@ -64,11 +64,11 @@ class Reshape(Rule):
         ):
             if loc is None:
                 continue
-            mapped = reshape_loc(a, b, loc, view.size)
+            mapped = reshape_loc(a, b, loc, positions(loc, view.size))
             if mapped is None:
                 view.barrier(f"`reshape` {a} -> {b} splits the axis")
                 return
-            setter(0, mapped)
+            setter(0, mapped._replace(lo=loc.lo, span=loc.span, rev=loc.rev))
 
     def resize_params(self, eqn: Any, r: Any) -> dict:
         loc = r.out_locs[0]
@@ -115,7 +115,7 @@ class Permutation(Rule):
 
 
 class DropDims(Rule):
-    """``squeeze``: removes size-1 dimensions, never the axis."""
+    """``squeeze``: removes size-1 dimensions; the axis only where it is a one-row segment."""
 
     middle_factor_ok = True
 
@@ -123,7 +123,9 @@ class DropDims(Rule):
         dropped = set(eqn.params["dimensions"])
         kept = [d for d in range(len(eqn.invars[0].aval.shape)) if d not in dropped]
         loc = view.in_loc(0)
-        if loc is not None:
+        if loc is not None and loc.dim in dropped:  # a one-row segment of it (``_lattice``)
+            view.barrier("`squeeze` drops the axis")
+        elif loc is not None:
             view.set_out(0, loc._replace(dim=kept.index(loc.dim)))
         loc = view.out_loc(0)
         if loc is not None:
@@ -159,26 +161,6 @@ def _all(eqn: Any) -> list:
     return list(range(len(eqn.invars)))
 
 
-class Slice(SameShape):
-    def __init__(self) -> None:
-        super().__init__(_first, self._full, "slices along the axis")
-
-    @staticmethod
-    def _full(eqn: Any, d: int) -> bool:
-        p = eqn.params
-        strides = p.get("strides")
-        return (
-            p["start_indices"][d] == 0
-            and p["limit_indices"][d] == eqn.invars[0].aval.shape[d]
-            and (strides is None or strides[d] == 1)
-        )
-
-    def resize_params(self, eqn: Any, r: Any) -> dict:
-        loc = r.out_locs[0]
-        limits = _with(eqn.params["limit_indices"], loc.dim, r.rows(loc))
-        return {**eqn.params, "limit_indices": limits}
-
-
 class DynamicSlice(SameShape):
     def __init__(self) -> None:
         super().__init__(_first, self._full, "slices along the axis")
@@ -195,7 +177,10 @@ class DynamicSlice(SameShape):
 
 class Iota(Rule):
     """``iota`` is born with the axis; along its counting dimension a chunk counts from its
-    own first position, so the resized iota adds the chunk's offset."""
+    own first position (a row-mapped one: its window's first row), so the resized iota adds
+    the chunk's offset."""
+
+    row_map_ok = True
 
     def propagate(self, eqn: Any, view: Any) -> None:
         pass  # no operands: its output's position is learnt from its users
@@ -205,21 +190,14 @@ class Iota(Rule):
         params = {**eqn.params, "shape": _with(eqn.params["shape"], loc.dim, r.rows(loc))}
         (out,) = _compat.bind(eqn, invals, params)
         if eqn.params["dimension"] == loc.dim:
-            offset = lax.convert_element_type(scaled(r.start, loc.inner), out.dtype)
+            first, _ = r.window(loc)
+            offset = lax.convert_element_type(scaled(first, loc.inner), out.dtype)
             out = out + offset
         return [out]
 
 
 def _pad_allowed(eqn: Any, d: int) -> bool:
     return tuple(eqn.params["padding_config"][d]) == (0, 0, 0)
-
-
-def _concat_allowed(eqn: Any, d: int) -> bool:
-    return eqn.params["dimension"] != d
-
-
-def _rev_allowed(eqn: Any, d: int) -> bool:
-    return d not in eqn.params["dimensions"]
 
 
 def _tile_allowed(eqn: Any, d: int) -> bool:
@@ -283,12 +261,9 @@ register("reshape", Reshape())
 register("broadcast_in_dim", BroadcastInDim())
 register("transpose", Permutation())
 register("squeeze", DropDims())
-register("slice", Slice())
 register("dynamic_slice", DynamicSlice())
 register("iota", Iota())
 register("pad", SameShape(_first, _pad_allowed, "pads along the axis"))
-register("concatenate", SameShape(_all, _concat_allowed, "concatenates along the axis"))
-register("rev", SameShape(_first, _rev_allowed, "reverses the axis"))
 register("tile", SameShape(_first, _tile_allowed, "repeats the axis"))
 register("split", Split())
 register("stack", Stack())

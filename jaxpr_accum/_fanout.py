@@ -1,0 +1,141 @@
+"""Fan-out: a value that the axis reaches at two row maps gets one copy per reader.
+
+The analysis gives a value one place of the axis. A value read by two parts of a
+concatenation along the axis (antithetic noise ``concatenate([z, -z])``; ``jnp.roll``'s two
+slices of one value) has its rows needed at two sets of positions: two row maps
+(``_lattice``), which meet at ``CONFLICT``. ``analyse`` first leaves out the empty operands
+of concatenations (``jnp.roll`` by a multiple of the length), runs the analysis and, where a
+top-level value defined by an equation without effects is conflicted between two row maps
+of one dimension, gives its readers copies of that equation and of the equations upstream
+of it that carry the axis (its *cone*): every operand slot after the first gets one; a value
+with one reader (the two places came from upstream, through a value its cone shares with
+another path) gets a private one. It drops what is then dead and runs the analysis again,
+until no such conflict is left, the same conflicts come back (a copy cannot help: an input
+is shared), or ``MAX_ROUNDS`` rounds. A conflict on an input, or
+on a value with effects, stays: the region stops there, as before.
+
+The copies compute the same values (a random draw too: same key, same counters), so the
+program means what it meant: per chunk each copy computes the window its own reader needs.
+The result is a new jaxpr with the same inputs and outputs; ``Split.jaxpr`` is that jaxpr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from jaxpr_accum import _compat
+from jaxpr_accum._axes import Analysis
+from jaxpr_accum._compat import Jaxpr, Literal, Var
+from jaxpr_accum._lattice import AxisLoc, is_mapped
+
+MAX_ROUNDS = 16
+
+
+def analyse(jaxpr: Jaxpr, size: int, seeds: Iterable[tuple[Var, AxisLoc]]) -> tuple:
+    """``(jaxpr, analysis)``: the program with its row-map conflicts fanned out, analysed."""
+    seeds = list(seeds)
+    jaxpr = _without_empty_parts(jaxpr)
+    analysis = Analysis(jaxpr, size).run(seeds)
+    seen: set = set()
+    for _ in range(MAX_ROUNDS):
+        targets = _row_map_conflicts(jaxpr, analysis)
+        # the same conflicts again (a copy that cannot help: an input is shared): stop
+        signature = tuple(sorted(str(analysis.conflicts[((), v)]) for v in targets))
+        if not targets or signature in seen:
+            break
+        seen.add(signature)
+        jaxpr = _copy_for_readers(jaxpr, analysis, targets)
+        analysis = Analysis(jaxpr, size).run(seeds)
+    return jaxpr, analysis
+
+
+def _row_map_conflicts(jaxpr: Jaxpr, analysis: Analysis) -> list[Var]:
+    """Conflicted top-level values defined by an equation without effects whose two places
+    are row maps of one dimension (in program order)."""
+    producer = _producers(jaxpr)
+    found = []
+    for (ctx, v), (a, b) in analysis.conflicts.items():
+        if ctx != () or v not in producer or jaxpr.eqns[producer[v]].effects:
+            continue
+        if (a.dim, a.inner, a.outer) == (b.dim, b.inner, b.outer) and (
+            is_mapped(a) or is_mapped(b)
+        ):
+            found.append(v)
+    return sorted(found, key=lambda v: producer[v])
+
+
+def _producers(jaxpr: Jaxpr) -> dict[Var, int]:
+    return {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
+
+
+def _cone(jaxpr: Jaxpr, analysis: Analysis, v: Var) -> list[int]:
+    """The equation defining ``v`` and those upstream of it, without effects, whose results
+    carry the axis (a place or a conflict) or may (a dimension of ``v``'s length there: above
+    a conflict the analysis stops, so the facts there are incomplete), in program order."""
+    producer = _producers(jaxpr)
+    rows = {_compat.shape_of(v)[analysis.conflicts[((), v)][0].dim]}
+    cone, todo = set(), [producer[v]]
+    while todo:
+        i = todo.pop()
+        if i in cone or jaxpr.eqns[i].effects:
+            continue
+        cone.add(i)
+        for u in jaxpr.eqns[i].invars:
+            if isinstance(u, Literal) or u not in producer:
+                continue
+            if analysis.fact((), u) is not None or rows & set(_compat.shape_of(u)):
+                todo.append(producer[u])
+    return sorted(cone)
+
+
+def _copy_for_readers(jaxpr: Jaxpr, analysis: Analysis, targets: list[Var]) -> Jaxpr:
+    for v in targets:
+        producer = _producers(jaxpr)
+        if v not in producer:
+            continue
+        cone = _cone(jaxpr, analysis, v)
+        slots = [(i, j) for i, e in enumerate(jaxpr.eqns) for j, u in enumerate(e.invars) if u is v]
+        eqns = list(jaxpr.eqns)
+        copies = []
+        # several readers: all but the first get copies; one reader (the two places came
+        # from upstream, a value its cone shares with another path): a private copy
+        for i, j in slots[1:] if len(slots) > 1 else slots:
+            renamed: dict[Any, Var] = {}
+            for c in cone:
+                eqn = eqns[c]
+                outs = [_compat.new_var(o.aval) for o in eqn.outvars]
+                renamed.update(zip(eqn.outvars, outs, strict=True))
+                ins = [renamed.get(u, u) if not isinstance(u, Literal) else u for u in eqn.invars]
+                copies.append(eqn.replace(invars=ins, outvars=outs))
+            invars = list(eqns[i].invars)
+            invars[j] = renamed[v]
+            eqns[i] = eqns[i].replace(invars=invars)
+        at = producer[v] + 1
+        jaxpr = jaxpr.replace(eqns=[*eqns[:at], *copies, *eqns[at:]])
+    return _without_dead(jaxpr)
+
+
+def _without_empty_parts(jaxpr: Jaxpr) -> Jaxpr:
+    """``jaxpr`` with the empty operands of its concatenations left out (``jnp.roll`` by a
+    multiple of the length concatenates an empty slice): an empty part has no row map."""
+    eqns = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "concatenate":
+            d = eqn.params["dimension"]
+            kept = [v for v in eqn.invars if _compat.shape_of(v)[d] > 0]
+            if kept and len(kept) < len(eqn.invars):
+                eqn = eqn.replace(invars=kept)
+        eqns.append(eqn)
+    return _without_dead(jaxpr.replace(eqns=eqns))
+
+
+def _without_dead(jaxpr: Jaxpr) -> Jaxpr:
+    """``jaxpr`` without the equations (without effects) whose results nothing reads."""
+    used = {v for v in jaxpr.outvars if not isinstance(v, Literal)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if eqn.effects or any(v in used for v in eqn.outvars):
+            kept.append(eqn)
+            used.update(v for v in eqn.invars if not isinstance(v, Literal))
+    return jaxpr.replace(eqns=kept[::-1])

@@ -1,0 +1,191 @@
+"""Concatenation, ``jnp.roll`` and reversal along the axis (row maps, ``_rules/rows``).
+
+Each row of a concatenation along the axis is one row of one part, so a chunk takes its rows
+from the right parts, computed per chunk on their windows; a value read by two parts
+(antithetic noise ``concatenate([z, -z])``, ``jnp.roll``'s two slices) gets one copy per
+reader (``_fanout``), a random draw bit for bit. Every program is compared with the original
+(values, and gradients with respect to every floating input; ``tests.oracle``), at chunk
+sizes that divide the axis and that do not, 1, the axis and more, and is checked to chunk
+(no stop) or, where a part mixes its rows, to stop there exactly.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+
+import jaxpr_accum as ja
+
+from .oracle import MODES, NOT_WORTH_IT, assert_matches_original
+
+D = 3
+
+
+def _w(seed: int, *shape: int):
+    return jnp.asarray(np.random.RandomState(seed).normal(size=shape) / 2, jnp.float32)
+
+
+def antithetic(n: int):
+    """evosax OpenAI-ES: antithetic noise, fitness per member, ``noise.T @ fitness``."""
+
+    def f(mean, w, key):
+        z_plus = jax.random.normal(key, (n // 2, D))
+        z = jnp.concatenate([z_plus, -1.0 * z_plus])
+        fit = jax.vmap(lambda m: jnp.mean(jnp.tanh(w @ m) ** 2))(mean + 0.1 * z)
+        return jnp.dot(z.T, fit)
+
+    return f
+
+
+def three_parts(n1: int, n2: int, n3: int):
+    """Parts of different lengths from different ops: a draw, an input, a broadcast."""
+
+    def f(w, a, v, key):
+        p1 = jax.random.normal(key, (n1, D)) * w
+        p2 = jnp.sin(a)  # a: [n2, D]
+        p3 = jnp.ones((n3, 1)) * w
+        z = jnp.concatenate([p1, p2, p3])
+        return jnp.sum(jnp.tanh(z @ v) ** 2, axis=0)
+
+    return f
+
+
+def rolled(n: int, shift: int):
+    def f(mean, v, key):
+        z = jax.random.normal(key, (n, D)) + mean
+        y = jnp.roll(jnp.tanh(z @ v), shift, axis=0)
+        return jnp.sum(y * z)
+
+    return f
+
+
+def reversed_(n: int):
+    def f(x, v, key):  # x: [n, D], at the positions themselves; the draw reversed
+        z = jax.random.uniform(key, (n, D))
+        return jnp.sum(jnp.tanh((z[::-1] + x) @ v) ** 2)
+
+    return f
+
+
+def halves(xa, xb, v):  # two half-batches joined
+    z = jnp.concatenate([xa, xb])
+    return jnp.mean(jnp.tanh(z @ v) ** 2)
+
+
+def mixed_part(n: int):  # a part that mixes its rows (a cumulative sum): it must stop
+    def f(mean, v, key):
+        p = jnp.cumsum(jax.random.normal(key, (n // 2, D)), axis=0)
+        z = jnp.concatenate([p, jax.random.normal(key, (n - n // 2, D))]) + mean
+        return jnp.sum(jnp.tanh(z @ v) ** 2)
+
+    return f
+
+
+KEY = jax.random.PRNGKey(3)
+
+
+def cases(n: int, shift: int = 2) -> dict:
+    n1 = n // 3
+    n2 = (n - n1) // 2
+    return {
+        "antithetic": (antithetic(n), (_w(1, D), _w(2, 5, D), KEY)),
+        "three_parts": (
+            three_parts(n1, n2, n - n1 - n2),
+            (_w(3, D), _w(4, n2, D), _w(5, D, D), KEY),
+        ),
+        "roll": (rolled(n, shift), (_w(6, D), _w(7, D, D), KEY)),
+        "rev": (reversed_(n), (_w(8, n, D), _w(9, D, D), KEY)),
+        "halves": (halves, (_w(10, n // 2, D), _w(11, n - n // 2, D), _w(12, D, D))),
+    }
+
+
+def check_chunked(f, args, n, chunk, grad="remat", vmap=False):
+    sf = ja.serialize_axis(f, chunk=chunk, size=n, grad=grad)
+    with warnings.catch_warnings():  # chunk >= n: nothing to save, runs as written
+        warnings.filterwarnings("ignore", NOT_WORTH_IT.split(":", 1)[1].rsplit(":", 1)[0])
+        plan = sf.explain(*args)
+        assert not plan.stops and plan.counts["body"] > 0, str(plan)
+        assert_matches_original(sf, *args, vmap=vmap)
+
+
+def test_antithetic_noise_concatenation_chunks():
+    """The default tier's one: the OpenAI-ES generation, a chunk that straddles the halves."""
+    f, args = cases(14)["antithetic"]
+    check_chunked(f, args, 14, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 14, 20])
+@pytest.mark.parametrize("name", ["antithetic", "three_parts", "roll", "rev", "halves"])
+def test_row_maps_every_chunk_size(name, chunk):
+    f, args = cases(14)[name]
+    check_chunked(f, args, 14, chunk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shift", [0, 1, 5, -3, 13, 27, -30])
+def test_roll_every_shift(shift):
+    f, args = cases(13, shift)["roll"]
+    check_chunked(f, args, 13, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("name", ["antithetic", "three_parts", "roll", "rev", "halves"])
+def test_row_maps_every_mode_under_jit_and_vmap(name, grad):
+    f, args = cases(12)[name]
+    check_chunked(f, args, 12, 5, grad=grad, vmap=True)
+
+
+@pytest.mark.slow
+@settings(deadline=None, max_examples=12)
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=2, max_size=3),
+    chunk=st.integers(1, 20),
+    shift=st.integers(-25, 25),
+    flip=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_concatenated_parts_property(lengths, chunk, shift, flip, seed):
+    """Parts of drawn lengths (a draw, its negation when two are equal, a broadcast), then
+    a roll by a drawn shift and perhaps a reversal, at a drawn chunk."""
+    n = sum(lengths)
+
+    def f(w, v, key):
+        parts = []
+        for i, m in enumerate(lengths):
+            if i and m == lengths[0]:
+                parts.append(-parts[0])
+            elif i % 2:
+                parts.append(jnp.ones((m, 1)) * jnp.sin(w))
+            else:
+                parts.append(jax.random.normal(jax.random.fold_in(key, i), (m, D)) * w)
+        z = jnp.roll(jnp.concatenate(parts), shift, axis=0)
+        z = z[::-1] if flip else z
+        return jnp.sum(jnp.tanh(z @ v) * jnp.arange(n)[:, None])
+
+    note(f"n={n} lengths={lengths} chunk={chunk} shift={shift} flip={flip}")
+    check_chunked(f, (_w(seed, D), _w(seed + 1, D, D), KEY), n, chunk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [1, 3, 5])
+def test_a_part_that_mixes_its_rows_stops(chunk):
+    """A cumulative sum inside a part is no row map: the region stops, the values are exact."""
+    f, args = mixed_part(10), (_w(13, D), _w(14, D, D), KEY)
+    sf = ja.serialize_axis(f, chunk=chunk, size=10, grad="remat", axis=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ja.PlanWarning)
+        try:
+            plan = sf.explain(*args)
+        except ja.SerializeError as e:  # nothing else to chunk: refused, never wrong
+            assert "cumsum" in str(e), str(e)
+            return
+        assert any("cumsum" in str(s) for s in plan.stops), str(plan)
+        assert_matches_original(sf, *args, vmap=False)

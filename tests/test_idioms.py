@@ -1,7 +1,7 @@
 """Hand-written idioms over the chunked axis are chunked (and streamed) as their library-call
 forms are, and exact in every gradient mode and at every kind of chunk size.
 
-Each program is the class of a defect found from outside (``shared/repros`` r14, r17, r18)
+Each program is the class of a defect found from outside (outside reports r14, r17, r18)
 with variants: a logsumexp written out with and without ``stop_gradient`` on the max, a
 softmax written out with a differentiated max, centred values scaled by literals (the
 NetKet-style force), literals anywhere in the streamed algebra, masked means, clipped and

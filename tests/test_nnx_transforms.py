@@ -1,7 +1,7 @@
 """Flax NNX transforms inside a serialized function chunk as their ``lax`` equivalents do.
 
 ``nnx.scan``, ``nnx.remat``, ``nnx.vmap`` and ``nnx.cond``, alone and nested (the standard
-deep-stack pattern is ``nnx.scan`` over an ``nnx.remat`` body: ``shared/repros/r16``, where
+deep-stack pattern is ``nnx.scan`` over an ``nnx.remat`` body: outside report r16, where
 NNX's graph updates hand the layer parameters back through the checkpoint unchanged). Each
 program is compared with the original under ``nnx.value_and_grad`` in every mode, and its
 region must chunk the batch through the transform (no stop).

@@ -1,6 +1,6 @@
 """``jax.vmap`` of a serialized function is exact for any ``in_axes`` over any argument.
 
-The class of ``shared/repros/r13``: a region with one output that depends on the vmapped
+The class of outside report r13: a region with one output that depends on the vmapped
 argument and one that does not had gradients about 2x the original's. Checked here for values,
 ``jax.grad``, ``jax.vjp`` and ``jvp``-of-``grad``, in every mode, over each argument alone,
 over several at once, with ``None`` on the data, nested, and with ``grad`` and ``vmap`` in

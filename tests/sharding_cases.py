@@ -539,7 +539,7 @@ CASES["reuse-sharded-then-one"] = lambda: case_reuse("sharded")
 
 def case_shard_map_inside() -> dict[str, Any]:
     """A serialized function called inside ``jax.shard_map`` (per-shard microbatching), with
-    ``check_vma`` on (the default) and off, in every mode: reproduction r15 (an outside report). The oracle
+    ``check_vma`` on (the default) and off, in every mode: outside report r15. The oracle
     is the original under the same ``shard_map``; the loss is a plain MLP and a softmax
     pooling over the (per-shard) batch, which is streamed."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))

@@ -8,7 +8,7 @@ axis, that don't, 1 and larger than the axis; the unchunked original is the orac
 time. The default tier runs one row per gradient mode; the full matrix
 is ``slow``.
 
-Then one regression class per defect found by adversarial use (reproductions r1-r19 from outside reports), each with
+Then one regression class per defect found by adversarial use (outside reports r1-r19), each with
 a variant of its own: the perturbed-input mask shared between traces, custom rules that mix
 the batch, nested serialization, dtypes, shapes, devices, the ``size=`` choice, the analysis
 on long chains, plans that cannot save memory, errors and read-only settings.

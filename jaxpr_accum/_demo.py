@@ -100,7 +100,13 @@ def run_demo(
 def _model(quick: bool, say: Callable[[str], None]) -> tuple[Callable[..., Any], tuple]:
     """``examples/mc_vae.py``'s ``problem`` at the demo's sizes, described on stdout."""
     say("importing the model (Flax), drawing a batch, initialising the parameters (compiles)")
-    mc_vae = example("mc_vae")
+    try:
+        mc_vae = example("mc_vae")
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").split(".")[0]
+        if missing not in ("flax", "optax"):
+            raise
+        raise SystemExit(f"the demo needs {missing}: pip install -e '.[flax]'") from e
     sizes = mc_vae.SMALL if quick else mc_vae.Sizes()
     loss, args = mc_vae.problem(sizes)
     n_params = sum(int(np.size(p)) for p in jax.tree.leaves(args[0]))
@@ -128,9 +134,12 @@ def example(name: str) -> ModuleType:
     if full not in sys.modules:
         spec = importlib.util.spec_from_file_location(full, path)
         assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[full] = module
-        spec.loader.exec_module(module)
+        sys.modules[full] = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(sys.modules[full])
+        except BaseException:
+            del sys.modules[full]
+            raise
     return sys.modules[full]
 
 

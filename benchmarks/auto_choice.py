@@ -83,6 +83,7 @@ import numpy as np  # noqa: E402
 from harness import md_table, tree_rel_error  # noqa: E402
 from jax import lax  # noqa: E402
 from models import (  # noqa: E402
+    QUICK_SEED1,
     MLPConfig,
     Seed1Config,
     TransformerConfig,
@@ -92,7 +93,6 @@ from models import (  # noqa: E402
 )
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._seed1 import QUICK_SEED1  # noqa: E402
 from tests import real_models as rm  # noqa: E402
 
 SECTION = "auto_choice"

@@ -1,6 +1,6 @@
 """Models for the benchmarks, and the hand-written peers ``serialize_axis`` is measured against.
 
-- ``seed1_problem``: the seed-1 encoder-decoder (re-exported from ``jaxpr_accum._seed1``).
+- ``seed1_problem``: the Monte-Carlo encoder-decoder of ``examples/mc_vae.py`` (``problem``).
 - ``mlp_problem``: an MLP regression loss over many rows, sized so that activations (rows x
   width per layer) dominate parameters, for microbatching with ``argnums``; ``MLPConfig.dtype``
   makes parameters and data 16-bit (``benchmarks/accuracy.py``).
@@ -24,10 +24,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxpr_accum._seed1 import Seed1Config, log_likelihood, seed1_modules, seed1_problem
+from jaxpr_accum._demo import example
+
+_mc_vae = example("mc_vae")
+Seed1Config = _mc_vae.Sizes
+QUICK_SEED1 = _mc_vae.SMALL
+log_likelihood = _mc_vae.log_likelihood
+seed1_problem = _mc_vae.problem
 
 __all__ = [
     "MLPConfig",
+    "QUICK_SEED1",
     "Seed1Config",
     "TransformerConfig",
     "mlp_peers",
@@ -138,16 +145,17 @@ def seed1_peers(cfg: Seed1Config | None, chunk: int) -> dict[str, Callable[..., 
     separately, draw all Monte-Carlo noise up front, and loop over chunks of samples.
     """
     cfg = cfg or Seed1Config()
-    _, Encoder, Decoder = seed1_modules(cfg)
+    encoder = _mc_vae.Encoder(cfg.encoder_width, cfg.latent)
+    decoder = _mc_vae.Decoder(cfg.decoder_widths, cfg.channels)
     n = cfg.n_samples
 
     def encode(params, x, mask, rng):
-        mu, sigma = Encoder().apply({"params": params["Encoder_0"]}, mask * x)
+        mu, sigma = encoder.apply({"params": params["Encoder_0"]}, mask * x)
         eps = jax.random.normal(key=rng, shape=(n, *mu.shape))
         return eps * sigma[None] + mu[None]
 
     def decode(params, z):
-        return Decoder().apply({"params": params["Decoder_0"]}, z)
+        return decoder.apply({"params": params["Decoder_0"]}, z)
 
     def ll_sum(x, mu_x_hat, sigma_x_hat):
         return jnp.sum(log_likelihood(x[None], mu_x_hat, sigma_x_hat))

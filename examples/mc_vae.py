@@ -1,208 +1,188 @@
-"""Monte-Carlo gradients of a stochastic encoder-decoder, decoded a few samples at a time.
+"""A Monte-Carlo encoder-decoder whose decoder is ``jax.vmap``-ped over samples, trained with
+its samples decoded a few at a time.
 
-This is the model and training loop of the first motivating report ("Accumulation of
-Monte-Carlo gradients within a flax module to avoid OOM error", ``docs/faq.md`` question 1), as its
-author wrote it, with one change: the loss is decorated with ``ja.serialize_axis(chunk=4)``.
-``jax.vmap(decoder)(z)`` stays inside the Flax module. The rewriter finds the 16-sample axis
-born at ``jax.random.normal(key, (n_samples, ...))``, decodes 4 samples per step of a
-``lax.scan``, recomputes each chunk's decoder activations in the backward pass, and adds up
-the gradients of the decoder's parameters and, through ``z``, of the encoder's.
+The model: an encoder maps a masked image to the mean and scale of a latent image; inside the
+Flax module, ``n_samples`` latents ``z = mu + sigma * eps`` are drawn at once, and the decoder,
+``jax.vmap``-ped over them, maps each to the mean and scale of the whole image. The loss is the
+negative Gaussian log-likelihood of the image, averaged over samples and batch. As written, the
+backward pass holds the decoder's activations for every sample at once: memory grows with
+``n_samples``.
 
-To keep one definition of the loss for the comparison, the seed's inner ``loss`` closure is
-built by ``make_loss`` (the same code, its closure made explicit). The check at the end
-compares the serialized loss with the undecorated one (``loss.original``) at the first step:
-value and gradients, and XLA's temp memory for ``jax.value_and_grad``.
+The one change for ``jaxpr_accum`` is in ``train``: ``ja.serialize_axis(loss, chunk=CHUNK)``.
+The model stays as it is, ``jax.vmap(decoder)`` inside the module included. The rewriter finds
+the sample axis born at ``jax.random.normal(rng, (n_samples, ...))``, decodes ``CHUNK``
+samples per step of a ``lax.scan``, recomputes each chunk's activations in the backward pass,
+and adds up the gradients of the decoder's parameters and, through ``z``, of the encoder's.
 
-Run: ``python examples/mc_vae.py`` (``--quick``: fewer train steps).
+Before training, the script prints the plan (``explain``) and compares the serialized loss with
+the undecorated one at the first batch: value, gradients, and XLA's temp memory for
+``jax.value_and_grad``. ``python -m jaxpr_accum demo`` runs this model too (``problem``).
+
+Run: ``python examples/mc_vae.py`` (``--quick``: smaller images and decoder, fewer steps).
 """
 
+import dataclasses
 import sys
-from functools import partial
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from flax.training import train_state
 
 import jaxpr_accum as ja
 from jaxpr_accum.testing import tree_difference
 
-QUICK = "--quick" in sys.argv[1:]
 CHUNK = 4  # Monte-Carlo samples decoded per step of the loop
 
-n_in_channels = 1
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The problem's sizes; the defaults are the demo's."""
+
+    batch: int = 4
+    height: int = 32
+    width: int = 32
+    channels: int = 1
+    latent: int = 4  # channels of the latent image
+    n_samples: int = 16  # Monte-Carlo samples of the latent per image
+    encoder_width: int = 8
+    decoder_widths: tuple[int, ...] = (32, 32, 32)
 
 
-# ---- the seed, unchanged but for the decorator in `make_loss` ---------------------------------
+SMALL = Sizes(height=16, width=16, decoder_widths=(16, 16))  # --quick
 
-# much simplified and lightweight version of encoder
+
+def to_sigma(h, floor=1e-3):
+    """A positive scale, at least ``floor``."""
+    return floor + (1.0 - floor) * nn.softplus(h)
 
 
 class Encoder(nn.Module):
-    sigma_floor: float
+    """Small on purpose: it runs once per image, outside the sample axis."""
+
+    width: int
+    latent: int
 
     @nn.compact
     def __call__(self, x):
-        x = nn.Conv(features=2 * n_in_channels, kernel_size=(2, 2))(x)
-        x = nn.relu(x)
-        x = nn.Conv(features=2 * n_in_channels, kernel_size=(2, 2))(x)
-
-        def to_sigma(z):
-            return self.sigma_floor + (1.0 - self.sigma_floor) * nn.softplus(z)
-
-        mu = x[..., :n_in_channels]
-        sigma = to_sigma(x[..., n_in_channels:])
-
-        return mu, sigma
+        h = nn.relu(nn.Conv(self.width, kernel_size=(3, 3))(x))
+        h = nn.Conv(2 * self.latent, kernel_size=(3, 3))(h)
+        return h[..., : self.latent], to_sigma(h[..., self.latent :])
 
 
-# in reality the decoder is different than the encoder, but this isn't relevant to the pending
-# question, hence for simplicity:
+class Decoder(nn.Module):
+    """The heavy part: its activations exist once per Monte-Carlo sample."""
 
-Decoder = Encoder
+    widths: tuple[int, ...]
+    channels: int
+
+    @nn.compact
+    def __call__(self, z):
+        h = z
+        for width in self.widths:
+            h = nn.relu(nn.Conv(width, kernel_size=(3, 3))(h))
+        h = nn.Conv(2 * self.channels, kernel_size=(3, 3))(h)
+        return h[..., : self.channels], to_sigma(h[..., self.channels :])
 
 
 class Model(nn.Module):
+    sizes: Sizes
+
     @nn.compact
-    def __call__(self, masked_x, rng, n_samples):
-        """
-        :param masked_x:        array having shape (batch, spatial dim. 1, spatial dim. 2, channels)
-        :param rng:             random number generator
-        :return:                array having shape
-                                (MC sample, batch, spatial dim. 1, spatial dim. 2, channels)
-        """
-
-        mu, sigma = Encoder(sigma_floor=1.0e-3)(masked_x)
-
-        # monte-carlo sampling of latent representation
-        z = jax.random.normal(key=rng, shape=(n_samples, *mu.shape))
-
-        # re-parametrisation trick
-        # stack monte-carlo (MC) samples along new leading sample dimension
-        z *= jnp.expand_dims(sigma, 0)
-        z += jnp.expand_dims(mu, 0)
-
-        decoder = Decoder(sigma_floor=1.0e-3)
-
-        # how can we edit the following line to save memory?  (answer: leave it as it is)
-        mu_x_hat, sigma_x_hat = jax.vmap(decoder, in_axes=0)(z)
-
-        return mu_x_hat, sigma_x_hat
+    def __call__(self, masked_x, rng):
+        s = self.sizes
+        mu, sigma = Encoder(s.encoder_width, s.latent)(masked_x)
+        # Monte-Carlo samples of the latent, stacked on a new leading axis; the
+        # re-parametrisation trick keeps them differentiable in mu and sigma.
+        eps = jax.random.normal(rng, (s.n_samples, *mu.shape))
+        z = mu[None] + sigma[None] * eps
+        # Every sample's decoder activations at once: the memory serialize_axis saves.
+        mu_x, sigma_x = jax.vmap(Decoder(s.decoder_widths, s.channels))(z)
+        return mu_x, sigma_x  # (n_samples, batch, height, width, channels)
 
 
-@jax.jit
 def log_likelihood(x, mu, sigma):
-    return -0.5 * ((x - mu) ** 2) / (sigma**2) - jnp.log(sigma)
+    """Per-pixel Gaussian log-likelihood (up to a constant)."""
+    return -0.5 * ((x - mu) / sigma) ** 2 - jnp.log(sigma)
 
 
-def make_loss(state, x, mask, rng, n_samples):
-    """The seed's `loss(params)` closure, decorated."""
+def make_loss(model):
+    """``loss(params, x, mask, rng)``: the negative log-likelihood of the whole image ``x``
+    given its unmasked pixels, averaged over the Monte-Carlo samples and the batch."""
 
-    @ja.serialize_axis(chunk=CHUNK)  # <- the one change: the MC samples run CHUNK at a time
-    def loss(params):
-        masked_x = mask * x
-        mu_x_hat, sigma_x_hat = state.apply_fn({"params": params}, masked_x, rng, n_samples)
-
-        # NB:
-        #   + mu_x_hat and sigma_x_hat have shape
-        #     (sample, batch, spatial dim. 1, spatial dim. 2, channel)
-        #   + x has shape (batch, spatial dim. 1, spatial dim. 2, channel)
-
-        ll = jax.vmap(log_likelihood, in_axes=(0, 0, 0))  # vmap across batch elements
-        # vmap across sampled realisations
-        ll = jax.vmap(ll, in_axes=(None, 0, 0))(x, mu_x_hat, sigma_x_hat)
-
-        ll = ll.sum((2, 3, 4))  # sum over spatial dims and channel
-        ll = ll.mean()  # mean over samples and batch
-
-        return -ll
+    def loss(params, x, mask, rng):
+        mu_x, sigma_x = model.apply({"params": params}, mask * x, rng)
+        ll = log_likelihood(x, mu_x, sigma_x)  # x broadcasts over the samples
+        return -ll.sum((2, 3, 4)).mean()
 
     return loss
 
 
-@partial(jax.jit, static_argnums=(3,))
-def train_step(state, x, rng, n_samples):
-    rng, key = jax.random.split(rng, 2)
-    mask = jax.random.bernoulli(key, p=0.5, shape=(*x.shape[:-1], 1))
-
-    loss = make_loss(state, x, mask, rng, n_samples)
-
-    nll, grad = jax.value_and_grad(loss, argnums=0)(state.params)
-
-    return nll, state.apply_gradients(grads=grad)
+def random_mask(key, x):
+    """Hide about half of the pixels (the same ones in every channel)."""
+    return jax.random.bernoulli(key, 0.5, (*x.shape[:-1], 1)).astype(x.dtype)
 
 
-def train(seed, n_batches, batch_size, n_samples):
-    rng = jax.random.PRNGKey(seed)
-    rng, data_key, init_key = jax.random.split(rng, 3)
+def problem(sizes=None, key=None):
+    """``(loss, (params, x, mask, rng))``: the undecorated loss and one batch to call it on,
+    drawn from ``key`` (``sizes``: ``Sizes()`` by default)."""
+    sizes = sizes or Sizes()
+    model = Model(sizes)
 
-    # data
+    @jax.jit  # one compiled program draws the batch and initialises the parameters
+    def draw(key):
+        data_key, mask_key, init_key, rng = jax.random.split(key, 4)
+        x = jax.random.normal(data_key, (sizes.batch, sizes.height, sizes.width, sizes.channels))
+        mask = random_mask(mask_key, x)
+        params = model.init(init_key, mask * x, rng)["params"]
+        return params, x, mask, rng
 
-    # shape is (batch, spatial dim. 1, spatial dim. 2, channel)
-    x = jax.random.normal(key=data_key, shape=(n_batches * batch_size, 16, 16, n_in_channels))
-
-    # model
-
-    init = jax.jit(Model().init, static_argnums=3)  # (jit added: start-up time only)
-    state = train_state.TrainState.create(
-        apply_fn=Model().apply,
-        params=init(init_key, jnp.zeros_like(x), rng, n_samples)["params"],
-        tx=optax.adam(1.0e-3),
-    )
-
-    check_first_step(state, x[:batch_size], rng, n_samples)  # added: see below
-
-    # train loop
-
-    for step in range(x.shape[0] // batch_size):
-        batch = x[step * batch_size : (step + 1) * batch_size, ...]
-
-        rng, key = jax.random.split(rng, 2)
-
-        nll, state = train_step(state, batch, key, n_samples)
-
-        print("step %i: %f" % (step, nll))  # noqa: UP031
-        assert jnp.isfinite(nll)
+    return make_loss(model), draw(jax.random.PRNGKey(42) if key is None else key)
 
 
-# ---- the check: serialized vs original at the first step --------------------------------------
+def compare_first_batch(loss, serialized, args):
+    """The serialized loss against the undecorated one: value, gradients, XLA temp memory."""
 
+    def compiled(f):
+        exe = jax.jit(jax.value_and_grad(f)).lower(*args).compile()
+        return exe, exe.memory_analysis().temp_size_in_bytes
 
-def compile_value_and_grad(f, *args):
-    """`jax.value_and_grad(f)` compiled for `args`, and XLA's temp memory for it."""
-    compiled = jax.jit(jax.value_and_grad(f)).lower(*args).compile()
-    return compiled, compiled.memory_analysis().temp_size_in_bytes
-
-
-def check_first_step(state, batch, rng, n_samples):
-    # the same key, mask and sampling key as the first call of train_step in the loop
-    _, key = jax.random.split(rng, 2)
-    rng, key = jax.random.split(key, 2)
-    mask = jax.random.bernoulli(key, p=0.5, shape=(*batch.shape[:-1], 1))
-
-    def serialized(params, x, mask, rng):
-        return make_loss(state, x, mask, rng, n_samples)(params)
-
-    def original(params, x, mask, rng):
-        return make_loss(state, x, mask, rng, n_samples).original(params)
-
-    args = (state.params, batch, mask, rng)
-    print(make_loss(state, batch, mask, rng, n_samples).explain(state.params))
-    c0, m0 = compile_value_and_grad(original, *args)
-    c1, m1 = compile_value_and_grad(serialized, *args)
+    (c0, m0), (c1, m1) = compiled(loss), compiled(serialized)
     (v0, g0), (v1, g1) = c0(*args), c1(*args)
     # each leaf relative to its own magnitude, floored at 1e-3 of the largest leaf's
-    dv, diff = tree_difference(v1, v0).max_rel, tree_difference(g1, g0)
-    ga, dg = diff.max_abs, diff.max_rel
-    print(
-        f"XLA temp memory of value_and_grad: original {m0:,} B, serialized {m1:,} B "
-        f"({m0 / m1:.2f}x less)"
-    )
+    dv, dg = tree_difference(v1, v0).max_rel, tree_difference(g1, g0).max_rel
+    print(f"XLA temp memory of value_and_grad: original {m0:,} B, serialized {m1:,} B "
+          f"({m0 / m1:.2f}x less)")  # fmt: skip
     print(f"loss: original {float(v0):.6f}, serialized {float(v1):.6f} (relative diff {dv:.1e})")
-    print(f"largest gradient difference: {ga:.2e} (relative {dg:.1e})")
+    print(f"largest gradient difference, relative: {dg:.1e}")
     assert dv <= 2e-4 and dg <= 2e-4, f"serialized differs from the original: {dv=}, {dg=}"
 
 
+def train(sizes, steps):
+    loss, (params, x, mask, rng) = problem(sizes)
+    serialized = ja.serialize_axis(loss, chunk=CHUNK)  # <- the one change
+    print(serialized.explain(params, x, mask, rng))
+    compare_first_batch(loss, serialized, (params, x, mask, rng))
+
+    optimizer = optax.adam(1e-3)
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def train_step(params, opt_state, x, key):
+        mask_key, rng = jax.random.split(key)
+        nll, grads = jax.value_and_grad(serialized)(params, x, random_mask(mask_key, x), rng)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, nll
+
+    key = jax.random.PRNGKey(43)
+    for step in range(steps):
+        key, data_key, step_key = jax.random.split(key, 3)
+        batch = jax.random.normal(data_key, x.shape)
+        params, opt_state, nll = train_step(params, opt_state, batch, step_key)
+        print(f"step {step}: loss {float(nll):.4f}")
+        assert jnp.isfinite(nll)
+
+
 if __name__ == "__main__":
-    train(seed=42, n_batches=2 if QUICK else 4, batch_size=4, n_samples=16)
+    quick = "--quick" in sys.argv[1:]
+    train(SMALL if quick else Sizes(), steps=2 if quick else 4)

@@ -38,6 +38,18 @@ def _saved(n: int) -> str:
     return format_bytes(n) if n >= 0 else f"-{format_bytes(-n)} (costs memory)"
 
 
+def other_candidates(candidates: list, most: int = 5) -> tuple[list, str | None]:
+    """The candidate axes a report lists besides the chosen one: those estimated to save
+    memory, the best first, at most ``most``; and a count of the others (None: no other)."""
+    ranked = sorted((c for c in candidates if not c[3]), key=lambda c: -c[2])
+    shown = [c for c in ranked if c[2] > 0][:most]
+    costly = sum(c[2] <= 0 for c in ranked)
+    less = len(ranked) - len(shown) - costly
+    parts = [f"{less} more that would save less"] * bool(less)
+    parts += [f"{costly}{'' if less else ' more'} that would not save memory"] * bool(costly)
+    return shown, ("and " + ", ".join(parts)) if parts else None
+
+
 def plan_html(plan: Any) -> str:
     """The plan at a glance (``_one_plan``); a program that pairs the axis with itself shows
     the pairings, what pass 1 stacks for pass 2, and then each pass."""
@@ -103,7 +115,7 @@ def _one_plan(plan: Any, title: str, pass_: int = 1) -> str:
         rows.append(("stacked outputs", f"{len(plan.stacked)}, {format_bytes(total)} in all"))
     body = "".join(f"<tr>{cell(k, 'th')}{cell(v)}</tr>" for k, v in rows)
     note = "" if plan.warning is None else f"<div {_NOTE}>note: {escape(plan.warning)}</div>"
-    others = sorted((c for c in plan.candidates if not c[3]), key=lambda c: -c[2])
+    others, left_out = other_candidates(plan.candidates)
     stops = [s for s in plan.stops if getattr(s, "pass_", 1) == pass_]  # a plain string: 1
     return "".join(
         [
@@ -118,7 +130,8 @@ def _one_plan(plan: Any, title: str, pass_: int = 1) -> str:
             items("computed before the loop on the full axis", plan.hoisted),
             items(
                 "other candidate axes (estimated bytes saved)",
-                [f"size {n} at {b}: {_saved(e)}" for n, b, e, _ in others],
+                [f"size {n} at {b}: {_saved(e)}" for n, b, e, _ in others]
+                + ([left_out] if left_out else []),
             ),
             "</div>",
         ]

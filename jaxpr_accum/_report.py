@@ -9,8 +9,6 @@ from jaxpr_accum import _compat, _html, _layout, _stream
 from jaxpr_accum._cost import Candidate, format_bytes, nbytes
 from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, Split
 
-_MOST = 5  # candidates listed in the report besides the chosen one
-
 
 def _streamed(split: Split) -> list[str]:
     def definition(v: Any) -> Any:
@@ -247,13 +245,12 @@ class Plan:
         if stops:
             lines.append("  the region stopped at:")
             lines.extend(f"    {s}" for s in stops)
-        others = [c for c in self.candidates if not c[3]]
-        if others:
+        if len(self.candidates) > 1:  # the others that would save memory, and a count
             lines.append("  candidate axes (estimated bytes saved by chunking, higher is better):")
             chosen = next(c for c in self.candidates if c[3])
             lines.append(f"    size {chosen[0]} at {chosen[1]}: {_saved(chosen[2])} (chosen)")
-            ranked = sorted(others, key=lambda c: -c[2])
-            lines.extend(f"    size {n} at {b}: {_saved(e)}" for n, b, e, _ in ranked[:_MOST])
-            if len(ranked) > _MOST:
-                lines.append(f"    ... and {len(ranked) - _MOST} more")
+            shown, left_out = _html.other_candidates(self.candidates)
+            lines.extend(f"    size {n} at {b}: {_saved(e)}" for n, b, e, _ in shown)
+            if left_out:
+                lines.append(f"    {left_out} (Plan.candidates lists every one)")
         return lines

@@ -3,13 +3,10 @@
 Each ``make_*`` function returns ``(loss, args)``: the loss is a plain function of arrays (the
 oracle) and ``args`` are concrete, small inputs for it.
 
-(a) ``seed1``: the Monte-Carlo encoder-decoder of seed 1 (``seeds/000_*.txt``), built exactly
-    as the seed builds it: an ``Encoder`` of two convolutions, ``Decoder = Encoder``, and
-    ``jax.vmap(decoder, in_axes=0)(z)`` over 16 latent samples inside ``@nn.compact``. Plain
-    ``jax.vmap`` of a linen submodule inside ``@nn.compact`` works in flax 0.12.8 (checked:
-    ``init`` creates unbatched parameters and ``apply`` returns ``(16, batch, H, W, 1)``), so the
-    seed's line is kept verbatim. The loss averages the log-likelihood over the samples and
-    the batch, as the seed's ``train_step`` does (the input mask included).
+(a) ``seed1``: the Monte-Carlo encoder-decoder of ``examples/mc_vae.py`` (the demo's model,
+    written once there), at a tiny size: an encoder of two convolutions, a decoder of two,
+    ``jax.vmap(decoder)(z)`` over 16 latent samples inside ``@nn.compact``. The loss draws
+    the input mask from its key, as a train step does, and calls the example's loss.
 (b) ``mlp``: a linen MLP with a per-example squared error, batch = ``(x, y)``.
 (c) ``attention``: a pre-norm transformer block (linen multi-head self-attention, softmax over
     the sequence) with a per-example loss.
@@ -21,6 +18,7 @@ oracle) and ``args`` are concrete, small inputs for it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -29,87 +27,33 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special
 
+from jaxpr_accum._demo import example
+
 # --------------------------------------------------------------------------------------
-# (a) Seed 1: Monte-Carlo encoder-decoder (verbatim from the seed, tabs → spaces)
+# (a) The Monte-Carlo encoder-decoder of examples/mc_vae.py
 # --------------------------------------------------------------------------------------
 
-n_in_channels = 1
-
-
-class Encoder(nn.Module):
-    sigma_floor: float
-
-    @nn.compact
-    def __call__(self, x):
-        x = nn.Conv(features=2 * n_in_channels, kernel_size=(2, 2))(x)
-        x = nn.relu(x)
-        x = nn.Conv(features=2 * n_in_channels, kernel_size=(2, 2))(x)
-
-        def to_sigma(z):
-            return self.sigma_floor + (1.0 - self.sigma_floor) * nn.softplus(z)
-
-        mu = x[..., :n_in_channels]
-        sigma = to_sigma(x[..., n_in_channels:])
-
-        return mu, sigma
-
-
-Decoder = Encoder
-
-
-class Model(nn.Module):
-    @nn.compact
-    def __call__(self, masked_x, rng, n_samples):
-        mu, sigma = Encoder(sigma_floor=1.0e-3)(masked_x)
-
-        # monte-carlo sampling of latent representation
-        z = jax.random.normal(key=rng, shape=(n_samples, *mu.shape))
-
-        # re-parametrisation trick
-        z *= jnp.expand_dims(sigma, 0)
-        z += jnp.expand_dims(mu, 0)
-
-        decoder = Decoder(sigma_floor=1.0e-3)
-
-        # plain jax.vmap of a linen submodule: works in flax 0.12.8 (see module docstring)
-        mu_x_hat, sigma_x_hat = jax.vmap(decoder, in_axes=0)(z)
-
-        return mu_x_hat, sigma_x_hat
-
-
-@jax.jit
-def log_likelihood(x, mu, sigma):
-    return -0.5 * ((x - mu) ** 2) / (sigma**2) - jnp.log(sigma)
-
-
+mc_vae = example("mc_vae")
 SEED1_SAMPLES = 16
 SEED1_BATCH = 4
-SEED1_HW = 8  # spatial size (the seed uses 16; 8 keeps the tests fast and not equal to 16)
+SEED1_HW = 8  # spatial size (8 keeps the tests fast and is not equal to 16)
+# one channel everywhere, so that no activation of a chunk is as large as the 16 samples' input
+SEED1_SIZES = mc_vae.Sizes(
+    batch=SEED1_BATCH, height=SEED1_HW, width=SEED1_HW, latent=1, n_samples=SEED1_SAMPLES,
+    encoder_width=2, decoder_widths=(2,),
+)  # fmt: skip
+_seed1_mc_loss = mc_vae.make_loss(mc_vae.Model(SEED1_SIZES))
 
 
-def seed1_loss(params, x, rng, n_samples=SEED1_SAMPLES):
-    """The seed's ``train_step`` loss, with the mask drawn inside (as in ``train_step``)."""
+def seed1_loss(params, x, rng):
+    """The example's loss, with the mask drawn inside (as a train step draws it)."""
     rng, key = jax.random.split(rng, 2)
-    mask = jax.random.bernoulli(key, p=0.5, shape=(*x.shape[:-1], 1))
-
-    masked_x = mask * x
-    mu_x_hat, sigma_x_hat = Model().apply({"params": params}, masked_x, rng, n_samples)
-
-    ll = jax.vmap(log_likelihood, in_axes=(0, 0, 0))  # vmap across batch elements
-    ll = jax.vmap(ll, in_axes=(None, 0, 0))(x, mu_x_hat, sigma_x_hat)  # across samples
-
-    ll = ll.sum((2, 3, 4))  # sum over spatial dims and channel
-    ll = ll.mean()  # mean over samples and batch
-
-    return -ll
+    return _seed1_mc_loss(params, x, mc_vae.random_mask(key, x), rng)
 
 
 def make_seed1(seed: int = 42, batch: int = SEED1_BATCH, hw: int = SEED1_HW):
-    rng = jax.random.PRNGKey(seed)
-    rng, data_key, init_key = jax.random.split(rng, 3)
-    x = jax.random.normal(key=data_key, shape=(batch, hw, hw, n_in_channels))
-    params = Model().init(init_key, jnp.zeros_like(x), rng, SEED1_SAMPLES)["params"]
-    _, key = jax.random.split(rng)
+    sizes = dataclasses.replace(SEED1_SIZES, batch=batch, height=hw, width=hw)
+    _, (params, x, _, key) = mc_vae.problem(sizes, jax.random.PRNGKey(seed))
     return seed1_loss, (params, x, key)
 
 

@@ -1,4 +1,5 @@
-"""Smoke tests: every script in ``examples/``, and the demo, run with ``--quick`` and exit 0.
+"""Smoke tests: every script in ``examples/`` runs with ``--quick`` and exits 0 (the demo:
+``tests/test_demo.py``).
 
 Each example asserts that its serialized loss and gradients agree with the undecorated
 original's (relative 2e-4), so exit status 0 means the example's claim holds. The scripts
@@ -31,7 +32,6 @@ EXAMPLES = [
     "contrastive.py",
 ]
 COMMANDS = {name: [str(ROOT / "examples" / name), "--quick"] for name in EXAMPLES}
-COMMANDS["demo"] = ["-m", "jaxpr_accum", "demo", "--quick"]
 TIMEOUT_S = 600
 
 
@@ -68,7 +68,4 @@ def test_example_runs(running, name):
         output, _ = proc.communicate()
         pytest.fail(f"{name} --quick ran past {TIMEOUT_S} s:\n{output[-4000:]}")
     assert proc.returncode == 0, f"{name} --quick failed:\n{output[-4000:]}"
-    if name == "demo":
-        assert "temp memory" in output and "result: OK" in output, output[-4000:]
-    else:
-        assert "XLA temp memory" in output
+    assert "XLA temp memory" in output

@@ -58,21 +58,13 @@ def timed_check(sf, *args):
 
 @pytest.mark.slow
 def test_check_mc_vae():
-    """Seed 1: the 16 Monte-Carlo samples, found automatically inside the Flax module."""
-    import optax
-    from flax.training import train_state
-
+    """The 16 Monte-Carlo samples, found automatically inside the Flax module."""
     mc = load_example("mc_vae.py")
-    key, rng = jax.random.PRNGKey(0), jax.random.PRNGKey(1)
-    x = jax.random.normal(key, (2, 8, 8, mc.n_in_channels))
-    mask = jax.random.bernoulli(key, 0.5, (*x.shape[:-1], 1))
-    params = mc.Model().init(key, x, rng, 16)["params"]
-    state = train_state.TrainState.create(
-        apply_fn=mc.Model().apply, params=params, tx=optax.adam(1e-3)
-    )
-    sf = mc.make_loss(state, x, mask, rng, 16)
-    assert sf.explain(params).axis_size == 16
-    timed_check(sf, params)
+    sizes = mc.Sizes(batch=2, height=8, width=8, decoder_widths=(8,))
+    loss, args = mc.problem(sizes)
+    sf = ja.serialize_axis(loss, chunk=mc.CHUNK)
+    assert sf.explain(*args).axis_size == 16
+    timed_check(sf, *args)
 
 
 @pytest.mark.slow

@@ -84,14 +84,14 @@ from jaxpr_accum._compat._sharding import (  # noqa: F401 (re-exported)
 DropVar = getattr(jax.extend.core, "DropVar", None) or _jax("jax._src.core.DropVar")
 
 # Frames of this package are not the user's: tracebacks raised through it show at most one of
-# them, and equations it emits point at the user's line that led there; the demonstration's
-# model (``_seed1``, run by ``python -m jaxpr_accum demo``) plays the user's code. Cosmetic,
-# so skipped where this JAX has moved the registries.
+# them, and equations it emits point at the user's line that led there; the examples, installed
+# as ``jaxpr_accum.examples`` (the demo runs one), are the user's code. Cosmetic, so skipped
+# where this JAX has moved the registries.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with contextlib.suppress(MissingInternal):
     _jax("jax._src.source_info_util.register_exclusion")(_PACKAGE_DIR)
     _jax("jax._src.traceback_util.register_exclusion")(_PACKAGE_DIR)
-    _jax("jax._src.source_info_util.register_inclusion")(os.path.join(_PACKAGE_DIR, "_seed1.py"))
+    _jax("jax._src.source_info_util.register_inclusion")(os.path.join(_PACKAGE_DIR, "examples", ""))
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])

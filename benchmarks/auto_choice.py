@@ -14,7 +14,7 @@ holds on at least 95% of the cases, the misses named.
 
 Cases: every model of the real-model zoo (``tests/real_models.py``, at its chunk ``N // 8``,
 serialized as the zoo does); the peers' dense MLP (``benchmarks/models.py``, 2048 rows,
-``argnums=(1, 2)``, chunk 256); the seed-1 conv Monte-Carlo decoder (16 samples, automatic
+``argnums=(1, 2)``, chunk 256); the Monte-Carlo encoder-decoder (16 samples, automatic
 axis, chunk 4); the dropout transformer (``argnums=1``, chunk 4); a classifier returning its
 loss with an accuracy and a confidence (``value_and_grad(..., has_aux=True)``: two
 gradient-carrying sums and one without gradient); a loss built from three gradient-carrying
@@ -45,7 +45,7 @@ For each case:
   function as written); rules (a) and (b) are graded on them.
 
 It also measures the first-call cost (wall time of the first call, which traces, plans and
-compiles) of ``jax.jit(jax.value_and_grad(sf))`` on the seed-1 model, for ``grad="auto"`` at
+compiles) of ``jax.jit(jax.value_and_grad(sf))`` on the MC encoder-decoder, for ``grad="auto"`` at
 chunk 4 and for ``memory=`` a budget of half the original's temp bytes, against the
 original's first call (fresh functions each time, the fastest of two alternating rounds).
 
@@ -246,8 +246,8 @@ def make_cases(quick: bool) -> list[Case]:
             {"argnums": (1, 2)},
         ),
         Case(
-            "seed1",
-            f"seed-1 conv Monte-Carlo decoder ({scfg.n_samples} samples, automatic axis)",
+            "mc_vae",
+            f"Monte-Carlo encoder-decoder ({scfg.n_samples} samples, automatic axis)",
             lambda: seed1_problem(scfg),
             scfg.n_samples,
             4,
@@ -524,7 +524,8 @@ def grade(res: dict[str, Any]) -> None:
 
 def first_calls(quick: bool) -> dict[str, Any]:
     """Wall time of the first ``jax.jit(jax.value_and_grad(f))(*args)`` on fresh functions:
-    the seed-1 original, serialized with ``grad="auto"`` at chunk 4 and with ``memory=``."""
+    the MC encoder-decoder as written, serialized with ``grad="auto"`` at chunk 4 and with
+    ``memory=``."""
     cfg = QUICK_SEED1 if quick else Seed1Config()
     loss, args = seed1_problem(cfg)
     original_temp = rm.temp_bytes(loss, args, (0,))
@@ -676,7 +677,7 @@ def first_call_lines(fc: dict[str, Any] | None) -> list[str]:
     t = fc["times"]
     measured = fc["memory_measured"]
     return [
-        "First call of `jax.jit(jax.value_and_grad(f))(*args)` on the seed-1 model (trace, "
+        "First call of `jax.jit(jax.value_and_grad(f))(*args)` on the MC encoder-decoder (trace, "
         f"plan, compile; fresh functions, fastest of two): original **{t['original']:.1f} s**; "
         f'`grad="auto"`, chunk 4 ({fc["auto_grad"]}): **{t["auto"]:.1f} s** '
         f"({t['auto'] / t['original']:.1f}x); `memory=` {_mib(fc['budget'])} MiB (half the "
@@ -782,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    note: {n}", flush=True)
     fc = None
     if not opts.no_first_call and not opts.cases:
-        print("first calls on the seed-1 model ...", flush=True)
+        print("first calls on the Monte-Carlo encoder-decoder ...", flush=True)
         fc = first_calls(opts.quick)
         loads.append(fc["load"])
     elapsed = time.perf_counter() - t_start

@@ -5,7 +5,7 @@ Run from the repository root::
     python benchmarks/budget.py           # writes its section of docs/benchmarks.md
     python benchmarks/budget.py --quick   # smaller models, prints only
 
-For each model (the MLP over 1024 rows with ``argnums=(1, 2)``, the seed-1 conv
+For each model (the MLP over 1024 rows with ``argnums=(1, 2)``, the Monte-Carlo conv
 encoder-decoder over its 16 Monte-Carlo samples with ``size=16``, the dropout transformer over
 its batch of 32 with ``argnums=1``):
 
@@ -62,7 +62,7 @@ def problems(quick: bool) -> list[tuple[str, Any, tuple, dict, int]]:
     out.append((f"MLP ({mlp.rows} rows)", loss, args, {"argnums": (1, 2)}, mlp.rows))
     loss, args = seed1_problem(seed1)
     out.append(
-        (f"seed-1 conv decoder ({seed1.n_samples} samples)", loss, args,
+        (f"MC encoder-decoder ({seed1.n_samples} samples)", loss, args,
          {"size": seed1.n_samples}, seed1.n_samples)
     )  # fmt: skip
     loss, args = transformer_problem(tr)
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             "first calls are `jax.jit(jax.value_and_grad(sf))(*args)` on a fresh function "
             "(fastest of two alternating rounds), with the budget vs with the chosen chunk "
             f"fixed. Target: at most {RATIO_TARGET:g}x + {SLACK_S:g} s. Memory here is with "
-            "respect to every floating argument (the budget's measure: the seed-1 image and "
+            "respect to every floating argument (the budget's measure: the image and "
             "mask too), so *original* differs from the other sections' parameter-only figures. "
             "The search compiles the built program (prologue, region, epilogue) at each trial "
             "chunk; the original is compiled only for `explain`.",

@@ -10,7 +10,7 @@ Memory is XLA's own accounting (docs/benchmarks.md, "How figures are measured"):
 
 Targets:
 
-(a) seed-1 encoder-decoder, 16 Monte-Carlo samples, automatic axis:
+(a) Monte-Carlo encoder-decoder, 16 Monte-Carlo samples, automatic axis:
     chunk=4 -> ratio <= 0.40, chunk=1 -> ratio <= 0.20;
 (b) MLP over 1024 rows (width 512, 4 hidden layers), ``argnums=(1, 2)`` microbatching,
     chunk=128 -> ratio <= 0.35;
@@ -134,10 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}")
     res = Results()
 
-    # (a) seed-1 encoder-decoder, automatic axis.
+    # (a) Monte-Carlo encoder-decoder, automatic axis.
     cfg = Seed1Config()
     loss, args = seed1_problem(cfg)
-    case = f"seed-1 (N={cfg.n_samples})"
+    case = f"MC encoder-decoder (N={cfg.n_samples})"
     _original(res, case, loss, args)
     for k, target in SEED1_TARGETS.items():
         _measure(

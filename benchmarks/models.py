@@ -134,7 +134,7 @@ def mlp_peers(chunk: int) -> dict[str, Callable[..., Any]]:
 
 
 # --------------------------------------------------------------------------------------------
-# Seed-1 encoder-decoder (Monte-Carlo samples)
+# Monte-Carlo encoder-decoder (Monte-Carlo samples)
 # --------------------------------------------------------------------------------------------
 
 

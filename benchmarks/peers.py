@@ -13,7 +13,7 @@ is compiled once and measured:
   ``ja.serialize_axis`` in each gradient mode (``fused``, ``remat``, ``native``; ``auto`` is
   the one of these that ``explain`` says it picks, the same program);
 * models: (a) a dense MLP microbatched over 2048 rows (width 384, 6 hidden layers,
-  ``argnums=(1, 2)``); (b) the seed-1 conv Monte-Carlo decoder (16 samples, automatic axis);
+  ``argnums=(1, 2)``); (b) the Monte-Carlo encoder-decoder (16 samples, automatic axis);
   (c) a small Flax linen transformer with dropout (token batch serialized with ``argnums=1``);
 * memory: XLA's ``temp_size_in_bytes`` of the compiled program, and its ratio to the
   original's;
@@ -138,7 +138,7 @@ def make_models(quick: bool) -> list[Model]:
         ),
         Model(
             "seed1",
-            f"Seed-1 conv Monte-Carlo decoder ({scfg.n_samples} samples, batch {scfg.batch}, "
+            f"Monte-Carlo encoder-decoder ({scfg.n_samples} samples, batch {scfg.batch}, "
             f"{scfg.height}x{scfg.width}, decoder widths {list(scfg.decoder_widths)}), "
             "automatic axis",
             sloss,
@@ -344,7 +344,7 @@ def acceptance(results: dict[str, dict]) -> list[tuple[str, str, bool]]:
     auto = row("seed1", 4, mode) if mode in MODES else None
     checks.append(
         (
-            "Seed-1 conv decoder (16 samples), chunk 4: auto time <= 1.5x original",
+            "MC encoder-decoder (16 samples), chunk 4: auto time <= 1.5x original",
             f"{auto['time_ratio']:.3f}x (auto = {mode})" if auto else f"error ({mode})",
             bool(auto) and auto["time_ratio"] <= 1.5,
         )
@@ -369,7 +369,7 @@ def plot(results: dict[str, dict], path: str) -> None:
         "remat": ("tab:orange", "o", "-"),
         "native": ("tab:green", "o", "-"),
     }
-    short = {"mlp": "Dense MLP", "seed1": "Seed-1 conv decoder", "transformer": "Transformer"}
+    short = {"mlp": "Dense MLP", "seed1": "MC encoder-decoder", "transformer": "Transformer"}
     for j, key in enumerate(keys):
         res = results[key]
         chunks = res["model"].chunks
@@ -454,7 +454,7 @@ def commentary(results: dict[str, dict]) -> str:
         if slow:
             worst = max(r[s]["time_ratio"] for s in slow)
             notes.append(
-                "- **Seed-1 conv decoder.** On XLA:CPU, "
+                "- **MC encoder-decoder.** On XLA:CPU, "
                 + ", ".join(f"`{n}`" for n in slow_names)
                 + f" run {min(r[s]['time_ratio'] for s in slow):.0f}-{worst:.0f}x slower than "
                 "the original: the weight gradient of a convolution inside a while loop hits "
@@ -466,7 +466,7 @@ def commentary(results: dict[str, dict]) -> str:
             )
         else:
             notes.append(
-                "- **Seed-1 conv decoder.** No method is more than 4x slower than the original."
+                "- **MC encoder-decoder.** No method is more than 4x slower than the original."
             )
     tr = results.get("transformer")
     if tr:
@@ -569,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = opts.models.split(",")
     results: dict[str, dict] = {}
     models = [m for m in make_models(opts.quick) if m.key in wanted]
-    # Where each model should be done by, as a share of the time limit (the seed-1 model's
+    # Where each model should be done by, as a share of the time limit (the MC encoder-decoder's
     # peers hit the conv trap and cost most; the transformer compiles slowest).
     share = (
         {"mlp": 0.35, "seed1": 0.35, "transformer": 0.3}

@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/random_memory.py           # writes its section of docs/benchmarks.md
-    python benchmarks/random_memory.py --quick   # smaller transformer and seed-1 model
+    python benchmarks/random_memory.py --quick   # smaller transformer and MC model
 
 (a) Dropout. The Flax linen transformer of ``benchmarks/models.py`` (batch 32, seq 64, width
     128, 2 layers) is built twice: with dropout 0.1 (residual, MLP and attention dropout; every
@@ -15,7 +15,7 @@ Run from the repository root::
     stored); whether the two ratios are also within 10% of each other both ways is reported.
     Graded for the default mode (``auto``) and for ``remat``.
 
-(b) Monte-Carlo noise of the seed-1 model (16 samples, automatic axis, chunk 4): the rewritten
+(b) Monte-Carlo noise of the MC encoder-decoder (16 samples, automatic axis, chunk 4): the rewritten
     program ``sf.jaxpr(...)`` has no ``random_bits`` equation at all (the noise is drawn per
     chunk from the threefry counters of the chunk's slice), and the compiled HLO of
     ``jit(value_and_grad(sf))`` has no ``u32`` buffer of the full noise shape, nor any ``u32``
@@ -148,7 +148,7 @@ def dropout_memory(quick: bool) -> tuple[list[list[str]], list[tuple[str, str, b
 
 
 def seed1_structure(quick: bool) -> tuple[list[tuple[str, str, bool]], dict]:
-    """(b): no ``random_bits`` in the rewritten seed-1 program, no full-size u32 buffer."""
+    """(b): no ``random_bits`` in the rewritten MC encoder-decoder, no full u32 buffer."""
     cfg = QUICK_SEED1 if quick else Seed1Config()
     loss, args = seed1_problem(cfg)
     sf = ja.serialize_axis(loss, chunk=CHUNK)
@@ -163,12 +163,12 @@ def seed1_structure(quick: bool) -> tuple[list[tuple[str, str, bool]], dict]:
     largest = max(sf_u32, key=math.prod, default=())
     checks = [
         (
-            "seed-1, chunk 4: no `random_bits` equation in sf.jaxpr(...)",
+            "MC encoder-decoder, chunk 4: no `random_bits` equation in sf.jaxpr(...)",
             f"{len(sf_bits)} (original: {len(full_shapes)}, shape {noise})",
             not sf_bits,
         ),
         (
-            f"seed-1, chunk 4: no u32 buffer of the noise shape {noise} (or >= half its size) "
+            f"MC model, chunk 4: no u32 buffer of the noise shape {noise} (or >= half its size) "
             "in the compiled HLO",
             f"{len(big)} such buffers (largest u32: {list(largest)}); original has "
             f"{len(orig_big)}: {[list(s) for s in orig_big]}",
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{fmt_bytes(t[('with dropout', 'remat')] - t[('without dropout', 'remat')])} "
             "(remat).",
             "",
-            f"(b) Structure (chunk {CHUNK}): seed-1 model ({scfg.n_samples} samples, "
+            f"(b) Structure (chunk {CHUNK}): MC encoder-decoder ({scfg.n_samples} samples, "
             f"{scfg.height}x{scfg.width}, automatic axis; full noise "
             f"`u32{list(seed_info['noise'])}`) and the dropout transformer above.",
             "",

@@ -29,6 +29,7 @@ EXAMPLES = [
     "large_vocab_loss.py",
     "vmc_sr.py",
     "contrastive.py",
+    "dp_sgd.py",
 ]
 COMMANDS = {name: [str(ROOT / "examples" / name), "--quick"] for name in EXAMPLES}
 COMMANDS["demo"] = ["-m", "jaxpr_accum", "demo", "--quick"]

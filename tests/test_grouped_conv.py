@@ -183,3 +183,20 @@ def test_grouped_conv_with_the_axis_in_its_batch(chunk):
         return jnp.sum(jnp.tanh(conv(x, w)) ** 2)
 
     check(f, _rand((3, 3, 2, 4), 4, scale=0.4), _rand((N, 5, 5, 4), 5), chunk=chunk)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's canonical labels")
+def test_chunked_grouped_convolutions_are_canonical_on_cpu():
+    """Inside the loop XLA:CPU does not canonicalize a convolution for its fast kernel (a
+    per-example weight gradient has labels like ``f01b_i01o->01bf``): the chunked ones are
+    emitted canonical, so every convolution of the compiled program is."""
+    w, xs = _args("2d_nhwc_stride2_same")
+    sf = ja.serialize_axis(dp_sgd(FORMS["2d_nhwc_stride2_same"][0]), chunk=5, argnums=1)
+    hlo = jax.jit(sf).lower(w, xs).compile().as_text()
+    labels = [
+        line.split("dim_labels=")[1].split(",")[0]
+        for line in hlo.splitlines()
+        if " convolution(" in line
+    ]
+    assert labels and all(label == "b01f_01io->b01f" for label in labels), labels

@@ -15,9 +15,10 @@ of ``k`` examples is the convolution with ``k`` groups). The noise is drawn once
 loop, with the original's random bits.
 
 The script prints XLA's temp memory of the private gradient against the batch size (the
-original and the serialized one at a fixed chunk), then finds the largest batch of the table
+original and the serialized one at a fixed chunk), then takes the smallest batch of the table
 that the original cannot hold within ``BUDGET``, serializes it with ``memory=BUDGET`` (the
-chunk is chosen by measuring), checks that it fits and that its value equals the original's,
+chunk is chosen by measuring ``value_and_grad``, as ``memory=`` always does; ``grad="remat"``
+keeps that search to one mode), checks that it fits and that its value equals the original's,
 and trains the net for a few steps with optax, both ways, checking that the parameters agree.
 
 Run: ``python examples/dp_sgd.py`` (``--quick``: smaller sizes).

@@ -86,12 +86,12 @@ def canonical_conv(lhs: Any, rhs: Any, *, dimension_numbers: Any, **params: Any)
     return _transpose(out, [int(i) for i in np.argsort(out_perm)])
 
 
-def _is_float_conv(invals: Sequence[Any]) -> bool:
+def is_float_conv(invals: Sequence[Any]) -> bool:
     return all(jax.numpy.issubdtype(x.dtype, jax.numpy.floating) for x in invals)
 
 
 def _emit(idx: int, eqn: Any, invals: list) -> list:
-    if eqn.primitive is _conv_p and _is_float_conv(invals):
+    if eqn.primitive is _conv_p and is_float_conv(invals):
         with _compat.user_context(eqn):
             return [canonical_conv(*invals, **eqn.params)]
     return _compat.bind(eqn, invals)

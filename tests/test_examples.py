@@ -30,6 +30,7 @@ EXAMPLES = [
     "large_vocab_loss.py",
     "vmc_sr.py",
     "contrastive.py",
+    "dp_sgd.py",
 ]
 COMMANDS = {name: [str(ROOT / "examples" / name), "--quick"] for name in EXAMPLES}
 TIMEOUT_S = 600

@@ -3,15 +3,29 @@
 ``dot_general`` output dimensions are ``batch + lhs free + rhs free``. The axis may be a
 batch dimension (both operands carry it, and so does the output), a free dimension of one
 operand (the output carries it; the other operand must not), or a contracting dimension
-(both operands carry it; the output is a per-chunk partial *sum*). A convolution keeps the
-axis only as the lhs batch dimension (what ``vmap`` of a conv produces after merging it into
-the batch); anything else slides a window or mixes features across the axis.
+(both operands carry it; the output is a per-chunk partial *sum*).
+
+A convolution keeps the axis in two forms; anything else slides a window or mixes features
+across the axis. (1) As the lhs batch dimension, ungrouped batch (what ``vmap`` of a conv
+produces after merging the axis into the batch). (2) As its *groups*: ``vmap`` of a conv whose
+operands are both batched (a per-example weight gradient) moves the axis into the feature
+groups (``feature_group_count *= N``: lhs feature dimension, rhs output features, output
+features) or, for a conv already grouping its batch, into the batch groups (lhs batch
+dimension). Groups are the major factor of those dimensions and group ``g`` of the output
+reads only group ``g`` of each operand, so when ``N`` divides the group count (``N * q``
+groups) the axis is the major factor of all three dimensions and a chunk of ``k`` positions is
+the conv with ``k * q`` groups. On CPU the chunked conv is emitted canonical (``_conv``): inside
+the loop XLA would not canonicalize it for its fast kernel.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
+
+from jaxpr_accum import _compat, _conv
+from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._table import Rule, register
 
 
@@ -59,25 +73,72 @@ class DotGeneral(Rule):
                 view.set_out(0, loc._replace(dim=offset + free.index(loc.dim)))
 
 
+def _groups(eqn: Any) -> tuple[str, int, tuple[int, int, int]]:
+    """The conv's grouping: parameter name, count, and the lhs, rhs and output dimensions the
+    groups are the major factor of (``feature_group_count`` and ``batch_group_count`` are never
+    both above 1)."""
+    p, dn = eqn.params, eqn.params["dimension_numbers"]
+    if p["batch_group_count"] > 1:
+        return (
+            "batch_group_count",
+            p["batch_group_count"],
+            (dn.lhs_spec[0], dn.rhs_spec[0], dn.out_spec[1]),
+        )
+    return (
+        "feature_group_count",
+        p["feature_group_count"],
+        (dn.lhs_spec[1], dn.rhs_spec[0], dn.out_spec[1]),
+    )
+
+
+def _grouped_locs(eqn: Any, size: int) -> list[AxisLoc] | None:
+    """The axis as the major factor of the group dimensions, or None (groups not a multiple of
+    the axis)."""
+    _, count, dims = _groups(eqn)
+    if count == 1 or count % size:
+        return None
+    shapes = [v.aval.shape for v in (eqn.invars[0], eqn.invars[1], eqn.outvars[0])]
+    return [AxisLoc(d, s[d] // size) for d, s in zip(dims, shapes, strict=True)]
+
+
 class Conv(Rule):
     def propagate(self, eqn: Any, view: Any) -> None:
+        found = [view.in_loc(0), view.in_loc(1), view.out_loc(0)]
+        if all(loc is None for loc in found):
+            return
+        grouped = _grouped_locs(eqn, view.size)
+        if grouped is not None and all(f in (None, g) for f, g in zip(found, grouped, strict=True)):
+            view.set_in(0, grouped[0])
+            view.set_in(1, grouped[1])
+            view.set_out(0, grouped[2])
+            return
         dn = eqn.params["dimension_numbers"]
         lhs_batch, out_batch = dn.lhs_spec[0], dn.out_spec[0]
-        if view.in_loc(1) is not None:
-            view.barrier("the convolution's kernel carries the axis")
+        lhs, rhs, out = found
+        if rhs is not None:
+            view.barrier("the convolution's kernel carries the axis outside its groups")
             return
-        lhs, out = view.in_loc(0), view.out_loc(0)
         for loc, batch in ((lhs, lhs_batch), (out, out_batch)):
             if loc is not None and loc.dim != batch:
                 view.barrier("the convolution slides or mixes along the axis")
                 return
-        if eqn.params.get("batch_group_count", 1) != 1:
-            view.barrier("the convolution groups its batch (a weight gradient)")
+        if eqn.params["batch_group_count"] != 1:
+            view.barrier("the convolution groups its batch, in groups other than the axis")
             return
         if lhs is not None:
             view.set_out(0, lhs._replace(dim=out_batch))
         if out is not None:
             view.set_in(0, out._replace(dim=lhs_batch))
+
+    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+        params = dict(eqn.params)
+        if r.in_locs[1] is not None:  # the axis is the groups: k * q of them
+            name, count, _ = _groups(eqn)
+            params[name] = count // r.analysis.size * r.k
+        if jax.default_backend() == "cpu" and _conv.is_float_conv(invals):
+            with _compat.user_context(eqn):
+                return [_conv.canonical_conv(*invals, **params)]
+        return _compat.bind(eqn, invals, params)
 
 
 register("dot_general", DotGeneral())

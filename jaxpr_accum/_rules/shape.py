@@ -54,21 +54,23 @@ class Reshape(Rule):
     middle_factor_ok = True
 
     def propagate(self, eqn: Any, view: Any) -> None:
-        if eqn.params.get("dimensions") is not None:
-            view.barrier("`reshape` with `dimensions` transposes along the way")
-            return
-        src, dst = eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape
-        for loc, a, b, setter in (
-            (view.in_loc(0), src, dst, view.set_out),
-            (view.out_loc(0), dst, src, view.set_in),
+        # ``dimensions`` transposes the operand first (``vmap`` moving the axis beside the
+        # dimension it merges into): the axis moves with it.
+        perm = eqn.params.get("dimensions") or tuple(range(len(eqn.invars[0].aval.shape)))
+        src = tuple(eqn.invars[0].aval.shape[d] for d in perm)
+        dst, loc = eqn.outvars[0].aval.shape, view.in_loc(0)
+        for known, a, b, setter, back in (
+            (loc and loc._replace(dim=perm.index(loc.dim)), src, dst, view.set_out, None),
+            (view.out_loc(0), dst, src, view.set_in, perm),
         ):
-            if loc is None:
+            if known is None:
                 continue
-            mapped = reshape_loc(a, b, loc, positions(loc, view.size))
+            mapped = reshape_loc(a, b, known, positions(known, view.size))
             if mapped is None:
                 view.barrier(f"`reshape` {a} -> {b} splits the axis")
                 return
-            setter(0, mapped._replace(lo=loc.lo, span=loc.span, rev=loc.rev))
+            mapped = mapped._replace(lo=known.lo, span=known.span, rev=known.rev)
+            setter(0, mapped if back is None else mapped._replace(dim=back[mapped.dim]))
 
     def resize_params(self, eqn: Any, r: Any) -> dict:
         loc = r.out_locs[0]

@@ -16,8 +16,14 @@ The roots are what pass 1 stacks: the embeddings, a few values per example; the 
 layout equations from a column root to its operand is what pass 2 re-emits on the full
 stacked value.
 
-``find(split)`` looks first in the split's own analysis: pairings of the axis being chunked
-(the encoder's batch, paired in the loss). If there is none, it looks for a pairing of an axis
+On the column side a rearrangement of a root's rows along the axis (``permute``: ``z[::-1]``,
+a roll, a gather) is walked through too: the column copy is whole, so pass 2 rearranges it.
+
+``find(split)`` looks first for pairings of the axis being chunked (the encoder's batch,
+paired in the loss): in the analysis of the program with each rearrangement of an
+axis-carrying value replaced by a copy of it (``permute.substituted``: the one-pass analysis
+stops at ``z[::-1]`` and never sees ``z @ z[::-1].T`` pair the axis), where there is one,
+then in the split's own analysis. If there is none, it looks for a pairing of an axis
 *born again* at one of the split's stops as a multiple of the chunked one: ``jnp.concatenate``
 of two views along the batch stops the region and makes a batch of ``2N`` rows, which the
 loss then pairs. Each such result is seeded along that dimension (at most ``MAX_SEEDS``

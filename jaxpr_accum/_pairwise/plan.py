@@ -10,13 +10,18 @@ program in two (``rewrite``) and plans each part as any other program is planned
   pairing and stacks the paired values;
 - pass 2 is analysed with the pairing's axis seeded where its inputs carry it: the stacked
   values (rows) and any original input the pairing's analysis reached. Its column copies
-  carry no axis.
+  carry no axis. Its constants (labels, masks, positives from ``iota``) are first copied per
+  reader (``constants.private``), so each is computed per block where its reader needs the
+  axis; a constant computed by an equation that stops the analysis becomes an input
+  computed whole before pass 2 (``constants.materialise``), and pass 2 is analysed again
+  (at most ``MAX_ROUNDS`` times).
 
 The estimate is the sum of the two passes' (``_cost``): pass 2's avoided bytes are the
 pairs' intermediates held per row block instead of whole, less the column copies'
 cotangent accumulators; pass 1's stacked values are counted as the cost of pass 1, as in the
 one-pass plan. The planner takes the two passes where they are expected to save more than
-the one pass, and weighs them against the function as written like any plan (``_worth``).
+the one pass, and weighs them against the function as written like any plan (``_worth``;
+a paired plan that still stops is measured, ``_worth.for_paired``).
 """
 
 from __future__ import annotations

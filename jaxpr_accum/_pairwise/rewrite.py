@@ -7,8 +7,9 @@
   copy per column root]``. The equations that define the stacked values are gone (their
   results are inputs now), so what only they needed (the encoder) is dropped too. Each
   pairing reads its column side from the column copy, through a copy of the layout chain from
-  the root (``z.T`` becomes ``z_col.T``); every other reader of a root, the row side included,
-  reads the root itself.
+  the root (``z.T`` becomes ``z_col.T``; ``z[::-1].T``, ``rev`` then ``transpose`` of
+  ``z_col``; a roll's slices and ``concatenate``); every other reader of a root, the row side
+  included, reads the root itself.
 
 Pass 2 is an ordinary program: its analysis, seeded where the pairing's axis sits in its
 inputs, finds the axis on the rows of every pair (the column copies carry no axis: they are

@@ -208,7 +208,9 @@ def _memory(f, n: int) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["ntxent_optax", "supcon", "positives_roll"])
 def test_memory_is_linear_in_the_batch(name):
-    """At N = 256 a fraction of the original's temp bytes, doubling with the batch."""
+    """At N = 256 a small fraction of the original's temp bytes (0.08 measured), growing
+    about linearly with the batch: 2.4x from 128 (XLA's buffers at these sizes), where a
+    quadratic part grows 3.5-4x. The 2.3x bound of 1024 to 4096 is a benchmark's (docs)."""
     _, small = _memory(PROGRAMS[name], 128)
     ratio, large = _memory(PROGRAMS[name], 256)
-    assert ratio < 0.25 and large < 2.3 * small, (ratio, large / small)
+    assert ratio < 0.15 and large < 3.0 * small, (ratio, large / small)

@@ -126,7 +126,7 @@ class Planner:
         stage = _fallback.stage
         with stage("planning"):
             chosen, usable = _candidates.choose_split(traced, self.settings, stream)
-        budget = None
+        budget, pairs = None, False  # pairs: the program pairs the axis with itself
         measure = _budget.Measure(inputs, differentiated_inputs(traced, inputs, pattern))
         two = None
         if self.settings.chunk is not None:
@@ -134,7 +134,9 @@ class Planner:
                 traced, chosen.split, inputs, self.settings.mesh_axis, self.settings.chunk
             )
             if paired is not None and not isinstance(layout, _layout.ShardedLayout):
-                two = self._two_passes(traced, chosen, layout, requested, stream, measure, paired)
+                two, pairs = self._two_passes(
+                    traced, chosen, layout, requested, stream, measure, paired
+                )
             if two is None:
                 with stage("choosing the gradient mode"):
                     grad, reason = _choice.choose(chosen, requested)
@@ -158,6 +160,9 @@ class Planner:
             _fallback.validate(run, inputs, original)
         with stage("weighing the plan against the function as written"):
             why = _worth.as_written_instead(estimate, requested, run, original, measure)
+            if pairs:
+                stops = chosen.split.stops if two is None else two[2].stops
+                why = _worth.for_paired(why, stops, requested, run, original, measure)
         if why is not None:
             plan = dataclasses.replace(plan, grad="none", grad_reason=why, warning=why)
             return Prepared(traced, chosen.split, plan, as_written=True)
@@ -202,22 +207,23 @@ class Planner:
         stream: bool,
         measure: _budget.Measure,
         paired: list,
-    ) -> tuple[Callable, Plan, _worth.Estimate] | None:
-        """``(run, plan, estimate)`` of the two-pass plan (``_pairwise``) where the program
-        pairs the axis with itself and two passes are expected to save more than one; None
-        otherwise. Auto's pick of fused for a pass is confirmed by measurement, as in one.
-        ``paired`` is appended to once two passes are taken: a later failure runs one pass."""
+    ) -> tuple[tuple[Callable, Plan, _pairwise.TwoPass] | None, bool]:
+        """``((run, plan, estimate) of the two-pass plan, or None, whether the program pairs
+        the axis with itself)``: the plan (``_pairwise``) where two passes are expected to
+        save more than one. Auto's pick of fused for a pass is confirmed by measurement, as in
+        one. ``paired`` is appended to once two passes are taken: a later failure runs one
+        pass."""
         with _fallback.stage("planning two passes for a pairing of the axis with itself"):
             names = _candidates.input_names(traced)
             two = _pairwise.plan(chosen, names, stream)
         if two is None or two.net_saving <= chosen.net_saving:
-            return None
+            return None, two is not None
         paired.append(True)  # from here on, a failure falls back to the one-pass plan
         run, grads = _pairwise.choose_and_build(
             two, requested, self.settings.accum_dtype, measure if measure.diff else None
         )
         plan = _pairwise.plan_of(two, grads, layout, names)
-        return run, plan, two
+        return (run, plan, two), True
 
     def _fit_budget(
         self,

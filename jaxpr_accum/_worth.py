@@ -8,17 +8,24 @@ against the activations avoided), both programs are compiled and XLA's temp byte
 ``value_and_grad`` with respect to the floating arguments decide: the loop is kept only if it
 measures smaller. ``explain`` says why, and the first call warns.
 
+A program that pairs the axis with itself (``_pairwise``) and whose plan still stops
+somewhere is held to more (``for_paired``): the pairs it could not chunk are the
+largest values of such a program, so the estimate is not trusted and both programs are
+measured; the loop is kept only if it measures at least ``MARGIN`` below the function as
+written, and the warning names where the plan stopped.
+
 An explicit gradient mode (``grad="remat"``, ``"fused"`` or ``"native"``) is a request for
 that loop: it runs whatever the estimate, with the same warning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from jaxpr_accum._cost import format_bytes
 
+MARGIN = 0.10  # the least fraction a stopped plan of a paired program must save, measured
 FORCE_HINT = "; pass grad='remat' (or 'fused' / 'native') to run the chunked loop anyway"
 
 
@@ -53,3 +60,30 @@ def as_written_instead(
                 f"{format_bytes(written)} as written, so the function runs as written{FORCE_HINT}"
             )
     return f"{warning}; the function runs as written{FORCE_HINT}"
+
+
+def for_paired(
+    why: str | None,
+    stops: Sequence[object],
+    requested: str,
+    run: Callable,
+    original: Callable,
+    measure: Callable[[Callable], int | None],
+) -> str | None:
+    """``as_written_instead``'s verdict ``why`` for a program that pairs the axis with itself,
+    whose plan stops at ``stops``: a plan to run as written is told where it stops; a loop
+    kept is dropped where it measures less than ``MARGIN`` below the function as written
+    (kept when there is no stop, the mode was requested, or nothing is measurable)."""
+    where = "; ".join(str(stop) for stop in stops)
+    if why is not None:
+        return f"{why} (the plan stops at {where})" if stops else why
+    if not stops or requested != "auto":
+        return None
+    chunked, written = measure(run), measure(original)
+    if chunked is None or written is None or chunked < (1 - MARGIN) * written:
+        return None
+    return (
+        f"this plan saves less than {MARGIN:.0%} of the memory: measured "
+        f"{format_bytes(chunked)} chunked against {format_bytes(written)} as written, as it "
+        f"stops at {where}; the function runs as written{FORCE_HINT}"
+    )

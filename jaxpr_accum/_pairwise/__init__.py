@@ -3,7 +3,9 @@ passes: pass 1 chunks the per-example part and stacks the paired values (the emb
 pass 2 chunks the pairs by rows, with the full stacked value as a loop-invariant column side.
 
 - ``detect``: the pairing equations, their row and column sides and the values they pair;
+- ``permute``: rearranged rows of a root (``z[::-1]``, a roll, a gather) as a column layout;
 - ``rewrite``: the two programs, cut from the traced one;
+- ``constants``: labels, masks and positives built from ``iota`` in pass 2, per block;
 - ``plan``: ``TwoPass``, both passes planned as ordinary splits, and their estimate;
 - ``build``: the two passes as one program (JAX's own AD composes them);
 - ``modes``: each pass's gradient mode (auto's fused confirmed by measurement), built;

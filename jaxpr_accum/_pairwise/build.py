@@ -41,6 +41,7 @@ def build(two: TwoPass, grads: Sequence[str], accum_dtype: Any) -> Callable:
         env: dict = dict(zip(invars, flat_inputs, strict=True))
         if first is not None:
             env.update(zip(stacked, first(*flat_inputs), strict=True))
+        env.update(zip(two.constants.values, two.constants.compute(), strict=True))
         return second(*(env[v] for v in reads))
 
     return run

@@ -16,8 +16,14 @@ The roots are what pass 1 stacks: the embeddings, a few values per example; the 
 layout equations from a column root to its operand is what pass 2 re-emits on the full
 stacked value.
 
-``find(split)`` looks first in the split's own analysis: pairings of the axis being chunked
-(the encoder's batch, paired in the loss). If there is none, it looks for a pairing of an axis
+On the column side a rearrangement of a root's rows along the axis (``permute``: ``z[::-1]``,
+a roll, a gather) is walked through too: the column copy is whole, so pass 2 rearranges it.
+
+``find(split)`` looks first for pairings of the axis being chunked (the encoder's batch,
+paired in the loss): in the analysis of the program with each rearrangement of an
+axis-carrying value replaced by a copy of it (``permute.substituted``: the one-pass analysis
+stops at ``z[::-1]`` and never sees ``z @ z[::-1].T`` pair the axis), where there is one,
+then in the split's own analysis. If there is none, it looks for a pairing of an axis
 *born again* at one of the split's stops as a multiple of the chunked one: ``jnp.concatenate``
 of two views along the batch stops the region and makes a batch of ``2N`` rows, which the
 loss then pairs. Each such result is seeded along that dimension (at most ``MAX_SEEDS``
@@ -37,6 +43,7 @@ from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._pairwise import permute
 from jaxpr_accum._plan import Split
 from jaxpr_accum._rules.elementwise import Elementwise
 from jaxpr_accum._stages import variables
@@ -121,23 +128,36 @@ def _plain(loc: AxisLoc) -> bool:
     return loc.inner == 1 and loc.outer == 1
 
 
+def _carries(analysis: Analysis | None, v: Var) -> bool:
+    loc = None if analysis is None else analysis.loc((), v)
+    return loc is not None and _plain(loc)
+
+
 def _definitions(jaxpr: Jaxpr) -> dict:
     return {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
 
 
-def root_of(jaxpr: Jaxpr, v: Any, defined: dict) -> tuple[Var, tuple[int, ...]]:
-    """``(root, chain)``: the value ``v`` is a layout of, and the layout equations from it
-    to ``v`` (indices in program order)."""
+def root_of(
+    jaxpr: Jaxpr, v: Any, defined: dict, rearranging: Analysis | None = None
+) -> tuple[Var, tuple[int, ...]]:
+    """``(root, chain)``: the value ``v`` is a layout of, and the equations from it to ``v``
+    (indices in program order); ``rearranging``: rearrangements (``permute``) of rows of a
+    value that carries this analysis's axis count as layouts too (the column side)."""
     chain: list[int] = []
     layout = _layout_primitives()
     while v in defined:
         eqn = jaxpr.eqns[defined[v]]
         ins = variables(eqn.invars)
+        found = None if rearranging is None else permute.rearranged(jaxpr, eqn, defined)
+        if found is not None and _carries(rearranging, found[0]):
+            chain.extend((defined[v], *found[1]))
+            v = found[0]
+            continue
         if eqn.primitive not in layout or len(ins) != 1 or len(eqn.outvars) != 1:
             break
         chain.append(defined[v])
         v = ins[0]
-    return v, tuple(reversed(chain))
+    return v, tuple(sorted(chain))
 
 
 def _pairing(jaxpr: Jaxpr, analysis: Analysis) -> Pairing | None:
@@ -152,7 +172,7 @@ def _pairing(jaxpr: Jaxpr, analysis: Analysis) -> Pairing | None:
             continue
         row, col = found
         row_root, _ = root_of(jaxpr, eqn.invars[row], defined)
-        col_root, chain = root_of(jaxpr, eqn.invars[col], defined)
+        col_root, chain = root_of(jaxpr, eqn.invars[col], defined, analysis)
         uses.append(Use(idx, row, col, row_root, col_root, chain))
     if not uses:
         return None
@@ -180,10 +200,21 @@ def _reborn(split: Split) -> list[tuple[Var, AxisLoc, int]]:
     return found
 
 
+def _seeds(split: Split) -> list[tuple[Var, AxisLoc]]:
+    """The split's facts about the program's inputs: its analysis's seeds."""
+    invars = set(split.jaxpr.invars)
+    return [(v, loc) for (ctx, v), loc in split.analysis.locs.items() if ctx == () and v in invars]
+
+
 def find(split: Split) -> Pairing | None:
     """The pairings of ``split``'s axis, or else of an axis born again at one of its stops
     (see the module docstring); None when nothing pairs either with itself."""
     jaxpr = split.jaxpr
+    substituted = permute.substituted(jaxpr, split.analysis)
+    if substituted is not None:
+        found = _pairing(jaxpr, Analysis(substituted, split.size).run(_seeds(split)))
+        if found is not None:
+            return found
     found = _pairing(jaxpr, split.analysis)
     if found is not None:
         return found

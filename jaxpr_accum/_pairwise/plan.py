@@ -10,13 +10,18 @@ program in two (``rewrite``) and plans each part as any other program is planned
   pairing and stacks the paired values;
 - pass 2 is analysed with the pairing's axis seeded where its inputs carry it: the stacked
   values (rows) and any original input the pairing's analysis reached. Its column copies
-  carry no axis.
+  carry no axis. Its constants (labels, masks, positives from ``iota``) are first copied per
+  reader (``constants.private``), so each is computed per block where its reader needs the
+  axis; a constant computed by an equation that stops the analysis becomes an input
+  computed whole before pass 2 (``constants.materialise``), and pass 2 is analysed again
+  (at most ``MAX_ROUNDS`` times).
 
 The estimate is the sum of the two passes' (``_cost``): pass 2's avoided bytes are the
 pairs' intermediates held per row block instead of whole, less the column copies'
 cotangent accumulators; pass 1's stacked values are counted as the cost of pass 1, as in the
 one-pass plan. The planner takes the two passes where they are expected to save more than
-the one pass, and weighs them against the function as written like any plan (``_worth``).
+the one pass, and weighs them against the function as written like any plan (``_worth``;
+a paired plan that still stops is measured, ``_worth.for_paired``).
 """
 
 from __future__ import annotations
@@ -27,16 +32,20 @@ from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Var
 from jaxpr_accum._cost import Candidate, format_bytes
-from jaxpr_accum._pairwise import detect, rewrite
+from jaxpr_accum._pairwise import constants, detect, rewrite
+from jaxpr_accum._pairwise.constants import Constants
 from jaxpr_accum._pairwise.detect import Pairing
 from jaxpr_accum._plan import make_split
+
+MAX_ROUNDS = 4  # analyses of pass 2 with constants computed whole before it (``constants``)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TwoPass:
     """Pass 1 (``first``, None when the paired values are the program's inputs) stacks
     ``stacked``; pass 2 (``second``) reads them as chunked rows and, through the column copies
-    (``columns``: copy -> root), whole. ``single``: the one-pass plan this replaces."""
+    (``columns``: copy -> root), whole, and reads the ``constants`` computed whole before it.
+    ``single``: the one-pass plan this replaces."""
 
     single: Candidate
     pairing: Pairing
@@ -44,6 +53,7 @@ class TwoPass:
     first: Candidate | None
     second: Candidate
     columns: dict[Var, Var]
+    constants: Constants = Constants()
 
     @property
     def chunk(self) -> int:
@@ -60,6 +70,11 @@ class TwoPass:
             first=None if self.first is None else self.first.at(chunk),
             second=self.second.at(chunk),
         )
+
+    @property
+    def stops(self) -> tuple:
+        """Where either pass stopped (``_stages.Stop``), pass 1's first."""
+        return tuple(stop for c in self.passes for stop in c.split.stops)
 
     @property
     def avoided_bytes(self) -> int:
@@ -106,12 +121,23 @@ def plan(single: Candidate, names: dict, stream: bool = True) -> TwoPass | None:
         if not first.split.has_body:
             return None
     program, columns = rewrite.second_pass(pairing, stacked)
+    program = constants.private(program)
     seeds = [(v, loc) for v in program.invars if (loc := pairing.loc(v)) is not None]
     analysis = Analysis(program, pairing.analysis.size).run(seeds)
+    made: list[Var] = []
+    whole = program
+    for _ in range(MAX_ROUNDS):
+        cut = constants.materialise(program, analysis)
+        if cut is None:
+            break
+        program, inputs = cut
+        made.extend(inputs)
+        analysis = Analysis(program, pairing.analysis.size).run(seeds)
     second = make_split(program, analysis, _born(pairing, seeds, names), stream)
     if not second.has_body:
         return None
-    return TwoPass(single, pairing, stacked, first, Candidate(second, single.chunk), columns)
+    fed = Constants(tuple(made), constants.program_of(whole, made) if made else None)
+    return TwoPass(single, pairing, stacked, first, Candidate(second, single.chunk), columns, fed)
 
 
 def describe_value(pairing: Pairing, v: Var, names: dict) -> str:

@@ -7,8 +7,9 @@
   copy per column root]``. The equations that define the stacked values are gone (their
   results are inputs now), so what only they needed (the encoder) is dropped too. Each
   pairing reads its column side from the column copy, through a copy of the layout chain from
-  the root (``z.T`` becomes ``z_col.T``); every other reader of a root, the row side included,
-  reads the root itself.
+  the root (``z.T`` becomes ``z_col.T``; ``z[::-1].T``, ``rev`` then ``transpose`` of
+  ``z_col``; a roll's slices and ``concatenate``); every other reader of a root, the row side
+  included, reads the root itself.
 
 Pass 2 is an ordinary program: its analysis, seeded where the pairing's axis sits in its
 inputs, finds the axis on the rows of every pair (the column copies carry no axis: they are
@@ -22,7 +23,7 @@ root; pass 1 computes the stacked values with the original's own equations.
 from __future__ import annotations
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, Var
+from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, Literal, Var
 from jaxpr_accum._pairwise.detect import Pairing
 from jaxpr_accum._stages import variables
 
@@ -68,16 +69,15 @@ def second_pass(pairing: Pairing, stacked: tuple[Var, ...]) -> tuple[Jaxpr, dict
             continue
         use = uses.get(idx)
         if use is not None:
-            v = columns[use.col_root]
+            env: dict = {use.col_root: columns[use.col_root]}
             for c in use.chain:
                 link = jaxpr.eqns[c]
-                out = _compat.new_var(link.outvars[0].aval)
-                ins = [v if isinstance(x, Var) and x in variables(link.invars) else x
-                       for x in link.invars]  # fmt: skip
-                eqns.append(link.replace(invars=ins, outvars=[out]))
-                v = out
-            invars = list(eqn.invars)
-            invars[use.col] = v
+                outs = [_compat.new_var(x.aval) for x in link.outvars]
+                ins = [x if isinstance(x, Literal) else env.get(x, x) for x in link.invars]
+                eqns.append(link.replace(invars=ins, outvars=outs))
+                env.update(zip(link.outvars, outs, strict=True))
+            invars: list = list(eqn.invars)
+            invars[use.col] = env.get(invars[use.col], invars[use.col])
             eqn = eqn.replace(invars=invars)
         eqns.append(eqn)
     computed = [v for v in stacked if v not in set(jaxpr.invars)]

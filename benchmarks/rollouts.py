@@ -15,8 +15,10 @@ Two programs as their fields write them:
   samples), MSE loss; serialized over the rays.
 
 Each row is a ``jax.jit(jax.value_and_grad(f))`` (or a forward-only ``jit(f)``, marked
-``fwd``), timed in interleaved rounds (order rotated per round); the figure is the median
-over rounds of the per-round ratio ``time / time(original)``, with its interquartile range.
+``fwd``), timed in interleaved rounds (order rotated per round; a time is the least of
+``--inner`` back-to-back calls); the figures are medians over rounds of the per-round ratios
+``time / time(original)`` and ``time / time(peer scan+checkpoint)``, with their interquartile
+ranges. ``docs/benchmarks.md`` (section "Long rollouts") holds the figures and their reading.
 The rows split the cost: the forward alone; the hand-written peers (``lax.scan`` over chunks
 of a ``jax.checkpoint``ed body, the same without checkpoint (no recomputation),
 ``jax.lax.map(batch_size=k)``); and ``serialize_axis`` in each ``grad`` mode.
@@ -209,14 +211,13 @@ def rows(loss: Callable, one: Callable, args: tuple, where: dict, n: int, chunks
     return thunks
 
 
-def time_rounds(thunks: dict[str, Callable], rounds: int, inner: int) -> dict[str, list[float]]:
-    """Per-round ratios ``time / time(original)``; round 0 (warm-up) dropped, order rotated;
-    a thunk's time in a round is the least of ``inner`` back-to-back calls."""
-    names = list(thunks)
-    ratios: dict[str, list[float]] = {n: [] for n in names}
+def time_rounds(thunks: dict[str, Callable], rounds: int, inner: int) -> list[dict]:
+    """Each timed round's ``{label: seconds}`` (round 0, the warm-up, dropped; order rotated
+    per round); a thunk's time in a round is the least of ``inner`` back-to-back calls."""
+    names, out = list(thunks), []
     for r in range(rounds + 1):
         shift = r % len(names)
-        times = {}
+        times = dict.fromkeys(names, 0.0)  # rows in the order given
         for n in names[shift:] + names[:shift]:
             best = float("inf")
             for _ in range(inner):  # the least of a few back-to-back calls: preemption only adds
@@ -224,17 +225,25 @@ def time_rounds(thunks: dict[str, Callable], rounds: int, inner: int) -> dict[st
                 jax.block_until_ready(thunks[n]())
                 best = min(best, time.perf_counter() - t0)
             times[n] = best
-        if r:
-            for n in names:
-                ratios[n].append(times[n] / times["original"])
-    return ratios
+        out += [times] if r else []
+    return out
 
 
-def report(title: str, ratios: dict[str, list[float]], sf: Callable, args: tuple) -> None:
-    print(f"\n## {title}: time / time(original), median [IQR] of {len(ratios['original'])} rounds")
-    for n, r in ratios.items():
-        q = statistics.quantiles(r, n=4) if len(r) >= 4 else (min(r), 0, max(r))
-        print(f"{n:34s} {statistics.median(r):6.2f}x  [{q[0]:.2f}, {q[2]:.2f}]")
+def _median_iqr(xs: list[float]) -> str:
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 4 else (min(xs), 0, max(xs))
+    return f"{statistics.median(xs):5.2f}x [{q[0]:.2f}, {q[2]:.2f}]"
+
+
+def report(title: str, rounds: list[dict], sf: Callable, args: tuple) -> None:
+    """Per row: median [IQR] of the per-round ratio to the original, and to the hand-written
+    scan + checkpoint at the same chunk (the peer floor)."""
+    print(f"\n## {title}: median [IQR] over {len(rounds)} rounds of per-round time ratios")
+    print(f"{'':38s} {'/ original':>20s} {'/ peer scan+checkpoint':>24s}")
+    for n in rounds[0]:
+        k = n.rsplit(" k=", 1)[1] if " k=" in n else None
+        peer = [t[n] / t[f"peer scan+checkpoint k={k}"] for t in rounds] if k else None
+        vs = _median_iqr([t[n] / t["original"] for t in rounds])
+        print(f"{n:38s} {vs:>20s} {_median_iqr(peer) if peer else '':>24s}")
     print(f"auto's choice: {sf.explain(*args).grad!r}")
 
 
@@ -257,9 +266,9 @@ def main() -> None:
             continue
         loss, one, args, where = problem()
         chunks = [k * n // ENVS for k in a.chunks]
-        ratios = time_rounds(rows(loss, one, args, where, n, chunks), a.rounds, a.inner)
+        rounds = time_rounds(rows(loss, one, args, where, n, chunks), a.rounds, a.inner)
         sf = ja.serialize_axis(loss, chunk=chunks[0], **where)
-        report(f"{name} (chunks {chunks})", ratios, sf, args)
+        report(f"{name} (chunks {chunks})", rounds, sf, args)
 
 
 if __name__ == "__main__":

@@ -235,6 +235,7 @@ DOC_SECTIONS = (
     "forward",
     "auto_choice",
     "pairwise",
+    "rollouts",  # hand-written from benchmarks/rollouts.py's output
 )
 DOC_HEADER = """# Benchmarks
 

@@ -11,7 +11,9 @@ of it that carry the axis (its *cone*): every operand slot after the first gets 
 with one reader (the two places came from upstream, through a value its cone shares with
 another path) gets a private one. It drops what is then dead and runs the analysis again,
 until no such conflict is left, the same conflicts come back (a copy cannot help: an input
-is shared), or ``MAX_ROUNDS`` rounds. A conflict on an input, or
+is shared), or ``MAX_ROUNDS`` rounds. Copies that leave at least as many conflicts as there
+were (both parts of a concatenation carrying the same rows) are dropped: they would only
+compute the same values more times. A conflict on an input, or
 on a value with effects, stays: the region stops there, as before.
 
 The copies compute the same values (a random draw too: same key, same counters), so the
@@ -37,6 +39,8 @@ def analyse(jaxpr: Jaxpr, size: int, seeds: Iterable[tuple[Var, AxisLoc]]) -> tu
     seeds = list(seeds)
     jaxpr = _without_empty_parts(jaxpr)
     analysis = Analysis(jaxpr, size).run(seeds)
+    unchanged = jaxpr, analysis
+    first = len(_row_map_conflicts(jaxpr, analysis))
     seen: set = set()
     for _ in range(MAX_ROUNDS):
         targets = _row_map_conflicts(jaxpr, analysis)
@@ -47,6 +51,10 @@ def analyse(jaxpr: Jaxpr, size: int, seeds: Iterable[tuple[Var, AxisLoc]]) -> tu
         seen.add(signature)
         jaxpr = _copy_for_readers(jaxpr, analysis, targets)
         analysis = Analysis(jaxpr, size).run(seeds)
+    # copies that removed no conflict (both parts of a concatenation carry the same rows, so
+    # every copy conflicts again) would only compute the same values more times: dropped
+    if first and len(_row_map_conflicts(jaxpr, analysis)) >= first:
+        return unchanged
     return jaxpr, analysis
 
 

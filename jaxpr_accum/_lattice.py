@@ -21,7 +21,9 @@ rows, so consecutive windows may overlap. That is exact for positionwise equatio
 (``Rule.row_map_ok``), never for a reduction over the axis, and a mapped value is never
 stacked after the loop. Windows nest: the window of a sub-segment is the clamp of its
 parent's window into it, so a concatenation's window is one contiguous run of its parts'
-windows (``_rules/rows``).
+windows (``_rules/rows``). Where every boundary of every row map is a multiple of the chunk,
+each chunk lies in one *cell* between them, and the values whose positions miss it are computed
+on no rows (``_resize.by_cell``): the chunk does the work of its own part only.
 """
 
 from __future__ import annotations
@@ -76,13 +78,17 @@ def canonical(loc: AxisLoc, size: int) -> AxisLoc:
     return loc
 
 
-def window(loc: AxisLoc, size: int, k: int, start: Any) -> tuple[Any, int]:
+def window(loc: AxisLoc, size: int, k: int, start: Any, cell: Any = None) -> tuple[Any, int]:
     """``(first row, rows)`` of the value at ``loc`` that chunk ``[start, start + k)`` computes,
     in the value's own row order (rows of the axis; ``inner`` not applied): the chunk clamped
-    into the value's positions, ``min(k, span)`` rows. The whole axis: the chunk itself."""
+    into the value's positions, ``min(k, span)`` rows. The whole axis: the chunk itself.
+    ``cell``: positions ``[a, b)`` known to hold the chunk, which every row map of the program
+    holds or misses whole (``_resize.by_cell``); a value that misses it has no rows."""
     if not is_mapped(loc):
         return start, k
     n = positions(loc, size)
+    if cell is not None and (loc.lo >= cell[1] or loc.lo + n <= cell[0]):
+        return 0, 0
     w = min(k, n)
     if isinstance(start, int):
         first: Any = min(max(start - loc.lo, 0), n - w)

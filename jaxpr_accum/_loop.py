@@ -12,8 +12,7 @@ groups of ``_signature``.
   online (``_stream``);
 - ``tangents`` (forward mode): each chunk under ``jax.jvp``, the tangents of its outputs
   accumulated as the values are (a streamed term's tangent rescaled by its final stabiliser).
-
-The backward passes are in ``_backward`` (remat) and ``_fused`` (Jacobian rows).
+  The backward passes are in ``_backward`` (remat) and ``_fused`` (Jacobian rows).
 
 Invariant: a chunk's body evaluates exactly the split's body equations on that chunk's rows,
 so every output position is computed once, from the same values as unchunked.
@@ -32,13 +31,12 @@ from jaxpr_accum import _compat, _stream
 from jaxpr_accum._dtypes import accumulator_dtype, is_float
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._plan import BODY, Split
-from jaxpr_accum._resize import Resizer, shifted, take_chunk, windows
+from jaxpr_accum._resize import Resizer, by_cell, cells, shifted, take_chunk, windows
 from jaxpr_accum._signature import Inputs, Outputs, Signature
 
 
 class ChunkOut(NamedTuple):
-    """One chunk's results: ``parts`` are the streamed terms' coefficients and ``stabs``
-    their stabilisers (None for a term without an ``Exp`` factor)."""
+    """One chunk's results (``parts``, ``stabs``: the streamed terms' coefficients, stabilisers)."""
 
     sums: list
     partials: list
@@ -72,8 +70,7 @@ def add_into(acc: list, xs: Sequence) -> list:
 
 
 def wanted(values: Sequence, perturbed: Sequence[bool] | None) -> list[int]:
-    """Indices of ``values`` to differentiate: floats that the caller perturbs (all floats
-    when that is not known)."""
+    """Indices of the floats of ``values`` that the caller perturbs (all when not known)."""
     return [i for i, x in enumerate(values) if is_float(x) and (perturbed is None or perturbed[i])]
 
 
@@ -96,18 +93,24 @@ class ChunkLoop:
         self.stacked_locs = [loc for _, loc in signature.stacked]
         self.terms = signature.streams.terms
         self.n_full, self.rem = divmod(size, chunk)
+        self.cells = cells(split.analysis, offset, size, chunk)
 
     # -- one chunk ------------------------------------------------------------------------
     def body(self, k: int, start: Any, inputs: Inputs) -> ChunkOut:
-        """The region's equations on chunk ``[start, start + k)``: ``inputs.chunked`` holds
-        the chunk's slices."""
-        sig, split, at = self.signature, self.split, shifted(start, self.offset)
-        env = dict(zip(sig.invariants, windows(split.analysis, sig, inputs, at, k), strict=True))
+        """The region's equations on chunk ``[start, start + k)`` (``inputs.chunked`` holds
+        the chunk's slices), in the cell of the row maps that holds it (``_resize.by_cell``)."""
+        at = shifted(start, self.offset)
+        return by_cell(self.cells, at, lambda cell: self.in_cell(k, at, cell, inputs))
+
+    def in_cell(self, k: int, at: Any, cell: Any, inputs: Inputs) -> ChunkOut:
+        sig, split = self.signature, self.split
+        inv = windows(split.analysis, sig, inputs, at, k, cell)
+        env = dict(zip(sig.invariants, inv, strict=True))
         env.update(zip((v for v, _ in sig.chunked), inputs.chunked, strict=True))
         # Values reduced over the whole axis are only known after the loop: streamed equations
         # see them as deferred (``_stream.emitter``) even where the body computes their partial.
         env.update((v, _stream.DEFERRED) for v in split.deferred if v not in env)
-        resizer = Resizer(split.analysis, k, at)
+        resizer = Resizer(split.analysis, k, at, cell)
         streamed, emit = split.streamed, _stream.emitter(split.deferred)
 
         def special(idx: int) -> Any:
@@ -124,8 +127,7 @@ class ChunkLoop:
         )
 
     def slices(self, chunked: Sequence, start: Any, k: int) -> list:
-        """The chunk at ``start`` (of length ``k``) of each chunked input; None stays None (a
-        tangent of an input the caller does not perturb)."""
+        """The chunk at ``start`` of length ``k`` of each chunked input (None stays None)."""
         return [
             None if x is None else take_chunk(x, loc, start, k)
             for x, loc in zip(chunked, self.chunk_locs, strict=True)
@@ -176,8 +178,7 @@ class ChunkLoop:
     def stacked_outputs(
         self, scanned: Any, rest: Any, n_partials: int, locs: Sequence[AxisLoc]
     ) -> tuple[list, list]:
-        """``(partials, stacked)`` from the loop's per-chunk ``(partials, stacked)``: the first
-        ``n_partials`` one per chunk, the stacked ones (at ``locs``) put back in order."""
+        """``(partials, stacked)`` of the per-chunk ones, the stacked (at ``locs``) in order."""
 
         def parts(group: int, j: int) -> tuple:
             return (
@@ -241,8 +242,7 @@ class ChunkLoop:
         return Outputs(sums, partials, stacked, accs, self.signature.streams.exp_only(stabs))
 
     def differentiable(self, chunk: Inputs, k: int, start: Any, needed: Inputs) -> tuple:
-        """``(f, primals)``: the chunk as a function of its inputs at the indices ``needed``
-        (an ``Inputs`` of index lists), and those inputs."""
+        """``(f, primals)``: the chunk as a function of its inputs at indices ``needed``, those."""
 
         def f(d_inv: list, d_ch: list) -> ChunkOut:
             inv, ch = list(chunk.invariants), list(chunk.chunked)

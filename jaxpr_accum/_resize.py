@@ -37,34 +37,67 @@ def shifted(index: Any, offset: Any) -> Any:
     return index if isinstance(offset, int) and offset == 0 else index + offset
 
 
-def take_chunk(x: Any, loc: AxisLoc, start: Any, k: int, size: int | None = None) -> Any:
+def take_chunk(
+    x: Any, loc: AxisLoc, start: Any, k: int, size: int | None = None, cell: Any = None
+) -> Any:
     """Rows ``start .. start+k-1`` of the axis of ``x`` (which carries it at ``loc``, never
     as a middle factor: ``_plan`` keeps such values inside the region); a row-mapped ``loc``
-    (then ``size`` is the axis's): the chunk's window of ``x``."""
+    (then ``size`` is the axis's): the chunk's window of ``x`` (in ``cell``, ``window``)."""
     assert loc.outer == 1, loc
     if is_mapped(loc):
         assert size is not None, loc
-        start, k = window(loc, size, k, start)
+        start, k = window(loc, size, k, start, cell)
     if isinstance(start, int) and start == 0 and k * loc.inner == x.shape[loc.dim]:
         return x
     return lax.dynamic_slice_in_dim(x, scaled(start, loc.inner), k * loc.inner, loc.dim)
 
 
-def windows(analysis: Analysis, sig: Any, inputs: Any, start: Any, k: int) -> list:
+def windows(analysis: Analysis, sig: Any, inputs: Any, start: Any, k: int, cell: Any) -> list:
     """The region's invariant inputs for the chunk at ``start``: a row-mapped one (passed
     whole, ``_plan``) as the chunk's window of it, the others as they are."""
     locs = [analysis.loc((), v) for v in sig.invariants]
     return [
-        x if loc is None else take_chunk(x, loc, start, k, analysis.size)
+        x if loc is None else take_chunk(x, loc, start, k, analysis.size, cell)
         for x, loc in zip(inputs.invariants, locs, strict=True)
     ]
 
 
-class Resizer:
-    """Evaluates jaxprs of one analysis at chunk length ``k`` from global position ``start``."""
+def cells(analysis: Analysis, offset: Any, size: int, k: int) -> list[tuple[int, int]] | None:
+    """The cells of positions ``[offset, offset + size)`` between the boundaries of the
+    program's row maps, where each is a multiple of the chunk ``k`` from ``offset`` (each chunk,
+    the remainder too, then lies in one cell); None when there are none to tell apart, or a
+    chunk could straddle one (a traced ``offset``: a shard's)."""
+    if not isinstance(offset, int):
+        return None
+    ends = {0, analysis.size}
+    for loc in analysis.locs.values():
+        if is_mapped(loc):
+            ends.update((loc.lo, loc.lo + (loc.span or analysis.size)))
+    inner = sorted(b for b in ends if offset < b < offset + size)
+    if not inner or any((b - offset) % k for b in inner):
+        return None
+    bounds = [offset, *inner, offset + size]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
-    def __init__(self, analysis: Analysis, k: int, start: Any):
-        self.analysis, self.k, self.start = analysis, k, start
+
+def by_cell(found: list | None, start: Any, run: Callable[[Any], Any]) -> Any:
+    """``run(cell)`` for the cell (of ``found``, ``cells``) that holds the chunk at ``start``:
+    chosen in Python for a static ``start``, else by ``lax.switch`` (each branch computes the
+    row-mapped values of its own cell only); ``run(None)`` without cells."""
+    if found is None:
+        return run(None)
+    if isinstance(start, int):
+        return run(next(c for c in found if c[0] <= start < c[1]))
+    index = sum((start >= a).astype("int32") for a, _ in found[1:])
+    return lax.switch(index, [lambda c=c: run(c) for c in found])
+
+
+class Resizer:
+    """Evaluates jaxprs of one analysis at chunk length ``k`` from global position ``start``
+    (in ``cell``, where known: ``by_cell``)."""
+
+    def __init__(self, analysis: Analysis, k: int, start: Any, cell: Any = None):
+        self.analysis, self.k, self.start, self.cell = analysis, k, start, cell
         self.size = analysis.size
 
     def eval_jaxpr(self, ctx: Ctx, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Any]) -> list:
@@ -72,7 +105,9 @@ class Resizer:
         env: dict = {}
         for v, x in zip(inner.constvars, consts, strict=True):
             loc = self.analysis.loc(ctx, v)  # a constant along the axis: this chunk's rows
-            env[v] = x if loc is None else take_chunk(x, loc, self.start, self.k, self.size)
+            env[v] = (
+                x if loc is None else take_chunk(x, loc, self.start, self.k, self.size, self.cell)
+            )
         env.update(zip(inner.invars, args, strict=True))
         self.eval_eqns(ctx, inner.eqns, env)
         return [_interpret.read(env, v) for v in inner.outvars]

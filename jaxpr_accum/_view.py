@@ -173,7 +173,7 @@ class EqnResize:
 
     def window(self, loc: AxisLoc) -> tuple[Any, int]:
         """``(first row, rows)`` of the axis at ``loc`` in this chunk (``_lattice.window``)."""
-        return window(loc, self.analysis.size, self.k, self.start)
+        return window(loc, self.analysis.size, self.k, self.start, self.resizer.cell)
 
     def eval(self, path: tuple, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Any]) -> list:
         return self.resizer.eval_jaxpr(self.ctx + ((self.idx, path),), jaxpr, args)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import jaxpr_accum as ja
 
-from .oracle import MODES, NOT_WORTH_IT, assert_matches_original
+from .oracle import MODES, NOT_WORTH_IT, assert_matches_original, find_eqns
 
 D = 3
 
@@ -210,3 +210,67 @@ def test_two_views_of_one_batch_are_not_copied_for_nothing():
     assert plan.stops and all("concatenate" in s or "two places" in s for s in plan.stops)
     assert plan.counts["body"] <= 20, plan  # one chain per view (48 with the useless copies)
     assert_matches_original(sf, w, x, key)
+
+
+# -- chunks aligned with the parts: each chunk computes its own part only ------------------
+
+
+def switches(f, args, n, chunk) -> bool:
+    """Whether the serialized program picks the chunk's part by a ``lax.switch`` (``cond``)."""
+    sf = ja.serialize_axis(f, chunk=chunk, size=n, grad="remat")
+    with warnings.catch_warnings():  # chunk >= n: nothing to save, runs as written
+        warnings.simplefilter("ignore", ja.PlanWarning)
+        return bool(find_eqns(jax.make_jaxpr(sf)(*args), "cond"))
+
+
+def aligned_cases(n: int) -> dict:
+    """Programs whose part boundaries are multiples of ``n // 4``."""
+    q = n // 4
+    return {
+        "antithetic": (antithetic(n), (_w(1, D), _w(2, 5, D), KEY)),
+        "three_parts": (three_parts(q, q, 2 * q), (_w(3, D), _w(4, q, D), _w(5, D, D), KEY)),
+        "roll": (rolled(n, q), (_w(6, D), _w(7, D, D), KEY)),
+        "halves": (halves, (_w(10, n // 2, D), _w(11, n // 2, D), _w(12, D, D))),
+    }
+
+
+def test_aligned_chunks_compute_their_own_part():
+    """The default tier's one: the OpenAI-ES generation at a chunk that divides each half
+    picks each chunk's half by a switch (and draws that half's rows only); exact."""
+    f, args = aligned_cases(16)["antithetic"]
+    assert switches(f, args, 16, 4)
+    check_chunked(f, args, 16, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [1, 2, 3, 4, 5, 16, 20])
+@pytest.mark.parametrize("name", ["antithetic", "three_parts", "roll", "halves"])
+def test_aligned_and_straddling_chunks(name, chunk):
+    """A chunk dividing every boundary switches per part; one that straddles a boundary, or
+    covers the axis, computes every part's window; both exact."""
+    f, args = aligned_cases(16)[name]
+    assert switches(f, args, 16, chunk) == (16 // 4 % chunk == 0 and chunk < 16)
+    check_chunked(f, args, 16, chunk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("name", ["antithetic", "three_parts", "roll", "halves"])
+def test_aligned_chunks_every_mode_under_jit_and_vmap(name, grad):
+    f, args = aligned_cases(16)[name]
+    check_chunked(f, args, 16, 4, grad=grad, vmap=True)
+
+
+@pytest.mark.slow
+def test_aligned_chunks_draw_bit_identical_noise():
+    """The noise itself, returned along the axis at a chunk that switches per half: every bit
+    as the original draws it."""
+
+    def f(key):
+        z = jax.random.normal(key, (8, D))
+        return jnp.concatenate([z, -z]) * 1.0
+
+    sf = ja.serialize_axis(f, chunk=4, size=16, axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ja.PlanWarning)
+        np.testing.assert_array_equal(np.asarray(jax.jit(sf)(KEY)), np.asarray(f(KEY)))

@@ -34,7 +34,8 @@ def linearize(
     inputs = sig.inputs(primals)
     perturbed = sig.inputs([nz and is_float(p) for nz, p in zip(nonzeros, primals, strict=True)])
     sums, jac = region.jacobians(inputs, perturbed)
-    flags = gradient_sums(split)
+    flags = gradient_sums(split)  # the sums with Jacobian rows
+    reached = region.tangent_flags([_compat.aval_of(p) for p in primals], perturbed.flat()).sums
     residuals = [j for j in jac.flat() if j is not None]
     avals = [_compat.aval_of(s) for s in sums]
 
@@ -53,17 +54,17 @@ def linearize(
                 part = jnp.sum(jr * t[None], axis=tuple(range(1, jr.ndim)))
             rows = part if rows is None else rows + part
         out, start = [], 0
-        for s, f, a in zip(sig.sums, flags, avals, strict=True):
-            if not f:
+        for s, f, r, a in zip(sig.sums, flags, reached, avals, strict=True):
+            n = math.prod(s.aval.shape) if f else 0
+            if not (f and r):  # a sum only reached through ``stop_gradient``: a symbolic zero
                 out.append(_compat.zero_tangent(a))
-                continue
-            n = math.prod(s.aval.shape)
-            piece = rows[start : start + n] if rows is not None else jnp.zeros((n,))
-            out.append(piece.reshape(s.aval.shape).astype(s.aval.dtype))
+            else:
+                piece = rows[start : start + n] if rows is not None else jnp.zeros((n,))
+                out.append(piece.reshape(s.aval.shape).astype(s.aval.dtype))
             start += n
         return out
 
-    return sums, [bool(f) for f in flags], residuals, linearized
+    return sums, [bool(f and r) for f, r in zip(flags, reached, strict=True)], residuals, linearized
 
 
 def _replicated_sum(region: Any, primals: list) -> bool:

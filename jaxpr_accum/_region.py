@@ -216,6 +216,16 @@ class Region:
             )
         return self._jaxprs[key]
 
+    def tangent_flags(self, avals: Sequence[Any], perturbed: Sequence[bool]) -> Outputs:
+        """Per output, whether its tangent is nonzero when the flagged inputs are perturbed:
+        differentiable, and reached from a perturbed input through differentiable equations
+        (JAX's JVP of the forward pass with symbolic zeros). An output computed through
+        ``stop_gradient`` gets a symbolic zero, so the equations after the region that read
+        only it are not differentiated, as in the original (a callback there has no JVP)."""
+        reached = _compat.nonzero_tangents(self.forward_jaxpr(avals), perturbed)
+        flags = self.signature.differentiable().flat()
+        return self.signature.outputs([f and r for f, r in zip(flags, reached, strict=True)])
+
     def flat(self, pass_: Callable, **kw: Any) -> Callable:
         """``pass_`` (a method taking ``Inputs``) as a function of the flat inputs returning
         the flat outputs."""

@@ -10,8 +10,10 @@ jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop). Its rules
   Jacobian rows computed in the forward pass);
 - **JVP** (``jax.jvp``, ``jax.jacfwd``, and linearization where JAX goes through the JVP, as
   inside ``jax.checkpoint``): ``jax.jvp`` of the forward pass with each chunk's body
-  checkpointed, which is chunked in both the primal and the tangent. The primal outputs that a
-  linearization rule binds (``linearizing=True``; an outer JVP meets them under
+  checkpointed, which is chunked in both the primal and the tangent; an output no perturbed
+  input reaches (through ``stop_gradient``, say) gets a symbolic zero tangent, as JAX gives
+  it (``Region.tangent_flags``), so what reads only it is not differentiated. The primal
+  outputs that a linearization rule binds (``linearizing=True``; an outer JVP meets them under
   ``jax.hessian``) are differentiated as computed inside ``jax.vjp``, as JAX differentiates
   the original's: a custom VJP runs its forward rule there, a custom JVP its rule's primal;
   and linearized again (reverse over reverse), a region with a custom rule takes JAX's
@@ -73,11 +75,16 @@ def _impl(*flat: Any, jaxpr: Any, **_: Any) -> list:
 
 
 def _jvp(primals: list, tangents: list, *, region: Region, linearizing: bool, **_: Any) -> tuple:
+    avals = [_compat.aval_of(p) for p in primals]
+    reached = region.tangent_flags(avals, [not _compat.is_zero(t) for t in tangents]).flat()
     tangents = [_compat.instantiate(t) for t in tangents]
     forward = _checkpointed(region)
     if linearizing:  # forward over reverse: differentiate the primal as a VJP computes it
         forward = _primal_of_vjp(forward)
-    return jax.jvp(forward, tuple(primals), tuple(tangents))
+    outs, dots = jax.jvp(forward, tuple(primals), tuple(tangents))
+    # symbolic zeros where no perturbed input reaches (``stop_gradient``), as JAX gives them
+    zeros = [_compat.zero_tangent(_compat.aval_of(o)) for o in outs]
+    return outs, [t if r else z for t, r, z in zip(dots, reached, zeros, strict=True)]
 
 
 def _primal_of_vjp(fun: Callable) -> Callable:

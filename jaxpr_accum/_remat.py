@@ -13,6 +13,9 @@ for the primal outputs and records ``serialized_region_tangent`` with the region
 
 Only the inputs the caller perturbs are differentiated (a ``while_loop`` on an input nobody
 differentiates stays legal), and outputs with a zero cotangent are not pulled back at all.
+An output no perturbed input reaches through differentiable equations (only through
+``stop_gradient``, say) has a symbolic zero tangent (``Region.tangent_flags``), as JAX gives
+it in the original: what reads only it after the region is not differentiated.
 """
 
 from __future__ import annotations
@@ -40,15 +43,17 @@ def linearize(
     outs = outputs_of(primals)
     finals = sig.outputs(outs).finals
     perturbed = tuple(nz and is_float(p) for nz, p in zip(nonzeros, primals, strict=True))
-    out_flags = sig.differentiable().flat()
+    bound = sig.differentiable().flat()  # the tangent primitive's outputs
+    out_flags = region.tangent_flags([_compat.aval_of(p) for p in primals], perturbed).flat()
     avals = [_compat.aval_of(x) for x in outs]
 
     def linearized(residuals: list, *tangents: Any) -> list:
         given = [t for t, p in zip(tangents, perturbed, strict=True) if p]
         dots = iter(tangent_p.bind(*residuals, *given, region=region, perturbed=perturbed))
+        nonzero = [next(dots) if b else None for b in bound]
         return [
-            next(dots) if f else _compat.zero_tangent(a)
-            for f, a in zip(out_flags, avals, strict=True)
+            t if f else _compat.zero_tangent(a)
+            for t, f, a in zip(nonzero, out_flags, avals, strict=True)
         ]
 
     return outs, out_flags, [*primals, *finals], linearized

@@ -7,7 +7,9 @@ code at run time (a raising ``io_callback``, ``pure_callback`` or ``debug.callba
 it (under ``jax.jit`` for a debug callback): same type, same first line, no ``PlanWarning``,
 nothing run twice. Callbacks fire as often as in the original in every way of
 calling (plain, ``jit``, ``grad``, ``value_and_grad``, ``jit(grad)``) and every gradient mode,
-``memory=`` included (planning compiles, never runs). The tests run lenient
+``memory=`` included (planning compiles, never runs). A callback (which has no JVP) on a
+per-example value taken through ``stop_gradient`` or ``argmax`` differentiates as in the
+original: the region gives such a value a symbolic zero tangent. The tests run lenient
 (``JAXPR_ACCUM_STRICT=0``), so a fallback would show as a warning and a second run rather than
 as the strict suite's error.
 """
@@ -23,6 +25,7 @@ import pytest
 from jax.experimental import checkify, io_callback
 
 import jaxpr_accum as ja
+from jaxpr_accum.testing import assert_tree_close
 
 from .oracle import MODES
 
@@ -245,3 +248,125 @@ def test_a_memory_budget_plans_without_running_the_callbacks():
 def test_a_failing_check_raises_as_in_the_original(wrap, grad):
     sf = ja.serialize_axis(checked_loss, chunk=5, argnums=1, grad=grad)
     assert_raises_as_the_original(wrap, checked_loss, sf, checkify.JaxRuntimeError)
+
+
+# -- callbacks on per-example values that carry no gradient -----------------------------------
+def stopped(h):
+    """A per-example value through ``stop_gradient``: its tangent is a symbolic zero."""
+    return jax.lax.stop_gradient(h).sum(axis=1)
+
+
+def zeros_of(name: str):
+    def callback(v):
+        count(name)(v)
+        return np.zeros((), np.float32)
+
+    return callback
+
+
+def io_on_stopped(w, x):
+    """An ``io_callback`` (it has no JVP) whose result joins the loss."""
+    h = features(w, x)
+    scalar = jax.ShapeDtypeStruct((), jnp.float32)
+    seen = io_callback(zeros_of("io"), scalar, stopped(h)[0], ordered=True)
+    return jnp.mean(h**2) + seen
+
+
+def pure_on_stopped(w, x):
+    """A ``pure_callback`` whose result the gradient needs (never dead code)."""
+    h = features(w, x)
+    seen = jax.pure_callback(zeros_of("pure"), jax.ShapeDtypeStruct((), jnp.float32), stopped(h))
+    return jnp.mean(h**2) * (1.0 + seen)
+
+
+def debug_on_stopped(w, x):
+    h = features(w, x)
+    jax.debug.callback(count("debug"), stopped(h))
+    return jnp.mean(h**2)
+
+
+def io_on_argmax(w, x):
+    """An integer per-example path into a callback."""
+    h = features(w, x)
+    io_callback(count("argmax"), None, jnp.argmax(h, axis=1), ordered=True)
+    return jnp.mean(h**2)
+
+
+def every_stopped_callback(w, x):
+    return sum(f(w, x) for f in (io_on_stopped, pure_on_stopped, debug_on_stopped, io_on_argmax))
+
+
+STOPPED = (io_on_stopped, pure_on_stopped, debug_on_stopped, io_on_argmax, every_stopped_callback)
+DIFFERENTIATED = {
+    "grad": lambda f: jax.grad(f, argnums=(0, 1))(W, X),
+    "value_and_grad": lambda f: jax.value_and_grad(f)(W, X),
+    "jit_grad": lambda f: jax.jit(jax.grad(f, argnums=(0, 1)))(W, X),
+    "jit_value_and_grad": lambda f: jax.jit(jax.value_and_grad(f))(W, X),
+    "jvp": lambda f: jax.jvp(f, (W, X), (jnp.ones_like(W), jnp.ones_like(X))),
+}
+
+
+def assert_differentiates_as_the_original(loss, how, sf):
+    """Same values and gradients as the original under ``jax.jit`` (the serialized function
+    always compiles), each callback run as often, no fallback."""
+    got, got_calls, ours = outcome_with_value(DIFFERENTIATED[how], sf)
+    expected, expected_calls, _ = outcome_with_value(DIFFERENTIATED[how], jax.jit(loss))
+    assert not isinstance(expected, Exception), expected
+    assert not isinstance(got, Exception) and ours == [], (got, ours)
+    assert_tree_close(got, expected)
+    assert got_calls == expected_calls and got_calls, (got_calls, expected_calls)
+
+
+def assert_plans_without_falling_back(sf, chunked=True):
+    """The plan chunks a body (unless ``chunked`` is False) and warns of nothing but the cost
+    model's toy-program notice: a fallback warns once, at planning."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        counts = sf.explain(W, X).counts
+    ours = [str(w.message) for w in caught if issubclass(w.category, ja.PlanWarning)]
+    assert [m for m in ours if "not expected to save" not in m] == [], ours
+    assert counts["body"] > 0 or not chunked, counts
+
+
+def outcome_with_value(call, f):
+    """``outcome`` with the value instead of the exception (or the exception raised)."""
+    calls.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            value = jax.block_until_ready(call(f))
+        except Exception as e:
+            value = e
+        jax.effects_barrier()
+    ours = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, ja.PlanWarning) and "not expected to save" not in str(w.message)
+    ]
+    return value, dict(calls), ours
+
+
+def test_a_callback_on_a_stopped_per_example_value_differentiates():
+    """The repro: ``io_callback`` of a ``stop_gradient`` per-example value, ``jax.grad``."""
+    sf = ja.serialize_axis(io_on_stopped, chunk=5, argnums=1, grad="remat")
+    assert_plans_without_falling_back(sf)
+    assert_differentiates_as_the_original(io_on_stopped, "grad", sf)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", DIFFERENTIATED)
+@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("loss", STOPPED, ids=lambda f: f.__name__)
+def test_callbacks_on_values_without_gradient_differentiate_as_in_the_original(loss, grad, how):
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=grad)
+    assert_plans_without_falling_back(sf)
+    assert_differentiates_as_the_original(loss, how, sf)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [1, 7, 24, 30])
+@pytest.mark.parametrize("grad", MODES)
+def test_callbacks_on_values_without_gradient_at_every_chunk(chunk, grad):
+    sf = ja.serialize_axis(every_stopped_callback, chunk=chunk, argnums=1, grad=grad)
+    assert_plans_without_falling_back(sf, chunked=chunk < X.shape[0])
+    assert_differentiates_as_the_original(every_stopped_callback, "value_and_grad", sf)

@@ -64,6 +64,7 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     is_undefined_primal,
     is_zero,
     linearize_from_jvp,
+    nonzero_tangents,
     runs_now,
     trace_aval,
     typed_carry,

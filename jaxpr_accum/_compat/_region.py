@@ -69,6 +69,14 @@ def zero_tangent(aval: Any) -> Any:
     return internal("jax._src.interpreters.ad.Zero")(aval.to_tangent_aval())
 
 
+def nonzero_tangents(closed: Any, nonzeros: Any) -> list[bool]:
+    """Which outputs of the closed jaxpr have a nonzero tangent when the inputs flagged in
+    ``nonzeros`` do, as JAX's own JVP of it finds with symbolic zeros: an output computed only
+    through ``stop_gradient``, integers or unperturbed inputs has none (traced, never run)."""
+    jvp_jaxpr = internal("jax._src.interpreters.ad.jvp_jaxpr")
+    return list(jvp_jaxpr(closed, tuple(nonzeros), False)[1])
+
+
 def instantiate(t: Any) -> Any:
     """A tangent as an array (symbolic zeros made concrete, ``float0`` for integers)."""
     return internal("jax._src.interpreters.ad.instantiate_zeros")(t)

@@ -39,6 +39,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from . import idioms
+
 # ------------------------------------------------------------------------------------------
 # Preambles: module-level definitions a feature needs
 # ------------------------------------------------------------------------------------------
@@ -356,6 +358,7 @@ HEADS: dict[str, dict[str, Any]] = {
         "src": "term{i} = jnp.mean(jax.nn.logsumexp(h @ h.T, axis=1))",
         "logits": False,
     },
+    **idioms.HEADS,  # DP-SGD, concatenation / roll / reversal, pairwise with index constants
 }
 
 #: integer and boolean reductions over the axis: (expression, needs)
@@ -390,6 +393,7 @@ _PARAM_INIT = {
     "lin_module": "jax.tree.map(np.asarray, "
     "nnx.Linear({D}, {H}, rngs=nnx.Rngs(int(rng.integers(2**30)))))",
     "layers_module": "jax.tree.map(np.asarray, make_layers_d(int(rng.integers(2**30))))",
+    **idioms.PARAM_INIT,
 }
 
 
@@ -418,6 +422,7 @@ class Program:
     guard: str | None = None
     literal: str | None = None
     output: str = "scalar"
+    callback: str | None = None  # one of ``idioms.CALLBACKS``
 
     @property
     def args(self) -> list[str]:
@@ -427,7 +432,7 @@ class Program:
     def summary(self) -> str:
         heads = "+".join(h.kind + ("(t)" if h.uses_t else "") for h in self.heads)
         bits = [self.features + ("+label_lookup" if self.label_lookup else ""), heads]
-        bits += [b for b in (self.guard, self.literal) if b]
+        bits += [b for b in (self.guard, self.literal, self.callback) if b]
         out = self.output + (f"[{self.metric}]" if self.output == "loss_and_metric" else "")
         return " | ".join([*bits, out, f"N={self.n}"])
 
@@ -440,12 +445,22 @@ class Program:
 
     def source(self) -> str:
         feat = FEATURES[self.features]
-        imports = {"import optax"} if any(h.kind == "ce_optax" for h in self.heads) else set()
-        imports |= set(feat.imports)
+        specs = [HEADS[h.kind] for h in self.heads]
+        imports = set(feat.imports).union(*(spec.get("imports", ()) for spec in specs))
+        preambles = [feat.preamble, *(spec.get("preamble", "") for spec in specs)]
+        callback, where = idioms.CALLBACKS.get(self.callback or "", ("", ""))
+        if callback:
+            imports |= set(idioms.CALLBACK_IMPORTS)
+            preambles.append(idioms.CALLBACK_PREAMBLE)
+        preamble = "\n\n".join(
+            self._fmt(textwrap.dedent(pre).strip("\n")) for pre in dict.fromkeys(preambles) if pre
+        )
         body: list[str] = textwrap.dedent(feat.lines).strip("\n").splitlines()
         if self.label_lookup:
             body.append("h = h + p['emb'][y]")
         body.append("s = h @ p['w2']")
+        if where == "s":
+            body.append(callback)
         if any(h.uses_t for h in self.heads):
             body.append("st = s / t")
         names = []
@@ -461,6 +476,8 @@ class Program:
             body.append(f"loss = loss {self.literal}")
         if self.guard:
             body.append(GUARDS[self.guard])
+        if where == "loss":
+            body.append(callback)
         if self.output == "scalar":
             body.append("return loss")
         elif self.output == "dict_two_heads":
@@ -469,13 +486,14 @@ class Program:
             body.append(f"return loss, {{'metric': {METRICS[self.metric or 'count'][0]}}}")
         else:
             body.append("return {'loss': loss, 'per_example': s[:, 0]}")
-        params = ["w2", *feat.params, *(["emb"] if self.label_lookup else [])]
+        head_params = [k for spec in specs for k in spec.get("params", ())]
+        params = ["w2", *feat.params, *(["emb"] if self.label_lookup else []), *head_params]
         params = list(dict.fromkeys(params))
         init = ["p = {}"] + [f"p[{k!r}] = {_PARAM_INIT[k]}" for k in params] + ["return p"]
         lines = [
             *sorted(imports),
             "",
-            self._fmt(textwrap.dedent(feat.preamble).strip("\n")) if feat.preamble else "",
+            preamble,
             "",
             f"def f({', '.join(self.args)}):",
             *("    " + ln if ln.strip() else "" for ln in body),
@@ -524,6 +542,8 @@ def programs(draw: Any, n_max: int = 13, with_t: bool | None = None) -> Program:
     # otherwise hide what else a program does)
     guard = draw(st.sampled_from([None, None, None, *GUARDS]))
     literal = draw(st.sampled_from([None, *LITERALS]))
+    # a counting user callback in one program in three
+    callback = draw(st.sampled_from([None] * 8 + list(idioms.CALLBACKS)))
     return Program(
         n=draw(st.integers(2, n_max)),
         d=draw(st.sampled_from([3, 2, 4])),
@@ -539,4 +559,5 @@ def programs(draw: Any, n_max: int = 13, with_t: bool | None = None) -> Program:
         guard=guard,
         literal=literal,
         output=output,
+        callback=callback,
     )

@@ -18,13 +18,15 @@ and a temperature ``t: f32[]`` (an argument that is never chunked). It has three
   y]``, optax, by hand), normalisers over the batch (``jax.nn.logsumexp``, ``jax.nn.softmax``,
   and the same by hand, with and without ``stop_gradient`` of the max), centring (with a Python
   literal), standardisation, masked means, ``nan_to_num`` / ``clip`` of batch statistics, a
-  pairwise ``h @ h.T`` term;
+  pairwise ``h @ h.T`` term; and issue 30's fields (``idioms.py``): DP-SGD per-example
+  clipped gradients of conv nets, concatenation / roll / reversal along the axis, pairwise
+  losses with index constants built inside;
 * **the rest**: a weighted sum of the heads with Python literal coefficients, an optional guard
   (``jnp.where(jnp.all(jnp.isfinite(x)), loss, 0.)`` or one on ``jnp.any`` of the logits), an
   optional literal (``* 2.0``, ``/ 32``), and the output: the scalar loss, a dict of the loss
   and one more head (mixed: one may depend on ``t`` and one not), the loss and an integer or
   boolean batch metric (a count, argmax accuracy, any / all), or the loss and a per-example
-  value.
+  value; in one program in three, a counting user callback (``idioms.CALLBACKS``).
 
 Every program is well-conditioned at float32 by construction (inputs of order one, weights of
 order one half, no catastrophic cancellation), so that the 2e-4 relative comparison flags

@@ -262,7 +262,7 @@ class Result:
 
 _KNOWN = (
     ("jvp_of_custom_vjp", r"can't apply forward-mode autodiff \(jvp\) to a custom_vjp"),
-    ("shard_map_varying_manual_axes", r"varying manual axes|vma"),
+    ("shard_map_varying_manual_axes", r"varying manual axes|\bvma\b"),
     ("not_streamable", r"NotStreamable"),
     ("unhashable_literal", r"unhashable type: 'Literal'"),
     ("no_differentiation_rule", r"Differentiation rule for '(\w+)' not implemented"),

@@ -17,6 +17,7 @@ Tiers:
 * slow (``-m slow``): ``sum(EXAMPLES.values())`` = 300 pairs, in one test per stack family
   (so that ``-n 2`` spreads them); the ``shard`` family needs 8 devices and runs in a
   subprocess (``python -m tests.fuzz``), in the integration tier: ``test_fuzz_sharding.py``.
+  The open defect classes of :data:`KNOWN_OPEN` (each with its repro) are printed, not failed.
 * default: a smoke run of a few pairs, and the planted-bug checks: the fuzzer must fail when
   ``ja.serialize_axis`` is replaced by a wrapper that gets the gradient wrong (the value right),
   the value wrong, raises, or raises under ``JAXPR_ACCUM_STRICT=1`` only; a fuzzer that cannot
@@ -28,6 +29,8 @@ Longer random campaigns: ``python benchmarks/fuzz_campaign.py --pairs 5000 --see
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,6 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 import jaxpr_accum as ja  # noqa: E402
 
 from .fuzz.driver import assert_no_failures, run_examples  # noqa: E402
+from .fuzz.runner import Result  # noqa: E402
 
 #: pairs per stack family in one CI run (slow tier), 300 in all
 EXAMPLES = {
@@ -58,12 +62,40 @@ EXAMPLES = {
 EAGER_ONE_IN = {"plain": 4}
 
 
+def _twice(detail: str) -> bool:
+    seen = [int(v) for v in re.findall(r"saw (\d+) values, in the original (\d+)", detail)[0]]
+    return seen[0] == 2 * seen[1]
+
+
+#: open defect classes, each with its standalone repro in ``repros/``: still drawn, and printed
+#: by the slow tier, but not failures there until fixed (then delete the entry)
+KNOWN_OPEN: dict[str, Callable[[Result], bool]] = {
+    # a callback on the loss of a two-pass (pairwise) plan runs twice
+    "f10_pairwise_loss_callback_twice": lambda r: (
+        r.outcome == "MISMATCH"
+        and r.cls.endswith("(callback count)")
+        and r.pair.program.callback in ("debug_on_loss", "io_on_loss")
+        and _twice(r.detail)
+    ),
+    # an io_callback on a stopped per-example value: "IO callbacks do not support JVP"
+    "f11_io_callback_per_example_jvp": lambda r: (
+        r.outcome in ("FALLBACK", "CRASH")
+        and "IO callbacks do not support JVP" in r.cls
+        and (r.pair.program.callback or "").startswith("io_")
+    ),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(EXAMPLES))
 def test_fuzz_stack_family(family: str) -> None:
     n = EXAMPLES[family]
     eager = EAGER_ONE_IN.get(family, 0)
-    assert_no_failures(run_examples([family], n, derandomize=True, eager_one_in=eager), n)
+    results = run_examples([family], n, derandomize=True, eager_one_in=eager)
+    known = {r.pair: k for r in results for k, match in KNOWN_OPEN.items() if match(r)}
+    for pair, k in known.items():
+        print(f"known open defect {k}: {pair.summary()}")
+    assert_no_failures([r for r in results if r.pair not in known], n - len(known))
 
 
 def test_fuzz_smoke() -> None:

@@ -121,13 +121,14 @@ def chunk_for(n: int, kind: str, pick: int) -> int:
 
 
 @st.composite
-def pairs(draw: Any, family: str, eager_one_in: int = 8) -> Pair:
+def pairs(draw: Any, family: str, eager_one_in: int = 8, idiom: str | None = None) -> Pair:
     """A program and a stack of ``family`` (one of ``stacks.FAMILIES``), a mode, a chunk;
-    eager (no outer ``jit``) on one pair in ``eager_one_in`` (never with 0)."""
+    eager (no outer ``jit``) on one pair in ``eager_one_in`` (never with 0); ``idiom``: a
+    head or callback of ``idioms.py`` every program has."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")
     with_t = True if family == "vmap_unchunked" else None
-    program = draw(programs(n_max=4 if family == "shard" else 13, with_t=with_t))
+    program = draw(programs(4 if family == "shard" else 13, with_t, idiom))
     layers = draw(stacks(program, family))
     # an outer jit on seven pairs in eight (what users do; op-by-op eager dispatch compiles
     # every primitive on its own: 3x the time of a jitted pair, 10x under vmap), eager on

@@ -1,7 +1,9 @@
-"""f10: a user's ``jax.debug.callback`` on the loss of a pairwise (two-pass) plan runs twice
-per call where the original runs it once -- in every grad mode, with no gradient taken. The
-values are right; a logging or checkpoint-writing callback has its effect duplicated. A loss
-with no pairwise term (``mse`` below) runs it once.
+"""f10: a user's ``jax.debug.callback`` in a pairwise (two-pass) plan runs twice per call where
+the original runs it once, with no gradient taken: in remat/fused/native, on the loss and on a
+per-example value (each value seen twice); auto runs this tiny function as written (with the
+per-example callback alone, auto runs it twice too). The values are right; a logging or
+checkpoint-writing callback has its effect duplicated. A loss with no pairwise term
+(``jnp.mean(h ** 2)``) runs each callback once.
 Exits 1 while the defect is there, 0 when fixed. Found by the fuzzer (issue 30's callbacks)."""
 
 import os
@@ -19,21 +21,22 @@ import numpy as np
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
 
-SEEN = []
+SEEN = {"loss": 0, "rows": 0}
 
 
 def f(w, x):
     h = jnp.tanh(x @ w)
     sim = h @ h.T
     loss = jnp.mean(jax.nn.logsumexp(sim, axis=1))
-    jax.debug.callback(lambda v: SEEN.append(1), loss)
+    jax.debug.callback(lambda v: SEEN.update(rows=SEEN["rows"] + v.size), h[:, 0])
+    jax.debug.callback(lambda v: SEEN.update(loss=SEEN["loss"] + 1), loss)
     return loss
 
 
-def calls():
+def calls():  # (loss callbacks, per-example values seen) since the last call
     jax.effects_barrier()
-    n = len(SEEN)
-    SEEN.clear()
+    n = (SEEN["loss"], SEEN["rows"])
+    SEEN.update(loss=0, rows=0)
     return n
 
 
@@ -48,6 +51,6 @@ for mode in ("auto", "remat", "fused", "native"):
     got = jax.jit(ja.serialize_axis(f, chunk=3, argnums=1, grad=mode))(w, x)
     n_got = calls()
     assert_tree_close(got, ref)
-    print(f"grad={mode!r}: the callback ran {n_got} time(s), the original {n_ref}")
+    print(f"grad={mode!r}: (loss calls, rows seen) {n_got}, the original {n_ref}")
     bad += [mode] if n_got != n_ref else []
 sys.exit(1 if bad else 0)

@@ -21,8 +21,8 @@ Tiers:
   The open defect classes of :data:`KNOWN_OPEN` (each with its repro) are printed, not failed.
 * default: a smoke run of a few pairs, and the planted-bug checks: the fuzzer must fail when
   ``ja.serialize_axis`` is replaced by a wrapper that gets the gradient wrong (the value right),
-  the value wrong, raises, or raises under ``JAXPR_ACCUM_STRICT=1`` only; a fuzzer that cannot
-  fail is a defect.
+  the value wrong, raises, raises under ``JAXPR_ACCUM_STRICT=1`` only, or runs the user's
+  callbacks twice; a fuzzer that cannot fail is a defect.
 
 Longer random campaigns: ``python benchmarks/fuzz_campaign.py --pairs 5000 --seed N``.
 """
@@ -70,7 +70,7 @@ IDIOM_PAIRS = 2
 EAGER_ONE_IN = {"plain": 4}
 
 
-def _twice(detail: str) -> bool:
+def _saw_twice(detail: str) -> bool:
     seen = [int(v) for v in re.findall(r"saw (\d+) values, in the original (\d+)", detail)[0]]
     return seen[0] == 2 * seen[1]
 
@@ -80,7 +80,7 @@ def _twice(detail: str) -> bool:
 KNOWN_OPEN: dict[str, Callable[[Result], bool]] = {
     # a callback in a two-pass (pairwise) plan runs twice: each value seen twice
     "f10_pairwise_loss_callback_twice": lambda r: (
-        r.outcome == "MISMATCH" and r.cls.endswith("(callback count)") and _twice(r.detail)
+        r.outcome == "MISMATCH" and r.cls.endswith("(callback count)") and _saw_twice(r.detail)
     ),
     # an io_callback on a stopped per-example value: "IO callbacks do not support JVP"
     "f11_io_callback_per_example_jvp": lambda r: (
@@ -165,12 +165,21 @@ def _strict_only(sf: Any) -> Any:
     return call
 
 
+def _twice(sf: Any) -> Any:
+    def call(*a: Any, **k: Any) -> Any:
+        sf(*a, **k)  # the right values, the user's callbacks run twice
+        return sf(*a, **k)
+
+    return call
+
+
 PLANTED = {
-    # bug: (family, the outcome it must produce)
-    "wrong_gradient": (_wrong_gradient, "reverse", "MISMATCH"),
-    "wrong_value": (_wrong_value, "plain", "MISMATCH"),
-    "crash": (_raises, "plain", "CRASH"),
-    "fallback": (_strict_only, "plain", "FALLBACK"),
+    # bug: (family, the outcome it must produce, an idiom every program has)
+    "wrong_gradient": (_wrong_gradient, "reverse", "MISMATCH", None),
+    "wrong_value": (_wrong_value, "plain", "MISMATCH", None),
+    "crash": (_raises, "plain", "CRASH", None),
+    "fallback": (_strict_only, "plain", "FALLBACK", None),
+    "callback_twice": (_twice, "plain", "MISMATCH", "debug_on_loss"),
 }
 
 
@@ -178,14 +187,16 @@ PLANTED = {
 def test_fuzz_catches_planted_bug(bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``ja.serialize_axis`` replaced by a wrapper with a deliberate defect: every pair the
     original runs is a failure of the expected kind, and the tests' assertion fails."""
-    plant, family, outcome = PLANTED[bug]
+    plant, family, outcome, idiom = PLANTED[bug]
     real = ja.serialize_axis
     monkeypatch.setattr(ja, "serialize_axis", lambda f, **kw: plant(real(f, **kw)))
-    results = run_examples([family], 1, derandomize=True)
+    results = run_examples([family], 1, derandomize=True, idiom=idiom)
     ran = [r for r in results if r.outcome not in ("ORIGINAL_FAILS", "EXPECTED_ERROR")]
     assert ran, [r.outcome for r in results]
     assert all(r.outcome == outcome for r in ran), [(r.outcome, r.cls) for r in ran]
-    if outcome == "MISMATCH":  # triaged against float64: wrong, not a precision loss
+    if idiom is not None:  # the values agree; the callbacks saw twice as many
+        assert all(r.cls.endswith("(callback count)") for r in ran), [r.cls for r in ran]
+    elif outcome == "MISMATCH":  # triaged against float64: wrong, not a precision loss
         assert all("wrong" in r.detail for r in ran), [r.detail for r in ran]
     with pytest.raises(AssertionError, match=outcome):
         assert_no_failures(results, len(results))

@@ -14,13 +14,15 @@ failures.
 
 Tiers:
 
-* slow (``-m slow``): ``sum(EXAMPLES.values())`` = 300 pairs, in one test per stack family
-  (so that ``-n 2`` spreads them); the ``shard`` family needs 8 devices and runs in a
-  subprocess (``python -m tests.fuzz``), in the integration tier: ``test_fuzz_sharding.py``.
+* slow (``-m slow``): ``sum(EXAMPLES.values())`` = 180 pairs, in one test per stack family
+  (so that ``-n 2`` spreads them), and 2 pairs with each of issue 30's 16 idioms; the
+  ``shard`` family needs 8 devices and runs in a subprocess (``python -m tests.fuzz``), in
+  the integration tier: ``test_fuzz_sharding.py``.
+  The open defect classes of :data:`KNOWN_OPEN` (each with its repro) are printed, not failed.
 * default: a smoke run of a few pairs, and the planted-bug checks: the fuzzer must fail when
   ``ja.serialize_axis`` is replaced by a wrapper that gets the gradient wrong (the value right),
-  the value wrong, raises, or raises under ``JAXPR_ACCUM_STRICT=1`` only; a fuzzer that cannot
-  fail is a defect.
+  the value wrong, raises, raises under ``JAXPR_ACCUM_STRICT=1`` only, or runs the user's
+  callbacks twice; a fuzzer that cannot fail is a defect.
 
 Longer random campaigns: ``python benchmarks/fuzz_campaign.py --pairs 5000 --seed N``.
 """
@@ -28,6 +30,8 @@ Longer random campaigns: ``python benchmarks/fuzz_campaign.py --pairs 5000 --see
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -39,17 +43,25 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
 
+from .fuzz import idioms  # noqa: E402
 from .fuzz.driver import assert_no_failures, run_examples  # noqa: E402
+from .fuzz.runner import Result  # noqa: E402
 
-#: pairs per stack family in one CI run (slow tier), 300 in all
+#: pairs per stack family in one CI run (slow tier), 180 in all (300 before issue 30's idioms,
+#: which take about twice the time of the others: with :data:`IDIOM_PAIRS`, the same budget)
 EXAMPLES = {
-    "plain": 60,
-    "reverse": 55,
-    "vmap": 50,
-    "vmap_unchunked": 45,
-    "forward": 40,
-    "mixed": 50,
+    "plain": 36,
+    "reverse": 33,
+    "vmap": 30,
+    "vmap_unchunked": 27,
+    "forward": 24,
+    "mixed": 30,
 }
+
+#: issue 30's idioms (``tests/fuzz/idioms.py``), each in every program of its own test: 2 pairs
+#: of one stack family (the families taken in turn); the random draws above have them too
+IDIOMS = [*idioms.HEADS, *idioms.CALLBACKS]
+IDIOM_PAIRS = 2
 
 
 #: eager pairs (no outer ``jit``): one in four in ``plain``, none in the other families (an
@@ -58,12 +70,45 @@ EXAMPLES = {
 EAGER_ONE_IN = {"plain": 4}
 
 
+def _saw_twice(detail: str) -> bool:
+    seen = [int(v) for v in re.findall(r"saw (\d+) values, in the original (\d+)", detail)[0]]
+    return seen[0] == 2 * seen[1]
+
+
+#: open defect classes, each with its standalone repro in ``repros/``: still drawn, and printed
+#: by the slow tier, but not failures there until fixed (then delete the entry)
+KNOWN_OPEN: dict[str, Callable[[Result], bool]] = {
+    # a callback in a two-pass (pairwise) plan runs twice: each value seen twice
+    "f10_pairwise_loss_callback_twice": lambda r: (
+        r.outcome == "MISMATCH" and r.cls.endswith("(callback count)") and _saw_twice(r.detail)
+    ),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(EXAMPLES))
 def test_fuzz_stack_family(family: str) -> None:
     n = EXAMPLES[family]
     eager = EAGER_ONE_IN.get(family, 0)
-    assert_no_failures(run_examples([family], n, derandomize=True, eager_one_in=eager), n)
+    _assert_no_new_failures(run_examples([family], n, derandomize=True, eager_one_in=eager), n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("idiom", IDIOMS)
+def test_fuzz_issue30_idiom(idiom: str) -> None:
+    family = list(EXAMPLES)[IDIOMS.index(idiom) % len(EXAMPLES)]
+    seed = 30 + IDIOMS.index(idiom)  # a seed of its own: derandomized, every idiom draws alike
+    results = run_examples(
+        [family], IDIOM_PAIRS, derandomize=False, seed=seed, eager_one_in=0, idiom=idiom
+    )
+    _assert_no_new_failures(results, IDIOM_PAIRS)
+
+
+def _assert_no_new_failures(results: list[Result], n: int) -> None:
+    known = {r.pair: k for r in results for k, match in KNOWN_OPEN.items() if match(r)}
+    for pair, k in known.items():
+        print(f"known open defect {k}: {pair.summary()}")
+    assert_no_failures([r for r in results if r.pair not in known], n - len(known))
 
 
 def test_fuzz_smoke() -> None:
@@ -114,12 +159,21 @@ def _strict_only(sf: Any) -> Any:
     return call
 
 
+def _twice(sf: Any) -> Any:
+    def call(*a: Any, **k: Any) -> Any:
+        sf(*a, **k)  # the right values, the user's callbacks run twice
+        return sf(*a, **k)
+
+    return call
+
+
 PLANTED = {
-    # bug: (family, the outcome it must produce)
-    "wrong_gradient": (_wrong_gradient, "reverse", "MISMATCH"),
-    "wrong_value": (_wrong_value, "plain", "MISMATCH"),
-    "crash": (_raises, "plain", "CRASH"),
-    "fallback": (_strict_only, "plain", "FALLBACK"),
+    # bug: (family, the outcome it must produce, an idiom every program has)
+    "wrong_gradient": (_wrong_gradient, "reverse", "MISMATCH", None),
+    "wrong_value": (_wrong_value, "plain", "MISMATCH", None),
+    "crash": (_raises, "plain", "CRASH", None),
+    "fallback": (_strict_only, "plain", "FALLBACK", None),
+    "callback_twice": (_twice, "plain", "MISMATCH", "debug_on_loss"),
 }
 
 
@@ -127,14 +181,16 @@ PLANTED = {
 def test_fuzz_catches_planted_bug(bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``ja.serialize_axis`` replaced by a wrapper with a deliberate defect: every pair the
     original runs is a failure of the expected kind, and the tests' assertion fails."""
-    plant, family, outcome = PLANTED[bug]
+    plant, family, outcome, idiom = PLANTED[bug]
     real = ja.serialize_axis
     monkeypatch.setattr(ja, "serialize_axis", lambda f, **kw: plant(real(f, **kw)))
-    results = run_examples([family], 1, derandomize=True)
+    results = run_examples([family], 1, derandomize=True, idiom=idiom)
     ran = [r for r in results if r.outcome not in ("ORIGINAL_FAILS", "EXPECTED_ERROR")]
     assert ran, [r.outcome for r in results]
     assert all(r.outcome == outcome for r in ran), [(r.outcome, r.cls) for r in ran]
-    if outcome == "MISMATCH":  # triaged against float64: wrong, not a precision loss
+    if idiom is not None:  # the values agree; the callbacks saw twice as many
+        assert all(r.cls.endswith("(callback count)") for r in ran), [r.cls for r in ran]
+    elif outcome == "MISMATCH":  # triaged against float64: wrong, not a precision loss
         assert all("wrong" in r.detail for r in ran), [r.detail for r in ran]
     with pytest.raises(AssertionError, match=outcome):
         assert_no_failures(results, len(results))

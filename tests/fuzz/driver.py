@@ -23,11 +23,13 @@ from .runner import FAILURES, OUTCOMES, Pair, Result, pairs, run_pair, script
 from .stacks import FAMILIES, Layer
 
 
-def strategy(families: Iterable[str], eager_one_in: int = 8) -> st.SearchStrategy[Pair]:
+def strategy(
+    families: Iterable[str], eager_one_in: int = 8, idiom: str | None = None
+) -> st.SearchStrategy[Pair]:
     families = tuple(families)
     if len(families) == 1:
-        return pairs(families[0], eager_one_in)
-    return st.sampled_from(families).flatmap(lambda fam: pairs(fam, eager_one_in))
+        return pairs(families[0], eager_one_in, idiom)
+    return st.sampled_from(families).flatmap(lambda fam: pairs(fam, eager_one_in, idiom))
 
 
 def run_examples(
@@ -40,12 +42,14 @@ def run_examples(
     on_result: Callable[[Result], None] | None = None,
     between: Callable[[int], None] | None = None,
     eager_one_in: int = 8,
+    idiom: str | None = None,
 ) -> list[Result]:
     """Draw and run ``n`` pairs of ``families``; every :class:`Result`, in order. A pair runs
-    without an outer ``jit`` one time in ``eager_one_in`` (never with 0)."""
+    without an outer ``jit`` one time in ``eager_one_in`` (never with 0); ``idiom``: a head or
+    callback of ``idioms.py`` in every program."""
     results: list[Result] = []
     seen: set[Pair] = set()
-    strat = strategy(families, eager_one_in)
+    strat = strategy(families, eager_one_in, idiom)
 
     @settings(
         max_examples=n,

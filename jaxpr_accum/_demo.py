@@ -73,7 +73,7 @@ def run_demo(
     sf = ja.serialize_axis(loss, chunk=k, grad=mode)  # the axis is found, not named
     say(
         f"planning chunk {k}: tracing the loss, finding the sample axis"
-        + (", choosing the gradient mode (compiles)" if mode == "auto" else "")
+        + (", choosing the gradient mode" if mode == "auto" else "")
     )
     plan = sf.explain(*args)
     if not grads:  # auto's choice at chunk k, measured at every chunk

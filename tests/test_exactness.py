@@ -345,9 +345,12 @@ def _slow(*values):
 @pytest.mark.filterwarnings(NOT_WORTH_IT)  # a small problem: the loop may save nothing
 @pytest.mark.parametrize(
     "mode, head, rule, stacks",
-    [("remat", "logsumexp", r, ("hessian", "grad(grad)")) for r in ("custom_vjp", "custom_jvp")]
+    # the default tier: the stacks that found f06/f07 (custom VJP) and b01 (custom JVP)
+    [("remat", "logsumexp", "custom_vjp", ("hessian", "grad(grad)"))]
+    + [("remat", "logsumexp", "custom_jvp", ("grad(grad)",))]
     + [_slow(m, "logsumexp", "custom_vjp", None) for m in ("remat", "auto", "fused", "native")]
-    + [_slow("fused", "logsumexp", "custom_jvp", None), _slow("remat", "sum", "custom_vjp", None)],
+    + [_slow(m, "logsumexp", "custom_jvp", None) for m in ("remat", "fused")]
+    + [_slow("remat", "sum", "custom_vjp", None)],
 )
 def test_second_order_through_custom_rules(mode, head, rule, stacks):
     """f06, f07 and b01: second-order derivatives of a loss with custom rules that are not the
@@ -371,7 +374,7 @@ def test_second_order_through_custom_rules(mode, head, rule, stacks):
     sf = ja.serialize_axis(loss, chunk=3, argnums=1, grad=mode)
     refs = _second_order_stacks(loss)
     for name, stack in _second_order_stacks(sf).items():
-        if stacks is not None and name not in stacks:  # the default tier: two of the six
+        if stacks is not None and name not in stacks:  # the default tier: one or two of six
             continue
         got, ref = stack(w, x), refs[name](w, x)
         assert_tree_close(got, ref, rtol={jnp.float32: 1e-3}, what=name)

@@ -5,15 +5,32 @@ from __future__ import annotations
 import argparse
 import sys
 
+#: the Monte-Carlo samples of the demo's model (``examples/mc_vae.py``'s ``Sizes.n_samples``,
+#: at both sizes): the axis the demo serializes, so a chunk must be shorter
+DEMO_SAMPLES = 16
+
 
 def _chunk_list(text: str) -> tuple[int, ...]:
     try:
         chunks = tuple(int(c) for c in text.split(",") if c.strip())
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
-    if not chunks or any(c <= 0 for c in chunks):
-        raise argparse.ArgumentTypeError(f"expected positive chunk sizes, got {text!r}")
+    if not chunks or any(not 0 < c < DEMO_SAMPLES for c in chunks):
+        raise argparse.ArgumentTypeError(
+            f"expected chunk sizes from 1 to {DEMO_SAMPLES - 1} (the model draws {DEMO_SAMPLES} "
+            f"samples, and the demo finds that axis as one longer than the chunk), got {text!r}"
+        )
     return chunks
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from e
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _mode_list(text: str) -> tuple[str, ...]:
@@ -25,7 +42,14 @@ def _mode_list(text: str) -> tuple[str, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxpr_accum")
+    from jaxpr_accum import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxpr_accum",
+        description="jaxpr_accum: run the batch or sample axis of a JAX function in chunks, "
+        "with the same values and gradients. `demo` shows it on a Monte-Carlo encoder-decoder.",
+    )
+    parser.add_argument("--version", action="version", version=f"jaxpr_accum {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",
@@ -43,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         "--chunks", type=_chunk_list, default=None, help="comma-separated chunk sizes (2,4,8)"
     )
     demo.add_argument(
-        "--repeats", type=int, default=None, help="interleaved timing repeats (default 3)"
+        "--repeats", type=_positive, default=None, help="interleaved timing repeats (default 3)"
     )
     demo.add_argument(
         "--grads",

@@ -13,7 +13,7 @@ from typing import Any
 from jaxpr_accum import _html
 from jaxpr_accum._cost import format_bytes
 
-PLOT_EXTRA = "pip install 'jaxpr-accum[plot]'"
+PLOT_EXTRA = "pip install matplotlib (from a clone: pip install -e '.[plot]')"
 
 
 def text(sweep: Any) -> str:

@@ -1,6 +1,7 @@
 """Hypothesis: inputs like the example arguments, chunk sizes, and ``check``, the property.
 
-Hypothesis is imported when first used (``pip install 'jaxpr_accum[testing]'``)."""
+Hypothesis is imported when first used (``pip install hypothesis``; from a clone, the
+``testing`` extra)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _hypothesis() -> Any:
     except ImportError as e:
         raise ImportError(
             "jaxpr_accum.testing's strategies and `check` need Hypothesis: "
-            "pip install 'jaxpr_accum[testing]' (or pip install hypothesis)"
+            "pip install hypothesis (from a clone: pip install -e '.[testing]')"
         ) from e
     return hypothesis
 

@@ -142,8 +142,8 @@ def by_estimate(why: str) -> tuple[str, str]:
     """``(mode, why)`` for auto's estimated pick of fused (``why``) where the estimate
     decides alone (``estimate_decides``)."""
     return "fused", (
-        f"{why}; not measured: the gradients of the differentiated chunked inputs are "
-        f"within {MEMORY_SLACK:.0%} of remat's estimate"
+        f"{why}; the estimate decides (no compile): fused would hold no differentiated "
+        f"chunked input's gradient beyond {MEMORY_SLACK:.0%} of remat's estimate"
     )
 
 

@@ -63,7 +63,8 @@ def run_demo(
     say = _Progress()
     print(
         "jaxpr_accum demo: a Monte-Carlo encoder-decoder whose decoder is vmapped over samples "
-        "(examples/mc_vae.py); its loss's value_and_grad is compiled as written and with the "
+        "(examples/mc_vae.py, installed as jaxpr_accum.examples.mc_vae); its loss's "
+        "value_and_grad is compiled as written and with the "
         f"samples in chunks of {', '.join(map(str, chunks))}, then checked, timed and "
         "explained. Progress on stderr.",
         flush=True,

@@ -809,7 +809,7 @@ def _optax(which: str, n: int = 128, **kw: Any) -> Case:
 # ============================================================================================
 
 CASES: list[Case] = [
-    Case("flax-vae", "flax.linen", "VAE (examples/vae)", make_flax_vae, 512, argnums=1),
+    Case("flax-vae", "flax.linen", "VAE (Flax's own VAE example)", make_flax_vae, 512, argnums=1),
     Case("flax-mnist-cnn", "flax.linen", "MNIST CNN", make_flax_mnist_cnn, 64, argnums=(1, 2)),
     Case("flax-lm1b-block", "flax.linen", "lm1b decoder block", make_flax_lm1b_block, 64, 1),
     Case(
@@ -848,7 +848,7 @@ CASES: list[Case] = [
     Case(
         "hk-vae",
         "dm-haiku",
-        "VAE (examples/vae.py)",
+        "VAE (Haiku's own VAE example)",
         make_hk_vae,
         512,
         argnums=2,

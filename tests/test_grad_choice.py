@@ -83,7 +83,7 @@ def test_one_entry_dense_model_takes_fused_for_the_weights_gradient():
 def test_auto_decides_from_the_estimate_without_compiling(monkeypatch):
     """Where the caller does not differentiate the chunked inputs (the weights' gradient; an
     integer token batch), the estimate decides alone: planning compiles nothing, and
-    ``explain`` says the pick was not measured; the values are the original's."""
+    ``explain`` says the estimate decided; the values are the original's."""
     compiled = []
     real = _budget.temp_bytes
     monkeypatch.setattr(_budget, "temp_bytes", lambda *a: compiled.append(1) or real(*a))
@@ -105,7 +105,7 @@ def test_auto_decides_from_the_estimate_without_compiling(monkeypatch):
     tokens = jnp.asarray(RS.randint(0, 50, size=(256,)), jnp.int32)
     embedded = ja.serialize_axis(lambda ws, e, t: mlp(ws, e[t]), chunk=32, argnums=2)
     plan = embedded.explain(ws, emb, tokens)
-    assert plan.grad == "fused" and "not measured" in plan.grad_reason, plan
+    assert plan.grad == "fused" and "the estimate decides (no compile)" in plan.grad_reason, plan
     assert not compiled
 
 

@@ -27,7 +27,7 @@ from jax.experimental import checkify, io_callback
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import MODES
+from .oracle import MODES, covering
 
 _rs = np.random.RandomState(30)
 W = jnp.asarray(_rs.normal(size=(6, 6)) * 0.4, jnp.float32)
@@ -354,9 +354,10 @@ def test_a_callback_on_a_stopped_per_example_value_differentiates():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", DIFFERENTIATED)
-@pytest.mark.parametrize("grad", MODES)
-@pytest.mark.parametrize("loss", STOPPED, ids=lambda f: f.__name__)
+@pytest.mark.parametrize(  # a covering: each loss in every mode and every way of calling
+    "loss, grad, how",
+    covering(STOPPED, MODES, list(DIFFERENTIATED), ids=[f.__name__ for f in STOPPED]),
+)
 def test_callbacks_on_values_without_gradient_differentiate_as_in_the_original(loss, grad, how):
     sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=grad)
     assert_plans_without_falling_back(sf)

@@ -30,7 +30,6 @@ Longer random campaigns: ``python benchmarks/fuzz_campaign.py --pairs 5000 --see
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -70,19 +69,9 @@ IDIOM_PAIRS = 2
 EAGER_ONE_IN = {"plain": 4}
 
 
-def _saw_twice(detail: str) -> bool:
-    seen = [int(v) for v in re.findall(r"saw (\d+) values, in the original (\d+)", detail)[0]]
-    return seen[0] == 2 * seen[1]
-
-
 #: open defect classes, each with its standalone repro in ``repros/``: still drawn, and printed
-#: by the slow tier, but not failures there until fixed (then delete the entry)
-KNOWN_OPEN: dict[str, Callable[[Result], bool]] = {
-    # a callback in a two-pass (pairwise) plan runs twice: each value seen twice
-    "f10_pairwise_loss_callback_twice": lambda r: (
-        r.outcome == "MISMATCH" and r.cls.endswith("(callback count)") and _saw_twice(r.detail)
-    ),
-}
+#: by the slow tier, but not failures there until fixed (then delete the entry); none is open
+KNOWN_OPEN: dict[str, Callable[[Result], bool]] = {}
 
 
 @pytest.mark.slow

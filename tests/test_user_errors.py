@@ -9,7 +9,9 @@ nothing run twice. Callbacks fire as often as in the original in every way of
 calling (plain, ``jit``, ``grad``, ``value_and_grad``, ``jit(grad)``) and every gradient mode,
 ``memory=`` included (planning compiles, never runs). A callback (which has no JVP) on a
 per-example value taken through ``stop_gradient`` or ``argmax`` differentiates as in the
-original: the region gives such a value a symbolic zero tangent. The tests run lenient
+original: the region gives such a value a symbolic zero tangent. In a two-pass (pairwise)
+plan (SimCLR-like ``logsumexp(h @ h.T)``, a CLIP-like two-tower loss) every callback runs in
+exactly one pass, seeing the original's values once each (f10). The tests run lenient
 (``JAXPR_ACCUM_STRICT=0``), so a fallback would show as a warning and a second run rather than
 as the strict suite's error.
 """
@@ -371,3 +373,165 @@ def test_callbacks_on_values_without_gradient_at_every_chunk(chunk, grad):
     sf = ja.serialize_axis(every_stopped_callback, chunk=chunk, argnums=1, grad=grad)
     assert_plans_without_falling_back(sf, chunked=chunk < X.shape[0])
     assert_differentiates_as_the_original(every_stopped_callback, "value_and_grad", sf)
+
+
+# -- callbacks in a two-pass (pairwise) plan: each effect in exactly one pass (f10) -----------
+# a batch of 48: at 24 auto measures the two passes as saving too little and runs as written
+XP = jnp.asarray(_rs.normal(size=(48, 6)), jnp.float32)
+YP = jnp.asarray(_rs.normal(size=(48, 4)), jnp.float32)
+seen: dict[str, list] = {}
+order: list[str] = []  # the names, call by call
+
+
+def record(name: str, out=None):
+    def callback(v):
+        seen.setdefault(name, []).append(np.asarray(v))
+        order.append(name)
+        return out
+
+    return callback
+
+
+def logged(kind: str, name: str, v, joins: bool = False):
+    """``v`` to a ``debug.callback`` or an ordered ``io_callback`` (``joins``: the io
+    callback's result, a zero, is returned to join the loss); the values seen, per call, in
+    ``seen[name]``."""
+    if kind == "debug":
+        jax.debug.callback(record(name), v)
+        return 0.0
+    out = jax.ShapeDtypeStruct((), jnp.float32) if joins else None
+    got = io_callback(record(name, np.float32(0) if joins else None), out, v, ordered=True)
+    return got if joins else 0.0
+
+
+def simclr_logged(kind: str):
+    """SimCLR-like: a callback on a per-example value of the embeddings (pass 1's) and on
+    the loss (pass 2's); the io callback's result joins the loss."""
+
+    def loss(w, x):
+        h = jnp.tanh(x @ w)
+        extra = logged(kind, "rows", jax.lax.stop_gradient(h[:, 0]), joins=True)
+        value = jnp.mean(jax.nn.logsumexp(h @ h.T, axis=1)) + extra
+        logged(kind, "loss", jax.lax.stop_gradient(value))
+        return value
+
+    return loss, (W, XP), 1
+
+
+def clip_logged(kind: str):
+    """CLIP-like two towers: a callback on a pre-activation of one tower (a value of the
+    encoder that is not stacked), one on the other tower's embeddings, one on the loss."""
+
+    def loss(w, x, y):
+        pre = x @ w[0]
+        a = jnp.tanh(pre)
+        b = jnp.tanh(y @ w[1])
+        logged(kind, "rows", jax.lax.stop_gradient(pre[:, 1]))
+        logged(kind, "embeddings", jax.lax.stop_gradient(b.sum(axis=1)))
+        logits = a @ b.T
+        labels = jnp.arange(logits.shape[0])
+        rows = -jnp.take_along_axis(jax.nn.log_softmax(logits, axis=1), labels[:, None], 1)
+        cols = -jnp.take_along_axis(jax.nn.log_softmax(logits.T, axis=1), labels[:, None], 1)
+        value = (rows.mean() + cols.mean()) / 2
+        logged(kind, "loss", jax.lax.stop_gradient(value))
+        return value
+
+    return loss, ((W, W[:4]), XP, YP), (1, 2)
+
+
+PAIRED = {"simclr": simclr_logged, "clip": clip_logged}
+PAIRED_CALLS = {
+    "jit": lambda f, a: jax.jit(f)(*a),
+    "grad": lambda f, a: jax.grad(f, argnums=(0, 1))(*a),
+    "jit_value_and_grad": lambda f, a: jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(*a),
+}
+
+
+def seen_by(call, f, args):
+    """``(the result, {name: (calls, every value seen, in order)}, jaxpr_accum warnings)``."""
+    seen.clear()
+    order.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = jax.block_until_ready(call(f, args))
+        jax.effects_barrier()
+    ours = [str(w.message) for w in caught if issubclass(w.category, ja.PlanWarning)]
+    values = {k: (len(v), np.concatenate([np.ravel(x) for x in v])) for k, v in seen.items()}
+    return value, values, [m for m in ours if "not expected to save" not in m]
+
+
+def assert_logged_as_the_original(program: str, kind: str, grad: str, how: str, chunk: int):
+    f, args, argnums = PAIRED[program](kind)
+    sf = ja.serialize_axis(f, chunk=chunk, argnums=argnums, grad=grad)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", NOT_WORTH_IT, ja.PlanWarning)
+        plan = sf.explain(*args)
+    if chunk < XP.shape[0]:  # two passes (one chunk of the whole batch needs no second)
+        assert plan.second is not None and plan.pairs, str(plan)
+    got, got_seen, ours = seen_by(PAIRED_CALLS[how], sf, args)
+    expected, expected_seen, _ = seen_by(PAIRED_CALLS[how], jax.jit(f), args)
+    assert ours == [], ours
+    assert_tree_close(got, expected)
+    assert (
+        set(got_seen)
+        == set(expected_seen)
+        == {"rows", "loss"} | ({"embeddings"} if program == "clip" else set())
+    ), (got_seen, expected_seen)
+    for name, (n, values) in expected_seen.items():
+        got_n, got_values = got_seen[name]
+        if name == "loss":  # once, as in the original (a per-example callback may be chunked)
+            assert got_n == n == 1, (got_n, n)
+        assert got_values.shape == values.shape, (name, got_values.shape, values.shape)
+        np.testing.assert_allclose(got_values, values, rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", PAIRED_CALLS)
+@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("kind", ["debug", "io"])
+@pytest.mark.parametrize("program", PAIRED)
+def test_callbacks_in_two_passes_run_once_as_in_the_original(program, kind, grad, how):
+    """f10: each callback in exactly one pass's program, its values seen once each."""
+    assert_logged_as_the_original(program, kind, grad, how, chunk=5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [1, 7, 48, 60])
+@pytest.mark.parametrize("grad", MODES)
+def test_callbacks_in_two_passes_at_every_chunk(chunk, grad):
+    assert_logged_as_the_original("simclr", "io", grad, "jit_value_and_grad", chunk)
+
+
+def effect_after_the_loss(w, x):
+    """Two pairings, the second's embeddings scaled by an ordered ``io_callback`` that comes
+    after the callback on the first's loss: pass 1 would run it before that callback, so the
+    program runs in one pass, its effects in order."""
+    h = jnp.tanh(x @ w)
+    first = jnp.mean(jax.nn.logsumexp(h @ h.T, axis=1))
+    logged("io", "loss", jax.lax.stop_gradient(first))
+    ones = jax.ShapeDtypeStruct((x.shape[0], 1), jnp.float32)
+    scale = io_callback(
+        record("rows", np.ones((x.shape[0], 1), np.float32)),
+        ones,
+        jax.lax.stop_gradient(x[:, :1]),
+        ordered=True,
+    )
+    g = h * scale
+    return first + jnp.mean(jax.nn.logsumexp(g @ g.T, axis=1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grad", MODES)
+def test_effects_that_two_passes_would_reorder_run_in_one_pass(grad):
+    sf = ja.serialize_axis(effect_after_the_loss, chunk=5, argnums=1, grad=grad)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", NOT_WORTH_IT, ja.PlanWarning)
+        assert sf.explain(W, XP).second is None
+    call = PAIRED_CALLS["jit_value_and_grad"]
+    got, got_seen, ours = seen_by(call, sf, (W, XP))
+    got_order = order[:]
+    expected, expected_seen, _ = seen_by(call, jax.jit(effect_after_the_loss), (W, XP))
+    assert ours == [] and got_order == order == ["loss", "rows"], (ours, got_order, order)
+    assert_tree_close(got, expected)
+    for name, (_, values) in expected_seen.items():
+        np.testing.assert_allclose(got_seen[name][1], values, rtol=2e-5, atol=2e-6)

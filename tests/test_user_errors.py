@@ -129,22 +129,8 @@ def _drain_effects() -> None:
 
 def outcome(call, f):
     """``(the exception raised or None, callback counts, jaxpr_accum warnings)``."""
-    calls.clear()
-    error = None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            jax.block_until_ready(call(f))
-            jax.effects_barrier()  # an ordered callback's error may surface only here
-        except Exception as e:
-            error = e
-            _drain_effects()
-    ours = [
-        str(w.message)
-        for w in caught
-        if issubclass(w.category, ja.PlanWarning) and "not expected to save" not in str(w.message)
-    ]
-    return error, dict(calls), ours
+    value, counts, ours = outcome_with_value(call, f)
+    return (value if isinstance(value, Exception) else None), counts, ours
 
 
 def assert_raises_as_the_original(call, f, sf, error_type):

@@ -61,6 +61,7 @@ PAGES = [
     "testing.md",
     "normalisers.md",
     "jacobians.md",
+    "dp-sgd.md",
     "pairwise.md",
 ]
 TIMEOUT_S = 900

@@ -481,6 +481,8 @@ def test_missing_hypothesis_is_a_clear_import_error(monkeypatch):
         lambda: testing.chunk_sizes(4),
         lambda: testing.arrays_like(_mlp_args()),
     ):
-        with pytest.raises(ImportError, match=r"need Hypothesis: pip install hypothesis \(from a clone: pip install -e '\.\[testing\]'\)"):
+        hint = r"need Hypothesis: pip install hypothesis \(from a clone: pip install -e "
+        hint += r"'\.\[testing\]'\)"
+        with pytest.raises(ImportError, match=hint):
             call()
     testing.assert_matches_original(sf, *_mlp_args())  # needs no Hypothesis

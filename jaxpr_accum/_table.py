@@ -17,7 +17,8 @@ together (JAX's ``batching.py`` keys its rules the same way):
 Declared hooks with defaults: ``children(eqn, view)`` (sub-jaxprs that must be chunkable
 too; by default every sub-jaxpr in the parameters), ``finalize(eqn, view)`` (called once
 after the analysis has converged; custom derivative rules are analysed there), and the flags
-``middle_factor_ok`` and ``passes_reductions`` (see ``Rule``).
+``middle_factor_ok``, ``row_map_ok``, ``passes_reductions`` and ``elementwise`` (see ``Rule``).
+Planning reads a rule through these declared properties, never by its class.
 
 Rules are plugins (``jaxpr_accum._rules``) that import this module; this module imports no
 rule. A primitive without a rule gets ``UNKNOWN``, a barrier that says how to register one.
@@ -53,6 +54,9 @@ class Rule:
       ``middle_factor_ok`` rules accept it too (they never index along the axis).
     - ``passes_reductions``: a reduction over the axis whose result is a direct output of a
       sub-jaxpr makes that output of the equation a reduction too (an inlined call).
+    - ``elementwise``: the equation computes each position of its result from the same
+      position of its operands, an operand without the axis broadcast; planning reads it
+      (``_pairwise`` finds an elementwise equation that pairs the axis with itself).
     - ``children``: the sub-jaxprs that must be chunkable for the equation to be.
     - ``finalize``: called once per analysed equation after the analysis has converged
       (custom derivative rules are analysed there); a no-op by default.
@@ -61,6 +65,7 @@ class Rule:
     middle_factor_ok: bool = False
     row_map_ok: bool = False
     passes_reductions: bool = False
+    elementwise: bool = False
 
     def propagate(self, eqn: JaxprEqn, view: View) -> None:
         raise NotImplementedError

@@ -13,6 +13,7 @@ from jaxpr_accum._table import Rule, register, shared_loc
 
 class Elementwise(Rule):
     middle_factor_ok = True  # position by position: where the axis sits does not matter
+    elementwise = True
 
     def propagate(self, eqn: Any, view: Any) -> None:
         out_shape = eqn.outvars[0].aval.shape

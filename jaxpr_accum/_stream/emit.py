@@ -4,6 +4,7 @@ algebra sees them, at plan time (coefficients unknown) and in the loop, at chunk
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import jax.numpy as jnp
 import numpy as np
@@ -22,9 +23,11 @@ from jaxpr_accum._stream.terms import (
 from jaxpr_accum._table import rule_for
 from jaxpr_accum._view import EqnResize
 
-Value = Array | Streamed  # in the loop's environment: a chunk's array, or a streamed value
-KindOf = Callable[[Var, Value | None], Operand]  # how the algebra sees a variable's value
-Emit = Callable[[JaxprEqn, EqnResize, list[Value]], list[Streamed]]
+# in the loop's environment: a chunk's array, or a streamed value
+Value: TypeAlias = Array | Streamed
+# how the algebra sees a variable's value
+KindOf: TypeAlias = Callable[[Var, Value | None], Operand]
+Emit: TypeAlias = Callable[[JaxprEqn, EqnResize, list[Value]], list[Streamed]]
 
 
 def operands(

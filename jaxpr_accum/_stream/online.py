@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import jax.numpy as jnp
 from jax import lax
@@ -32,8 +33,9 @@ class Sink:
         return math.prod(self.shape) * _compat.dtype_of(self.var).itemsize
 
 
-Stab = Array | None  # a stabiliser: an ``Exp`` term's (compact), None for any other term
-Definition = Callable[[Atom], JaxprEqn | None]  # the equation that defines a value, if any
+Stab: TypeAlias = Array | None  # a stabiliser: an ``Exp`` term's (compact), None for any other term
+# the equation that defines a value, if any
+Definition: TypeAlias = Callable[[Atom], JaxprEqn | None]
 
 
 def accumulate(

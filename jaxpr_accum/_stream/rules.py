@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import TypeAlias
 
 from jax import lax
 
@@ -35,7 +36,7 @@ from jaxpr_accum._stream.terms import (
 )
 
 # (emitter, operands, axis dim of the result or None) -> the result
-StreamRule = Callable[[Emitter, list[Operand], int | None], Streamed]
+StreamRule: TypeAlias = Callable[[Emitter, list[Operand], int | None], Streamed]
 STREAM_RULES: dict[Primitive, StreamRule] = {}  # keyed by primitive objects, as ``_table.RULES``
 
 

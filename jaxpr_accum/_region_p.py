@@ -99,7 +99,9 @@ def _batch(args: list, dims: list, *, region: Region, **_: Any) -> tuple:
     return outs, [0] * len(outs)
 
 
-def _linearize(is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: Mode, **p: Any):
+def _linearize(
+    is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: Mode, **p: Any
+) -> tuple:
     if p["linearizing"] and region.split.custom_rule_in_body() is not None:
         # reverse over reverse: the outer derivative of a custom rule's primal is that of the
         # primal its rule computes (a custom VJP's forward rule, a custom JVP's primal output),

@@ -17,7 +17,8 @@ together (JAX's ``batching.py`` keys its rules the same way):
 Declared hooks with defaults: ``children(eqn, view)`` (sub-jaxprs that must be chunkable
 too; by default every sub-jaxpr in the parameters), ``finalize(eqn, view)`` (called once
 after the analysis has converged; custom derivative rules are analysed there), and the flags
-``middle_factor_ok`` and ``passes_reductions`` (see ``Rule``).
+``middle_factor_ok``, ``row_map_ok``, ``passes_reductions`` and ``elementwise`` (see ``Rule``).
+Planning reads a rule through these declared properties, never by its class.
 
 Rules are plugins (``jaxpr_accum._rules``) that import this module; this module imports no
 rule. A primitive without a rule gets ``UNKNOWN``, a barrier that says how to register one.
@@ -30,11 +31,11 @@ never a silent no-op.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TypeVar, cast
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import JaxprEqn
+from jaxpr_accum._compat import Array, ClosedJaxpr, Jaxpr, JaxprEqn, Params, Primitive, Var
 from jaxpr_accum._lattice import AxisLoc, is_mapped
 from jaxpr_accum._view import EqnResize, View
 
@@ -53,6 +54,9 @@ class Rule:
       ``middle_factor_ok`` rules accept it too (they never index along the axis).
     - ``passes_reductions``: a reduction over the axis whose result is a direct output of a
       sub-jaxpr makes that output of the equation a reduction too (an inlined call).
+    - ``elementwise``: the equation computes each position of its result from the same
+      position of its operands, an operand without the axis broadcast; planning reads it
+      (``_pairwise`` finds an elementwise equation that pairs the axis with itself).
     - ``children``: the sub-jaxprs that must be chunkable for the equation to be.
     - ``finalize``: called once per analysed equation after the analysis has converged
       (custom derivative rules are analysed there); a no-op by default.
@@ -61,17 +65,18 @@ class Rule:
     middle_factor_ok: bool = False
     row_map_ok: bool = False
     passes_reductions: bool = False
+    elementwise: bool = False
 
     def propagate(self, eqn: JaxprEqn, view: View) -> None:
         raise NotImplementedError
 
-    def resize_params(self, eqn: JaxprEqn, r: EqnResize) -> dict:
+    def resize_params(self, eqn: JaxprEqn, r: EqnResize) -> Params:
         return eqn.params
 
-    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         return _compat.bind(eqn, invals, self.resize_params(eqn, r))
 
-    def children(self, eqn: JaxprEqn, view: View) -> list:
+    def children(self, eqn: JaxprEqn, view: View) -> list[tuple[tuple, Jaxpr | ClosedJaxpr]]:
         """Sub-jaxprs that must be mappable for this equation to be chunked."""
         return list(_compat.sub_jaxprs(eqn.params))
 
@@ -79,7 +84,7 @@ class Rule:
         """After the analysis has converged (nothing by default)."""
 
 
-def refusal(rule: Any, locs: list) -> str | None:
+def refusal(rule: Rule, locs: Sequence[AxisLoc | None]) -> str | None:
     """Why ``rule`` cannot meet the axis at ``locs``: a middle factor, or a row map."""
     if not rule.middle_factor_ok and any(loc is not None and loc.outer > 1 for loc in locs):
         return (
@@ -97,7 +102,7 @@ class Barrier(Rule):
     def __init__(self, reason: str):
         self.reason = reason
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         view.barrier(self.reason.format(name=eqn.primitive.name))
 
 
@@ -105,14 +110,16 @@ UNKNOWN = Barrier(
     "primitive `{name}` is not known to be chunkable; register a rule with `ja.register_rule`"
 )
 
-RULES: dict[Any, Rule] = {}
+RULES: dict[Primitive, Rule] = {}
+
+R = TypeVar("R", bound=Rule)
 
 
-def rule_for(primitive: Any) -> Rule:
+def rule_for(primitive: Primitive) -> Rule:
     return RULES.get(primitive, UNKNOWN)
 
 
-def register(primitives: Any, rule: Any) -> Any:
+def register(primitives: str | Primitive | Iterable[str | Primitive], rule: R) -> R:
     """Register ``rule`` for each of ``primitives`` (primitive objects or names) in the
     package's own tables: a name the installed JAX lacks is skipped (``_compat.ABSENT``)."""
     if isinstance(primitives, str) or not isinstance(primitives, Iterable):
@@ -124,7 +131,7 @@ def register(primitives: Any, rule: Any) -> Any:
     return rule
 
 
-def resolve(primitive: Any) -> Any:
+def resolve(primitive: object) -> Primitive:
     """The primitive object for a primitive or its name (an unknown name is an error)."""
     if isinstance(primitive, str):
         found = _compat.primitive(primitive)
@@ -136,10 +143,10 @@ def resolve(primitive: Any) -> Any:
         return found
     if not (hasattr(primitive, "bind") and isinstance(getattr(primitive, "name", None), str)):
         raise TypeError(f"`primitive` must be a JAX primitive or its name, got {primitive!r}")
-    return primitive
+    return cast(Primitive, primitive)  # a primitive by its interface (a user's own class too)
 
 
-def shared_loc(eqn: Any, view: Any, operands: Any) -> AxisLoc | None:
+def shared_loc(eqn: JaxprEqn, view: View, operands: Sequence[int]) -> AxisLoc | None:
     """The one position that ``operands`` and every result agree on, or None.
 
     Two different positions make the equation a barrier (and return None); two row maps of
@@ -161,7 +168,7 @@ def shared_loc(eqn: Any, view: Any, operands: Any) -> AxisLoc | None:
     return agreed(eqn, view, found)
 
 
-def agreed(eqn: Any, view: Any, found: Any) -> AxisLoc | None:
+def agreed(eqn: JaxprEqn, view: View, found: Sequence[AxisLoc | None]) -> AxisLoc | None:
     """The one position among ``found`` (``None`` entries ignored), or None; two different
     positions make the equation a barrier."""
     locs = {loc for loc in found if loc is not None}
@@ -171,7 +178,7 @@ def agreed(eqn: Any, view: Any, found: Any) -> AxisLoc | None:
     return next(iter(locs), None)
 
 
-def reduced_inside(eqn: Any) -> str:
+def reduced_inside(eqn: JaxprEqn) -> str:
     """Why a reduction over the axis inside ``eqn``'s sub-jaxprs stops the region."""
     why = "reduces over the axis inside a nested function"
     if _compat.is_checkpoint(eqn):  # the function's own result would be inlined (``_trace``)
@@ -182,7 +189,7 @@ def reduced_inside(eqn: Any) -> str:
     return why
 
 
-def passed_through(jaxpr: Any) -> set:
+def passed_through(jaxpr: Jaxpr) -> set[Var]:
     """Outputs of ``jaxpr`` that no equation inside it reads: a reduction producing one of
     them hands its per-chunk partial straight out, so the enclosing call reduces too."""
     read = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, _compat.Literal)}

@@ -262,3 +262,56 @@ def test_golden_rewritten_program():
     # JAX 0.9's scan also records `_split_transpose` and `linear` (0.10 dropped both)
     got = re.sub(r"\n *(_split_transpose|linear)=[^\n]*", "", got)
     assert got.strip() == GOLDEN.strip()
+
+
+def test_no_module_outside_the_rules_imports_a_rule_class():
+    """Planning reads what a rule declares (``Rule.elementwise``, ...) through the rule table,
+    never its class: outside ``_rules`` no module names a rule class, imported by name or
+    reached through an imported module (``elementwise.Elementwise``)."""
+    import importlib
+    import types
+
+    from jaxpr_accum._table import Rule
+
+    def is_rule_class(value: object) -> bool:
+        return isinstance(value, type) and issubclass(value, Rule)
+
+    rules = "jaxpr_accum._rules"
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        where = _module_name(path)
+        if where == rules or where.startswith(rules + "."):
+            continue
+        tree = ast.parse(path.read_text())
+        bound: dict[str, object] = {}  # local name -> the package module it names
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if not node.module.startswith("jaxpr_accum"):
+                    continue
+                source = importlib.import_module(node.module)
+                for a in node.names:
+                    value = getattr(source, a.name, None)
+                    if isinstance(value, types.ModuleType):
+                        bound[a.asname or a.name] = value
+                    elif is_rule_class(value) and node.module.startswith(rules):
+                        found.append(f"{where}: from {node.module} import {a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("jaxpr_accum"):
+                        name = a.asname or a.name.split(".")[0]
+                        bound[name] = importlib.import_module(a.asname and a.name or name)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            chain, head = [node.attr], node.value
+            while isinstance(head, ast.Attribute):
+                chain.append(head.attr)
+                head = head.value
+            if not isinstance(head, ast.Name) or head.id not in bound:
+                continue
+            value = bound[head.id]
+            for part in reversed(chain):
+                value = getattr(value, part, None)
+            if is_rule_class(value) and getattr(value, "__module__", "").startswith(rules):
+                found.append(f"{where}: {ast.unparse(node)}")
+    assert not found, found

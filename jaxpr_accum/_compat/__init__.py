@@ -80,6 +80,7 @@ from jaxpr_accum._compat._sharding import (  # noqa: F401 (re-exported)
     named_sharding,
     placement_key,
 )
+from jaxpr_accum._compat._types import Array, Atom, Float0Array, Params, Primitive  # noqa: F401
 
 # Public in jax.extend.core since JAX 0.10; private (jax._src.core) in 0.9.
 DropVar = getattr(jax.extend.core, "DropVar", None) or _jax("jax._src.core.DropVar")
@@ -256,6 +257,12 @@ def shape_of(v: Any) -> tuple[int, ...]:
 def dtype_of(v: Any) -> np.dtype:
     """The dtype of a jaxpr variable (its aval is a ``ShapedArray``)."""
     return np.dtype(v.aval.dtype)
+
+
+def aval_dtype(v: Any) -> Any:
+    """The dtype of a jaxpr variable as JAX records it (for a key, an extended dtype, which
+    ``np.dtype`` cannot hold)."""
+    return v.aval.dtype
 
 
 def gather_fill_value(eqn: JaxprEqn) -> Any:

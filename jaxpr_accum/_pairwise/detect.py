@@ -45,7 +45,6 @@ from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._pairwise import permute
 from jaxpr_accum._plan import Split
-from jaxpr_accum._rules.elementwise import Elementwise
 from jaxpr_accum._stages import variables
 from jaxpr_accum._table import rule_for
 
@@ -113,7 +112,7 @@ def sides(analysis: Analysis, eqn: JaxprEqn) -> tuple[int, int] | None:
         if lhs.dim in (*lc, *lb) or rhs.dim in (*rc, *rb):
             return None
         return (0, 1) if _plain(lhs) and _plain(rhs) else None
-    if not isinstance(rule_for(eqn.primitive), Elementwise):
+    if not rule_for(eqn.primitive).elementwise:
         return None
     carrying = [(i, loc) for i, loc in enumerate(locs) if loc is not None]
     if len(carrying) != 2 or not all(_plain(loc) for _, loc in carrying):

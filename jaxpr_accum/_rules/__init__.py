@@ -7,8 +7,9 @@ Importing this package fills ``jaxpr_accum._table.RULES``. Rules import the engi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal, Protocol
 
+from jaxpr_accum._compat import Array, ClosedJaxpr, Jaxpr, JaxprEqn, Primitive
 from jaxpr_accum._rules import (  # noqa: F401  (registration side effects)
     contraction,
     control_flow,
@@ -23,9 +24,19 @@ from jaxpr_accum._rules import (  # noqa: F401  (registration side effects)
 )
 from jaxpr_accum._rules.elementwise import Elementwise
 from jaxpr_accum._table import RULES, Rule, resolve
+from jaxpr_accum._view import EqnResize, View
 
 
-def register_rule(primitive: Any, rule: Any) -> None:
+class RuleLike(Protocol):
+    """What ``register_rule`` needs of a rule object (``children`` and ``finalize`` are
+    optional, as is the flag ``middle_factor_ok``)."""
+
+    def propagate(self, eqn: JaxprEqn, view: View) -> None: ...
+
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]: ...
+
+
+def register_rule(primitive: Primitive | str, rule: RuleLike | Literal["elementwise"]) -> None:
     """Tell the rewriter how ``primitive`` treats the axis.
 
     Until then the primitive is a barrier: ``explain`` says it "is not known to be chunkable".
@@ -73,21 +84,23 @@ class _UserRule(Rule):
     """A user's object with ``propagate`` and ``resize`` (and optionally ``children`` /
     ``finalize``); the rest from ``Rule``."""
 
-    def __init__(self, user: Any):
+    def __init__(self, user: RuleLike):
         self.user = user
         self.middle_factor_ok = bool(getattr(user, "middle_factor_ok", False))
 
-    def finalize(self, eqn: Any, view: Any) -> None:
-        if hasattr(self.user, "finalize"):
-            self.user.finalize(eqn, view)
+    def finalize(self, eqn: JaxprEqn, view: View) -> None:
+        finalize = getattr(self.user, "finalize", None)
+        if finalize is not None:
+            finalize(eqn, view)
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         self.user.propagate(eqn, view)
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         return self.user.resize(eqn, r, invals)
 
-    def children(self, eqn: Any, view: Any) -> list:
-        if hasattr(self.user, "children"):
-            return self.user.children(eqn, view)
+    def children(self, eqn: JaxprEqn, view: View) -> list[tuple[tuple, Jaxpr | ClosedJaxpr]]:
+        children = getattr(self.user, "children", None)
+        if children is not None:
+            return children(eqn, view)
         return super().children(eqn, view)

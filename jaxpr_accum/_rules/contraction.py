@@ -20,22 +20,22 @@ the loop XLA would not canonicalize it for its fast kernel.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 
 from jaxpr_accum import _compat, _conv
+from jaxpr_accum._compat import Array, JaxprEqn
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._table import Rule, register
+from jaxpr_accum._view import EqnResize, View
 
 
 class DotGeneral(Rule):
     middle_factor_ok = True  # batch, free or contracted (a sum): never indexed along
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-        lhs_rank = len(eqn.invars[0].aval.shape)
-        rhs_rank = len(eqn.invars[1].aval.shape)
+        lhs_rank = len(_compat.shape_of(eqn.invars[0]))
+        rhs_rank = len(_compat.shape_of(eqn.invars[1]))
         lfree = [d for d in range(lhs_rank) if d not in lc and d not in lb]
         rfree = [d for d in range(rhs_rank) if d not in rc and d not in rb]
         nb, nl = len(lb), len(lfree)
@@ -65,15 +65,14 @@ class DotGeneral(Rule):
                 view.set_in(1 - me, loc._replace(dim=other[0][p]))
                 view.reduce(0, "sum")
             else:
-                if view.in_loc(1 - me) is not None and view.in_loc(1 - me).dim not in (
-                    other[0] + other[1]
-                ):
+                partner = view.in_loc(1 - me)
+                if partner is not None and partner.dim not in other[0] + other[1]:
                     view.barrier("`dot_general` pairs the axis with itself (an outer product)")
                     return
                 view.set_out(0, loc._replace(dim=offset + free.index(loc.dim)))
 
 
-def _groups(eqn: Any) -> tuple[str, int, tuple[int, int, int]]:
+def _groups(eqn: JaxprEqn) -> tuple[str, int, tuple[int, int, int]]:
     """The conv's grouping: parameter name, count, and the lhs, rhs and output dimensions the
     groups are the major factor of (``feature_group_count`` and ``batch_group_count`` are never
     both above 1)."""
@@ -91,18 +90,18 @@ def _groups(eqn: Any) -> tuple[str, int, tuple[int, int, int]]:
     )
 
 
-def _grouped_locs(eqn: Any, size: int) -> list[AxisLoc] | None:
+def _grouped_locs(eqn: JaxprEqn, size: int) -> list[AxisLoc] | None:
     """The axis as the major factor of the group dimensions, or None (groups not a multiple of
     the axis)."""
     _, count, dims = _groups(eqn)
     if count == 1 or count % size:
         return None
-    shapes = [v.aval.shape for v in (eqn.invars[0], eqn.invars[1], eqn.outvars[0])]
+    shapes = [_compat.shape_of(v) for v in (eqn.invars[0], eqn.invars[1], eqn.outvars[0])]
     return [AxisLoc(d, s[d] // size) for d, s in zip(dims, shapes, strict=True)]
 
 
 class Conv(Rule):
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         found = [view.in_loc(0), view.in_loc(1), view.out_loc(0)]
         if all(loc is None for loc in found):
             return
@@ -130,7 +129,7 @@ class Conv(Rule):
         if out is not None:
             view.set_in(0, out._replace(dim=lhs_batch))
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         params = dict(eqn.params)
         if r.in_locs[1] is not None:  # the axis is the groups: k * q of them
             name, count, _ = _groups(eqn)

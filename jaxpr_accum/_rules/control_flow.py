@@ -14,16 +14,24 @@ calls are inlined.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import jax
 from jax import lax
 
-from jaxpr_accum._compat import open_jaxpr
+from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Jaxpr, JaxprEqn, Var, open_jaxpr
 from jaxpr_accum._table import Rule, passed_through, register
+from jaxpr_accum._view import EqnResize, View
 
 
-def link_call(view: Any, eqn: Any, path: tuple, sub: Any, operands: list, results: list) -> None:
+def link_call(
+    view: View,
+    eqn: JaxprEqn,
+    path: tuple,
+    sub: Jaxpr | ClosedJaxpr,
+    operands: Sequence[Atom],
+    results: Sequence[Var],
+) -> None:
     """Link ``operands`` to ``sub``'s inputs and ``sub``'s outputs to ``results``; register it."""
     inner = open_jaxpr(sub)
     ctx = view.sub_ctx(path)
@@ -34,7 +42,7 @@ def link_call(view: Any, eqn: Any, path: tuple, sub: Any, operands: list, result
         view.link((ctx, out), (view.ctx, result))
 
 
-def _passed(sub: Any) -> list[tuple[int, int, list[int]]]:
+def _passed(sub: Jaxpr | ClosedJaxpr) -> list[tuple[int, int, list[int]]]:
     """``(equation, its output, outputs of sub)`` for each output of ``sub`` that an equation
     produces and no equation reads (see ``passed_through``)."""
     inner = open_jaxpr(sub)
@@ -60,7 +68,7 @@ class Call(Rule):
     def __init__(self, param: str):
         self.param = param
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         sub = eqn.params[self.param]
         link_call(view, eqn, (self.param,), sub, eqn.invars, eqn.outvars)
         ctx = view.sub_ctx((self.param,))
@@ -71,7 +79,7 @@ class Call(Rule):
                 for out_index in out_indices:
                     view.reduce(out_index, kind)
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         return r.eval((self.param,), eqn.params[self.param], invals)
 
 
@@ -79,17 +87,17 @@ class Remat(Call):
     def __init__(self) -> None:
         super().__init__("jaxpr")
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         p = eqn.params
 
-        def body(*args: Any) -> list:
+        def body(*args: Array) -> list[Array]:
             return r.eval(("jaxpr",), p["jaxpr"], list(args))
 
         return jax.checkpoint(body, prevent_cse=p["prevent_cse"], policy=p["policy"])(*invals)
 
 
 class Scan(Rule):
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         p = eqn.params
         nc, ncarry = p["num_consts"], p["num_carry"]
         inner = p["jaxpr"].jaxpr
@@ -109,12 +117,12 @@ class Scan(Rule):
         for i in range(ncarry):  # the carry must come back where it went in
             view.link((ctx, inner.invars[nc + i]), (ctx, inner.outvars[i]))
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         p = eqn.params
         nc, ncarry = p["num_consts"], p["num_carry"]
         consts, init, xs = invals[:nc], invals[nc : nc + ncarry], invals[nc + ncarry :]
 
-        def body(carry: list, x: list) -> tuple:
+        def body(carry: list[Array], x: list[Array]) -> tuple[list[Array], list[Array]]:
             outs = r.eval(("jaxpr",), p["jaxpr"], [*consts, *carry, *x])
             return outs[:ncarry], outs[ncarry:]
 
@@ -125,7 +133,7 @@ class Scan(Rule):
 
 
 class While(Rule):
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cond, body = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
@@ -150,29 +158,29 @@ class While(Rule):
         if view.analysis.loc(cctx, cond.outvars[0]) is not None:
             view.barrier("the loop's condition depends on the axis")
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cconsts, bconsts, init = invals[:cn], invals[cn : cn + bn], invals[cn + bn :]
 
-        def cond_fun(carry: list) -> Any:
+        def cond_fun(carry: list[Array]) -> Array:
             return r.eval(("cond_jaxpr",), p["cond_jaxpr"], [*cconsts, *carry])[0]
 
-        def body_fun(carry: list) -> list:
+        def body_fun(carry: list[Array]) -> list[Array]:
             return r.eval(("body_jaxpr",), p["body_jaxpr"], [*bconsts, *carry])
 
         return list(lax.while_loop(cond_fun, body_fun, list(init)))  # type: ignore[arg-type]
 
 
 class Cond(Rule):
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         if view.in_loc(0) is not None:
             view.barrier("`cond` chooses a branch per position along the axis")
             return
         for b, branch in enumerate(eqn.params["branches"]):
             link_call(view, eqn, ("branches", b), branch, eqn.invars[1:], eqn.outvars)
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         index, operands = invals[0], invals[1:]
         branches = [
             (lambda *ops, b=b, br=br: r.eval(("branches", b), br, list(ops)))

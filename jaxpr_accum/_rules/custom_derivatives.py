@@ -32,47 +32,59 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TypeAlias
 
 import jax
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import Literal
+from jaxpr_accum._axes import Analysis
+from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Float0Array, Jaxpr, JaxprEqn, Literal
 from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._errors import SerializeError
+from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._rules.control_flow import link_call
-from jaxpr_accum._rules.rule_check import RESIDUAL, check_rule
+from jaxpr_accum._rules.rule_check import RESIDUAL, CheckedRule, Problem, Residual, check_rule
 from jaxpr_accum._table import Rule, register, rule_for
+from jaxpr_accum._view import EqnKey, EqnResize, View
 
-_ACTIVE: set = set()  # identities of the custom functions whose rules are being analysed
+Identity: TypeAlias = tuple[str, tuple[str, ...]]  # where the function is defined, operand types
+_ACTIVE: set[Identity] = set()  # the custom functions whose rules are being analysed
+
+# What re-emitting a checked rule needs besides its jaxpr: the JVP rule's zero output
+# tangents; the forward rule's residual count and forwarded operands; the backward rule's
+# returned cotangents (None: a forward rule with a problem, never re-emitted).
+Extra: TypeAlias = list[bool] | tuple[int, list[int | None]] | None
+Checked: TypeAlias = tuple[str, CheckedRule, Extra]  # (which rule, its check, extra)
+Arrays: TypeAlias = tuple[Array, ...]
+Tangents: TypeAlias = tuple[Array | Float0Array, ...]  # an integer's tangent: a float0 array
 
 
-def _nondiff(v: Any) -> bool:
+def _nondiff(v: Atom) -> bool:
     return not is_float(v)
 
 
-def _zero_tangent(x: Any) -> Any:
+def _zero_tangent(x: Array) -> Array | Float0Array:
     if is_float(x):
         return jnp.zeros_like(x)
     return _compat.zeros_float0(x.shape)
 
 
-def is_custom_vjp(eqn: Any) -> bool:
+def is_custom_vjp(eqn: JaxprEqn) -> bool:
     return rule_for(eqn.primitive) is CUSTOM_VJP
 
 
-def function_name(eqn: Any) -> str:
+def function_name(eqn: JaxprEqn) -> str:
     """The user's name of the custom function (``<unknown>`` when JAX kept none)."""
     return _compat.custom_call_identity(eqn)[0]
 
 
-def _identity(eqn: Any) -> tuple:
+def _identity(eqn: JaxprEqn) -> Identity:
     return (_compat.custom_call_identity(eqn)[1], tuple(str(v.aval) for v in eqn.invars))
 
 
 @contextlib.contextmanager
-def _analysing(eqn: Any) -> Iterator[bool]:
+def _analysing(eqn: JaxprEqn) -> Iterator[bool]:
     """Yields False when ``eqn``'s function is already being analysed (a rule that calls
     its own function): its nested call then keeps its rules unchecked until first used."""
     ident = _identity(eqn)
@@ -87,17 +99,17 @@ def _analysing(eqn: Any) -> Iterator[bool]:
 
 
 class CustomJVP(Rule):
-    def children(self, eqn: Any, view: Any) -> list:
+    def children(self, eqn: JaxprEqn, view: View) -> list[tuple[tuple, Jaxpr | ClosedJaxpr]]:
         return [(("call_jaxpr",), _compat.custom_call_body(eqn)[0])]
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         call, nc = _compat.custom_call_body(eqn)
         if any(view.in_loc(i) is not None for i in range(nc)):
             view.barrier("a custom-derivative function closes over a value with the axis")
             return
         link_call(view, eqn, ("call_jaxpr",), call, eqn.invars, eqn.outvars)
 
-    def finalize(self, eqn: Any, view: Any) -> None:
+    def finalize(self, eqn: JaxprEqn, view: View) -> None:
         """After convergence: analyse the rules at full size; mixing makes this a barrier."""
         if view.key in view.analysis.barriers:
             return
@@ -109,12 +121,14 @@ class CustomJVP(Rule):
                     view.barrier(_describe(eqn, what, checked.problem))
                     return
 
-    def checked_rules(self, eqn: Any, analysis: Any, key: tuple) -> list:
+    def checked_rules(self, eqn: JaxprEqn, analysis: Analysis, key: EqnKey) -> list[Checked]:
         """``[(what, CheckedRule, extra)]`` for this call's rules, built once per equation
         (``extra``: what re-emitting the rule needs besides its jaxpr)."""
         return analysis.memoize(("rules", key), lambda: self._check(eqn, analysis, key))
 
-    def _locs(self, eqn: Any, analysis: Any, key: tuple) -> tuple[list, list]:
+    def _locs(
+        self, eqn: JaxprEqn, analysis: Analysis, key: EqnKey
+    ) -> tuple[list[AxisLoc | None], list[AxisLoc | None]]:
         ctx = key[0]
         nc = _compat.custom_call_body(eqn)[1]
         return (
@@ -122,7 +136,7 @@ class CustomJVP(Rule):
             [analysis.loc(ctx, v) for v in eqn.outvars],
         )
 
-    def _check(self, eqn: Any, analysis: Any, key: tuple) -> list:
+    def _check(self, eqn: JaxprEqn, analysis: Analysis, key: EqnKey) -> list[Checked]:
         nc = _compat.custom_call_body(eqn)[1]
         zeros = [_nondiff(v) for v in eqn.invars[nc:]]
         jvp, out_zeros = _compat.custom_jvp_rule_jaxpr(eqn, zeros)
@@ -132,7 +146,7 @@ class CustomJVP(Rule):
         checked = check_rule(jvp, analysis.size, in_locs + tangent_in, out_locs + tangent_out)
         return [("JVP rule", checked, out_zeros)]
 
-    def _rules(self, eqn: Any, r: Any) -> dict:
+    def _rules(self, eqn: JaxprEqn, r: EqnResize) -> dict[str, tuple[CheckedRule, Extra]]:
         """``{what: (CheckedRule, extra)}``, every rule checked (a call nested in its own rule
         is first checked here)."""
         rules = {}
@@ -142,19 +156,20 @@ class CustomJVP(Rule):
             rules[what] = (checked, extra)
         return rules
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         call, nc = _compat.custom_call_body(eqn)
         consts, args = invals[:nc], invals[nc:]
         zeros = [_nondiff(v) for v in eqn.invars[nc:]]
         n_out = len(eqn.outvars)
 
         @jax.custom_jvp
-        def fun(*a: Any) -> tuple:
+        def fun(*a: Array) -> tuple[Array, ...]:
             return tuple(r.eval(("call_jaxpr",), call, [*consts, *a]))
 
-        @fun.defjvp
-        def fun_jvp(primals: tuple, tangents: tuple) -> tuple:
+        @fun.defjvp  # type: ignore[arg-type]  # JAX types a tangent as its primal (not float0)
+        def fun_jvp(primals: Arrays, tangents: Arrays) -> tuple[Arrays, Tangents]:
             checked, out_zeros = self._rules(eqn, r)["JVP rule"]
+            assert isinstance(out_zeros, list)
             nonzero = [t for t, z in zip(tangents, zeros, strict=True) if not z]
             outs = checked.resized(r, [*primals, *nonzero])
             primal_out, rest = outs[:n_out], iter(outs[n_out:])
@@ -169,14 +184,15 @@ class CustomJVP(Rule):
 
 
 class CustomVJP(CustomJVP):
-    def _check(self, eqn: Any, analysis: Any, key: tuple) -> list:
+    def _check(self, eqn: JaxprEqn, analysis: Analysis, key: EqnKey) -> list[Checked]:
         nc = _compat.custom_call_body(eqn)[1]
         fwd_of, bwd_fn = _compat.custom_vjp_parts(eqn)
         in_locs, out_locs = self._locs(eqn, analysis, key)
         nonzeros = [not _nondiff(v) for v in eqn.invars[nc:]]
         fwd, (n_res, input_fwds) = fwd_of(nonzeros)
         n_res_out = n_res - sum(f is not None for f in input_fwds)
-        fwd_checked = check_rule(fwd, analysis.size, in_locs, [RESIDUAL] * n_res_out + out_locs)
+        fwd_out_locs: list[AxisLoc | Residual | None] = [*[RESIDUAL] * n_res_out, *out_locs]
+        fwd_checked = check_rule(fwd, analysis.size, in_locs, fwd_out_locs)
         if fwd_checked.problem is not None:
             return [("forward rule", fwd_checked, None)]
 
@@ -207,24 +223,27 @@ class CustomVJP(CustomJVP):
             ("backward rule", bwd_checked, returned),
         ]
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         call, nc = _compat.custom_call_body(eqn)
         consts, args = invals[:nc], invals[nc:]
 
         @jax.custom_vjp
-        def fun(*a: Any) -> tuple:
+        def fun(*a: Array) -> Arrays:
             return tuple(r.eval(("call_jaxpr",), call, [*consts, *a]))
 
-        def fwd(*a: Any) -> tuple:
-            fwd_checked, (n_res_out, input_fwds) = self._rules(eqn, r)["forward rule"]
+        def fwd(*a: Array) -> tuple[Arrays, Arrays]:
+            fwd_checked, extra = self._rules(eqn, r)["forward rule"]
+            assert isinstance(extra, tuple)
+            n_res_out, input_fwds = extra
             outs = fwd_checked.resized(r, a)
             res_out = iter(outs[:n_res_out])
             everything = [*consts, *a]
             res = [next(res_out) if f is None else everything[f] for f in input_fwds]
             return tuple(outs[n_res_out:]), tuple(res)
 
-        def bwd(res: tuple, cts: tuple) -> tuple:
+        def bwd(res: Arrays, cts: Arrays) -> tuple[Array | None, ...]:
             bwd_checked, returned = self._rules(eqn, r)["backward rule"]
+            assert isinstance(returned, list)
             outs = iter(bwd_checked.resized(r, [*res, *cts]))
             return tuple(next(outs) if kept else None for kept in returned)
 
@@ -233,7 +252,7 @@ class CustomVJP(CustomJVP):
             return list(fun(*args))
 
 
-def _describe(eqn: Any, what: str, problem: tuple) -> str:
+def _describe(eqn: JaxprEqn, what: str, problem: Problem) -> str:
     where, reason = problem
     at = "" if where is None else f": `{where.primitive.name}` at {_compat.source_line(where)}"
     return (

@@ -6,16 +6,18 @@ do not carry the axis and stay as they are at chunk size. Nothing changes shape 
 
 from __future__ import annotations
 
-from typing import Any
-
+from jaxpr_accum import _compat
+from jaxpr_accum._compat import Array, JaxprEqn
 from jaxpr_accum._table import Rule, register, shared_loc
+from jaxpr_accum._view import EqnResize, View
 
 
 class Elementwise(Rule):
     middle_factor_ok = True  # position by position: where the axis sits does not matter
+    elementwise = True
 
-    def propagate(self, eqn: Any, view: Any) -> None:
-        out_shape = eqn.outvars[0].aval.shape
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
+        out_shape = _compat.shape_of(eqn.outvars[0])
         loc = shared_loc(eqn, view, range(len(eqn.invars)))
         if loc is None:
             return
@@ -32,7 +34,7 @@ class LayoutOnly(Elementwise):
     the chunk's layout is the loop's business, and a spec written for the full axis need
     not divide a chunk."""
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         return list(invals)
 
 
@@ -41,7 +43,7 @@ class PerOperandIdentity(Rule):
 
     row_map_ok = True
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         for i in range(len(eqn.invars)):
             view.set_out(i, view.in_loc(i))
             view.set_in(i, view.out_loc(i))
@@ -51,7 +53,7 @@ class Placement(PerOperandIdentity):
     """``device_put``: each value unchanged; inside the chunk body the placement is the
     loop's (as for sharding annotations), so the chunk is passed through."""
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         return list(invals)
 
 
@@ -59,7 +61,7 @@ class NoAxisOut(Rule):
     """No result ever carries the axis (``dce_sink`` has none; ``empty2`` is a scalar): the
     equation is fine per chunk."""
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         pass
 
 
@@ -68,8 +70,8 @@ class BitcastConvert(Rule):
 
     row_map_ok = True
 
-    def propagate(self, eqn: Any, view: Any) -> None:
-        rank = min(len(eqn.invars[0].aval.shape), len(eqn.outvars[0].aval.shape))
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
+        rank = min(len(_compat.shape_of(eqn.invars[0])), len(_compat.shape_of(eqn.outvars[0])))
         for loc, setter in ((view.in_loc(0), view.set_out), (view.out_loc(0), view.set_in)):
             if loc is None:
                 continue

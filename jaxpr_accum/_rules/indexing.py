@@ -18,16 +18,17 @@ the output.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from jaxpr_accum import _compat
+from jaxpr_accum._axes import Analysis
+from jaxpr_accum._compat import Array, Atom, JaxprEqn
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._rules.shape import _with
 from jaxpr_accum._table import Rule, register
+from jaxpr_accum._view import Ctx, EqnResize, View
 
 _IOTA, _CONVERT, _BROADCAST, _SELECT, _LT, _CONCAT = (
     _compat.primitive(n)
@@ -35,7 +36,7 @@ _IOTA, _CONVERT, _BROADCAST, _SELECT, _LT, _CONCAT = (
 )
 
 
-def position_dim(analysis: Any, ctx: Any, v: Any, depth: int = 0) -> int | None:
+def position_dim(analysis: Analysis, ctx: Ctx, v: Atom, depth: int = 0) -> int | None:
     """The dimension ``d`` along which integer value ``v`` counts its own position
     (``v[..., i, ...] == i`` at dim ``d`` for every element), proven from its definition."""
     eqn = None if depth > 32 else analysis.definition(ctx, v)
@@ -44,14 +45,14 @@ def position_dim(analysis: Any, ctx: Any, v: Any, depth: int = 0) -> int | None:
     prim, ins = eqn.primitive, eqn.invars
     if prim is _IOTA:
         return eqn.params["dimension"]
-    if prim is _CONVERT and jnp.issubdtype(eqn.outvars[0].aval.dtype, jnp.integer):
+    if prim is _CONVERT and jnp.issubdtype(_compat.dtype_of(eqn.outvars[0]), jnp.integer):
         return position_dim(analysis, ctx, ins[0], depth + 1)
     if prim is _BROADCAST:
         d = position_dim(analysis, ctx, ins[0], depth + 1)
         if d is None:
             return None
         out = eqn.params["broadcast_dimensions"][d]
-        same = ins[0].aval.shape[d] == eqn.outvars[0].aval.shape[out]
+        same = _compat.shape_of(ins[0])[d] == _compat.shape_of(eqn.outvars[0])[out]
         return out if same else None
     if prim is _SELECT and len(ins) == 3:  # select_n(p < 0, p, p + n): p itself, as p >= 0
         pred = analysis.definition(ctx, ins[0])
@@ -66,27 +67,27 @@ def position_dim(analysis: Any, ctx: Any, v: Any, depth: int = 0) -> int | None:
     return None
 
 
-def component_position(analysis: Any, ctx: Any, indices: Any, component: int) -> int | None:
+def component_position(analysis: Analysis, ctx: Ctx, indices: Atom, component: int) -> int | None:
     """``position_dim`` of component ``component`` of the index vectors ``indices``
     (the last dimension), looking through the concatenation that assembled them."""
     v = indices
     for _ in range(32):
         eqn = analysis.definition(ctx, v)
-        rank = len(v.aval.shape)
+        rank = len(_compat.shape_of(v))
         if eqn is None or eqn.primitive is not _CONCAT or eqn.params["dimension"] != rank - 1:
             break
         for part in eqn.invars:
-            width = part.aval.shape[-1]
+            width = _compat.shape_of(part)[-1]
             if component < width:
                 v = part
                 break
             component -= width
-    if isinstance(v, _compat.Literal) or v.aval.shape[-1] != 1:
+    if isinstance(v, _compat.Literal) or _compat.shape_of(v)[-1] != 1:
         return None
     return position_dim(analysis, ctx, v)
 
 
-def _per_row(eqn: Any, analysis: Any, ctx: Any, operand_dim: int) -> int | None:
+def _per_row(eqn: JaxprEqn, analysis: Analysis, ctx: Ctx, operand_dim: int) -> int | None:
     """For a gather indexing operand dim ``operand_dim`` with each row's own position: the
     index dimension that holds the rows (else None)."""
     dn = eqn.params["dimension_numbers"]
@@ -94,12 +95,12 @@ def _per_row(eqn: Any, analysis: Any, ctx: Any, operand_dim: int) -> int | None:
         return None
     indices = eqn.invars[1]
     d = component_position(analysis, ctx, indices, dn.start_index_map.index(operand_dim))
-    if d is None or d == len(indices.aval.shape) - 1:
+    if d is None or d == len(_compat.shape_of(indices)) - 1:
         return None
     return d
 
 
-def _lookup(eqn: Any, loc: AxisLoc) -> bool:
+def _lookup(eqn: JaxprEqn, loc: AxisLoc) -> bool:
     """A lookup of single positions of the axis (``take_along_axis`` with labels, ``x[:, y]``):
     per chunk it can pick the indices that fall in the chunk (``_lookup_in_chunk``)."""
     dn = eqn.params["dimension_numbers"]
@@ -111,7 +112,7 @@ def _lookup(eqn: Any, loc: AxisLoc) -> bool:
     )
 
 
-def _lookup_in_chunk(eqn: Any, r: Any, operand: Any, indices: Any) -> Any:
+def _lookup_in_chunk(eqn: JaxprEqn, r: EqnResize, operand: Array, indices: Array) -> Array:
     """This chunk's share of a lookup along the axis: the value where the index falls in the
     chunk, else 0, so that the chunks' shares add up to the lookup (each index is in exactly
     one chunk, and ``x + 0 == x``). An index outside the axis takes the gather's own
@@ -119,6 +120,7 @@ def _lookup_in_chunk(eqn: Any, r: Any, operand: Any, indices: Any) -> Any:
     the cotangent) or the fill value, added once, by the chunk at position 0 (``fill``)."""
     dn, mode = eqn.params["dimension_numbers"], eqn.params["mode"]
     loc = r.in_locs[0]
+    assert loc is not None  # a lookup along the axis: the operand carries it
     component = dn.start_index_map.index(loc.dim)
     position = indices[..., component]
     size = r.analysis.size
@@ -133,10 +135,10 @@ def _lookup_in_chunk(eqn: Any, r: Any, operand: Any, indices: Any) -> Any:
     # clamped indices may now repeat: never let the gradient's scatter assume otherwise
     params = {**eqn.params, "unique_indices": False, "indices_are_sorted": False}
     found = _compat.bind(eqn, [operand, indices], params)[0]
-    out_rank = len(eqn.outvars[0].aval.shape)
+    out_rank = len(_compat.shape_of(eqn.outvars[0]))
     batch = tuple(d for d in range(out_rank) if d not in dn.offset_dims)
 
-    def spread(mask: Any) -> Any:
+    def spread(mask: Array) -> Array:
         return lax.broadcast_in_dim(mask, found.shape, batch)
 
     if mode == lax.GatherScatterMode.PROMISE_IN_BOUNDS:
@@ -150,16 +152,16 @@ def _lookup_in_chunk(eqn: Any, r: Any, operand: Any, indices: Any) -> Any:
     return share
 
 
-def _window_dims(rank: int, skipped: tuple) -> list:
+def _window_dims(rank: int, skipped: tuple[int, ...]) -> list[int]:
     return [d for d in range(rank) if d not in skipped]
 
 
 class Gather(Rule):
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         dn = eqn.params["dimension_numbers"]
-        operand_shape = eqn.invars[0].aval.shape
-        idx_rank = len(eqn.invars[1].aval.shape)
-        out_rank = len(eqn.outvars[0].aval.shape)
+        operand_shape = _compat.shape_of(eqn.invars[0])
+        idx_rank = len(_compat.shape_of(eqn.invars[1]))
+        out_rank = len(_compat.shape_of(eqn.outvars[0]))
         windows = _window_dims(
             len(operand_shape), dn.collapsed_slice_dims + dn.operand_batching_dims
         )
@@ -202,7 +204,7 @@ class Gather(Rule):
             else:
                 view.set_in(1, loc._replace(dim=out_batch.index(loc.dim)))
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         loc = r.in_locs[0]
         dn = eqn.params["dimension_numbers"]
         if loc is None or loc.dim in dn.operand_batching_dims:
@@ -223,11 +225,11 @@ class Gather(Rule):
 class Scatter(Rule):
     """Operands: ``operand, indices, updates``; the output has the operand's shape."""
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         dn = eqn.params["dimension_numbers"]
-        operand_shape = eqn.invars[0].aval.shape
-        upd_shape = eqn.invars[2].aval.shape
-        idx_rank = len(eqn.invars[1].aval.shape)
+        operand_shape = _compat.shape_of(eqn.invars[0])
+        upd_shape = _compat.shape_of(eqn.invars[2])
+        idx_rank = len(_compat.shape_of(eqn.invars[1]))
         windows = _window_dims(
             len(operand_shape), dn.inserted_window_dims + dn.operand_batching_dims
         )

@@ -12,19 +12,21 @@ on resize except the batch dimension, which the primitive infers from its operan
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
+from jaxpr_accum import _compat
+from jaxpr_accum._compat import JaxprEqn
 from jaxpr_accum._table import Rule, register, shared_loc
+from jaxpr_accum._view import View
 
 
 class BatchedCore(Rule):
     """``core(eqn)``: how many trailing dimensions of operand 0 are core (not batch)."""
 
-    def __init__(self, core: Callable[[Any], int]):
+    def __init__(self, core: Callable[[JaxprEqn], int]):
         self.core = core
 
-    def propagate(self, eqn: Any, view: Any) -> None:
-        batch_rank = len(eqn.invars[0].aval.shape) - self.core(eqn)
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
+        batch_rank = len(_compat.shape_of(eqn.invars[0])) - self.core(eqn)
         loc = shared_loc(eqn, view, range(len(eqn.invars)))
         if loc is None:
             return
@@ -45,8 +47,8 @@ class TriangularSolve(BatchedCore):
     def __init__(self) -> None:
         super().__init__(_matrix)
 
-    def propagate(self, eqn: Any, view: Any) -> None:
-        rank = len(eqn.invars[1].aval.shape)
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
+        rank = len(_compat.shape_of(eqn.invars[1]))
         free = rank - 1 if eqn.params["left_side"] else rank - 2
         loc = view.in_loc(1) or view.out_loc(0)
         if loc is not None and loc.dim == free:
@@ -59,15 +61,15 @@ class TriangularSolve(BatchedCore):
         super().propagate(eqn, view)
 
 
-def _matrix(eqn: Any) -> int:
+def _matrix(eqn: JaxprEqn) -> int:
     return 2
 
 
-def _vector(eqn: Any) -> int:
+def _vector(eqn: JaxprEqn) -> int:
     return 1
 
 
-def _fft(eqn: Any) -> int:
+def _fft(eqn: JaxprEqn) -> int:
     return len(eqn.params["fft_lengths"])
 
 

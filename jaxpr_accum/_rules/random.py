@@ -21,7 +21,7 @@ full axis, still exact, and the plan says so.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -29,14 +29,18 @@ import numpy as np
 from jax import lax
 
 from jaxpr_accum import _compat
+from jaxpr_accum._compat import Array, JaxprEqn
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._rules.elementwise import Elementwise
 from jaxpr_accum._table import Rule, register
+from jaxpr_accum._view import EqnResize, View
 
 _MASK16 = np.uint32(0xFFFF)
 
+Words: TypeAlias = tuple[Array, Array]  # a 64-bit unsigned integer as (hi, lo) uint32 words
 
-def _mul_wide(a: Any, c: int) -> tuple[Any, Any]:
+
+def _mul_wide(a: Array, c: int) -> Words:
     """``a * c`` as ``(hi, lo)`` 32-bit words, for uint32 ``a`` and ``0 <= c < 2**64``."""
     c_lo, c_hi = c & 0xFFFFFFFF, c >> 32
     lo = a * np.uint32(c_lo)
@@ -48,13 +52,13 @@ def _mul_wide(a: Any, c: int) -> tuple[Any, Any]:
     return hi + a * np.uint32(c_hi), lo
 
 
-def _add_wide(x: tuple[Any, Any], y: tuple[Any, Any]) -> tuple[Any, Any]:
+def _add_wide(x: Words, y: Words) -> Words:
     lo = x[1] + y[1]
     carry = (lo < x[1]).astype(np.uint32)
     return x[0] + y[0] + carry, lo
 
 
-def chunk_counters(full_shape: tuple, loc: AxisLoc, k: int, start: Any) -> tuple[Any, Any]:
+def chunk_counters(full_shape: tuple[int, ...], loc: AxisLoc, k: int, start: Array | int) -> Words:
     """The 2x32-bit row-major counters of the chunk ``[start, start+k)`` of ``full_shape``."""
     shape = list(full_shape)
     shape[loc.dim] = k * loc.inner
@@ -68,12 +72,12 @@ def chunk_counters(full_shape: tuple, loc: AxisLoc, k: int, start: Any) -> tuple
     return total
 
 
-def in_loop_draw_refusal(eqn: Any) -> str | None:
+def in_loop_draw_refusal(eqn: JaxprEqn) -> str | None:
     """Why a draw born along the axis cannot be generated per chunk, or None if it can."""
-    key = eqn.invars[0].aval
-    if key.shape:
+    key = eqn.invars[0]
+    if _compat.shape_of(key):
         return "a batch of keys draws along the axis"
-    return _compat.counter_draw_refusal(key.dtype)
+    return _compat.counter_draw_refusal(_compat.aval_dtype(key))
 
 
 class KeyPrefix(Rule):
@@ -82,8 +86,8 @@ class KeyPrefix(Rule):
 
     row_map_ok = True
 
-    def propagate(self, eqn: Any, view: Any) -> None:
-        key_rank = len(eqn.invars[0].aval.shape)
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
+        key_rank = len(_compat.shape_of(eqn.invars[0]))
         loc = view.in_loc(0)
         if loc is not None:
             view.set_out(0, loc)
@@ -100,27 +104,28 @@ class KeyPrefix(Rule):
                 f"full axis (exact): {refusal}"
             )
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         loc = r.out_locs[0]
         if r.in_locs[0] is not None:
             return super().resize(eqn, r, invals)
         full_shape = tuple(eqn.params["shape"])
+        assert loc is not None  # a draw along the axis: its result carries it
         with _compat.user_context(eqn):
             first, rows = r.window(loc)
             counters = chunk_counters(full_shape, loc, rows, first)
             return [self.finish(eqn, invals[0], _compat.threefry_counter_bits(invals[0], counters))]
 
-    def finish(self, eqn: Any, key: Any, bits: tuple[Any, Any]) -> Any:
+    def finish(self, eqn: JaxprEqn, key: Array, bits: Words) -> Array:
         raise NotImplementedError
 
 
 class RandomBits(KeyPrefix):
-    def finish(self, eqn: Any, key: Any, bits: tuple[Any, Any]) -> Any:
+    def finish(self, eqn: JaxprEqn, key: Array, bits: Words) -> Array:
         return _compat.threefry_finish_bits(*bits, eqn.params["bit_width"])
 
 
 class RandomSplit(KeyPrefix):
-    def finish(self, eqn: Any, key: Any, bits: tuple[Any, Any]) -> Any:
+    def finish(self, eqn: JaxprEqn, key: Array, bits: Words) -> Array:
         data = jnp.stack(bits, axis=bits[0].ndim)
         return jax.random.wrap_key_data(data, impl=_compat.key_impl(key.dtype))
 
@@ -128,7 +133,7 @@ class RandomSplit(KeyPrefix):
 class SameLeadingDims(Rule):
     """``random_wrap`` / ``random_unwrap``: the key data's trailing dimension comes or goes."""
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         view.set_out(0, view.in_loc(0))
         view.set_in(0, view.out_loc(0))
 
@@ -143,8 +148,8 @@ class RandomGamma(Elementwise):
     all of them, the primitive splits it over every position, so a draw along the axis is
     hoisted (computed before the loop on the full axis, exact)."""
 
-    def propagate(self, eqn: Any, view: Any) -> None:
-        keys, a = (v.aval.shape for v in eqn.invars)
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
+        keys, a = (_compat.shape_of(v) for v in eqn.invars)
         if keys == a:
             super().propagate(eqn, view)
         elif view.in_loc(1) is not None or view.out_loc(0) is not None:

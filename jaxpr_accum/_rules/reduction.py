@@ -9,10 +9,11 @@ dimensions). Acting *along* the axis in any other way mixes positions: a barrier
 
 from __future__ import annotations
 
-from typing import Any
-
-from jaxpr_accum._rules.shape import SameShape, _all, _first
+from jaxpr_accum import _compat
+from jaxpr_accum._compat import JaxprEqn
+from jaxpr_accum._rules.shape import Allowed, SameShape, _all, _first
 from jaxpr_accum._table import Rule, agreed, register
+from jaxpr_accum._view import View
 
 MONOIDS = {
     "reduce_sum": "sum",
@@ -31,9 +32,9 @@ class Reduce(Rule):
     def __init__(self, kind: str | None):
         self.kind = kind  # None: not a monoid (argmax / argmin): reducing the axis is a barrier
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         axes = tuple(eqn.params["axes"])
-        kept = [d for d in range(len(eqn.invars[0].aval.shape)) if d not in axes]
+        kept = [d for d in range(len(_compat.shape_of(eqn.invars[0]))) if d not in axes]
         loc = view.in_loc(0)
         if loc is not None:
             if loc.dim in axes:
@@ -52,10 +53,10 @@ class VariadicReduce(Rule):
     """``lax.reduce`` with a computation of its own: over other dimensions it keeps the axis
     (shifted past the reduced ones); over the axis its monoid is unknown, so a barrier."""
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         n = len(eqn.outvars)
         dims = tuple(eqn.params["dimensions"])
-        kept = [d for d in range(len(eqn.invars[0].aval.shape)) if d not in dims]
+        kept = [d for d in range(len(_compat.shape_of(eqn.invars[0]))) if d not in dims]
         found = [view.in_loc(i) for i in range(n)]
         found += [
             None if (loc := view.out_loc(j)) is None else loc._replace(dim=kept[loc.dim])
@@ -72,15 +73,15 @@ class VariadicReduce(Rule):
             view.set_out(i, loc._replace(dim=kept.index(loc.dim)))
 
 
-def _not_axis(param: str) -> Any:
-    return lambda eqn, d: eqn.params[param] % len(eqn.invars[0].aval.shape) != d
+def _not_axis(param: str) -> Allowed:
+    return lambda eqn, d: eqn.params[param] % len(_compat.shape_of(eqn.invars[0])) != d
 
 
-def _not_topk_axis(eqn: Any, d: int) -> bool:
-    return eqn.params.get("axis", len(eqn.invars[0].aval.shape) - 1) != d
+def _not_topk_axis(eqn: JaxprEqn, d: int) -> bool:
+    return eqn.params.get("axis", len(_compat.shape_of(eqn.invars[0])) - 1) != d
 
 
-def _window_allowed(eqn: Any, d: int) -> bool:
+def _window_allowed(eqn: JaxprEqn, d: int) -> bool:
     p = eqn.params
     checks = [
         p["window_dimensions"][d] == 1,
@@ -93,7 +94,7 @@ def _window_allowed(eqn: Any, d: int) -> bool:
     return all(checks)
 
 
-def _window_operands(eqn: Any) -> list:
+def _window_operands(eqn: JaxprEqn) -> list[int]:
     # generic reduce_window takes operands then as many init values (scalars)
     n = len(eqn.outvars)
     return list(range(n))

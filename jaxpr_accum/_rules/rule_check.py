@@ -13,13 +13,16 @@ results (the partial sums adding up to the full ones).
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeAlias
 
 from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis
-from jaxpr_accum._compat import ClosedJaxpr, Literal
+from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
+from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._resize import Resizer
+from jaxpr_accum._view import EqnResize
 
 # Equations that map a per-chunk partial sum linearly onto another (so the partials of the
 # result still add up to the full result). Binary ones need every operand to be a partial,
@@ -34,7 +37,15 @@ _LINEAR_SCALE = {  # operands that may be the partial
     _compat.primitive("div"): (0,),
 }
 
-RESIDUAL = object()  # an output position of a rule whose axis position is free (a residual)
+
+class Residual(enum.Enum):
+    """An output position of a rule whose axis position is free (a residual)."""
+
+    FREE = "free"
+
+
+RESIDUAL = Residual.FREE
+Problem: TypeAlias = tuple[JaxprEqn | None, str]  # (the equation, or None: the rule; why)
 
 
 @dataclasses.dataclass
@@ -43,18 +54,18 @@ class CheckedRule:
     chunk (``(equation or None, reason)``), or None."""
 
     jaxpr: ClosedJaxpr
-    analysis: Any
-    problem: tuple | None
+    analysis: Analysis
+    problem: Problem | None
 
-    def resized(self, r: Any, args: Sequence) -> list:
+    def resized(self, r: EqnResize, args: Sequence[Array]) -> list[Array]:
         return Resizer(self.analysis, r.k, r.start).eval_jaxpr((), self.jaxpr, list(args))
 
 
 def check_rule(
     jaxpr: ClosedJaxpr,
     size: int,
-    in_locs: Sequence,
-    out_locs: Sequence,
+    in_locs: Sequence[AxisLoc | None],
+    out_locs: Sequence[AxisLoc | Residual | None],
     partial_outputs: Sequence[bool] = (),
 ) -> CheckedRule:
     """Analyse a rule's jaxpr seeded with its inputs' and outputs' axis positions.
@@ -77,12 +88,19 @@ def check_rule(
     return CheckedRule(jaxpr, analysis, _first_problem(analysis, inner, out_locs, partial_outputs))
 
 
-def _first_problem(analysis: Any, inner: Any, out_locs: Sequence, partial_outputs: Sequence):
+def _first_problem(
+    analysis: Analysis,
+    inner: Jaxpr,
+    out_locs: Sequence[AxisLoc | Residual | None],
+    partial_outputs: Sequence[bool],
+) -> Problem | None:
     for key, reason in analysis.barriers.items():
         if key[1] < 0:  # a seed that cannot hold: the rule moves or drops the axis
             return None, reason
-    partials: set = set()  # per-chunk partial sums (and linear maps of them)
-    tainted: dict = {}  # anything computed from a reduction over the axis -> that reduction
+    partials: set[Var] = set()  # per-chunk partial sums (and linear maps of them)
+    tainted: dict[
+        Var, JaxprEqn
+    ] = {}  # anything computed from a reduction over the axis -> that reduction
     for idx, eqn in enumerate(inner.eqns):
         if not analysis.touches((), eqn) and not any(
             v in tainted for v in eqn.invars if not isinstance(v, Literal)
@@ -119,14 +137,16 @@ def _first_problem(analysis: Any, inner: Any, out_locs: Sequence, partial_output
     return None
 
 
-def _is_linear_in_partials(eqn: Any, analysis: Any, partials: set, tainted: dict) -> bool:
+def _is_linear_in_partials(
+    eqn: JaxprEqn, analysis: Analysis, partials: set[Var], tainted: dict[Var, JaxprEqn]
+) -> bool:
     prim = eqn.primitive
     operands = list(eqn.invars)
 
-    def is_partial(v: Any) -> bool:
+    def is_partial(v: Atom) -> bool:
         return not isinstance(v, Literal) and v in partials
 
-    def is_constant(v: Any) -> bool:  # along the axis, and free of any reduction over it
+    def is_constant(v: Atom) -> bool:  # along the axis, and free of any reduction over it
         return isinstance(v, Literal) or (v not in tainted and analysis.loc((), v) is None)
 
     if prim in _LINEAR_UNARY:

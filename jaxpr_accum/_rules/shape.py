@@ -14,23 +14,38 @@ rules that never index along it accept (``Rule.middle_factor_ok``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TypeAlias, TypeVar
 
 from jax import lax
 
 from jaxpr_accum import _compat
+from jaxpr_accum._compat import Array, JaxprEqn, Params
 from jaxpr_accum._lattice import AxisLoc, positions
 from jaxpr_accum._resize import scaled
 from jaxpr_accum._table import Rule, agreed, register, shared_loc
+from jaxpr_accum._view import EqnResize, View
+
+T = TypeVar("T")
+Carriers: TypeAlias = Callable[[JaxprEqn], list[int]]  # the operands that carry the axis
+Allowed: TypeAlias = Callable[[JaxprEqn, int], bool]  # may the axis sit at this dimension?
 
 
-def _with(seq: Any, dim: int, value: Any) -> tuple:
-    seq = list(seq)
-    seq[dim] = value
-    return tuple(seq)
+def _with(seq: Sequence[T], dim: int, value: T) -> tuple[T, ...]:
+    items = list(seq)
+    items[dim] = value
+    return tuple(items)
 
 
-def reshape_loc(src: tuple, dst: tuple, loc: AxisLoc, size: int) -> AxisLoc | None:
+def _carried(loc: AxisLoc | None) -> AxisLoc:
+    """``loc`` of a result that carries the axis (an equation is resized only if it does)."""
+    assert loc is not None
+    return loc
+
+
+def reshape_loc(
+    src: tuple[int, ...], dst: tuple[int, ...], loc: AxisLoc, size: int
+) -> AxisLoc | None:
     """Where the axis at ``loc`` of shape ``src`` lands in shape ``dst``, or None.
 
     In row-major order the axis is a block: ``before`` elements of the dimensions (and
@@ -53,12 +68,13 @@ def reshape_loc(src: tuple, dst: tuple, loc: AxisLoc, size: int) -> AxisLoc | No
 class Reshape(Rule):
     middle_factor_ok = True
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         # ``dimensions`` transposes the operand first (``vmap`` moving the axis beside the
         # dimension it merges into): the axis moves with it.
-        perm = eqn.params.get("dimensions") or tuple(range(len(eqn.invars[0].aval.shape)))
-        src = tuple(eqn.invars[0].aval.shape[d] for d in perm)
-        dst, loc = eqn.outvars[0].aval.shape, view.in_loc(0)
+        operand_shape = _compat.shape_of(eqn.invars[0])
+        perm = eqn.params.get("dimensions") or tuple(range(len(operand_shape)))
+        src = tuple(operand_shape[d] for d in perm)
+        dst, loc = _compat.shape_of(eqn.outvars[0]), view.in_loc(0)
         for known, a, b, setter, back in (
             (loc and loc._replace(dim=perm.index(loc.dim)), src, dst, view.set_out, None),
             (view.out_loc(0), dst, src, view.set_in, perm),
@@ -72,8 +88,8 @@ class Reshape(Rule):
             mapped = mapped._replace(lo=known.lo, span=known.span, rev=known.rev)
             setter(0, mapped if back is None else mapped._replace(dim=back[mapped.dim]))
 
-    def resize_params(self, eqn: Any, r: Any) -> dict:
-        loc = r.out_locs[0]
+    def resize_params(self, eqn: JaxprEqn, r: EqnResize) -> Params:
+        loc = _carried(r.out_locs[0])
         return {**eqn.params, "new_sizes": _with(eqn.params["new_sizes"], loc.dim, r.rows(loc))}
 
 
@@ -83,10 +99,10 @@ class BroadcastInDim(Rule):
 
     middle_factor_ok = True
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         bdims = eqn.params["broadcast_dimensions"]
         shape = eqn.params["shape"]
-        operand_shape = eqn.invars[0].aval.shape
+        operand_shape = _compat.shape_of(eqn.invars[0])
         loc = view.in_loc(0)
         if loc is not None:
             view.set_out(0, loc._replace(dim=bdims[loc.dim]))
@@ -96,8 +112,8 @@ class BroadcastInDim(Rule):
             if operand_shape[i] == shape[loc.dim]:
                 view.set_in(0, loc._replace(dim=i))
 
-    def resize_params(self, eqn: Any, r: Any) -> dict:
-        loc = r.out_locs[0]
+    def resize_params(self, eqn: JaxprEqn, r: EqnResize) -> Params:
+        loc = _carried(r.out_locs[0])
         return {**eqn.params, "shape": _with(eqn.params["shape"], loc.dim, r.rows(loc))}
 
 
@@ -106,7 +122,7 @@ class Permutation(Rule):
 
     middle_factor_ok = True
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         perm = eqn.params["permutation"]
         loc = view.in_loc(0)
         if loc is not None:
@@ -121,9 +137,9 @@ class DropDims(Rule):
 
     middle_factor_ok = True
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         dropped = set(eqn.params["dimensions"])
-        kept = [d for d in range(len(eqn.invars[0].aval.shape)) if d not in dropped]
+        kept = [d for d in range(len(_compat.shape_of(eqn.invars[0]))) if d not in dropped]
         loc = view.in_loc(0)
         if loc is not None and loc.dim in dropped:  # a one-row segment of it (``_lattice``)
             view.barrier("`squeeze` drops the axis")
@@ -138,10 +154,10 @@ class SameShape(Rule):
     """Operands listed in ``carriers`` and every output share one position; the primitive is
     fine as long as ``allowed(eqn, dim)`` says it does not act along that dimension."""
 
-    def __init__(self, carriers: Any, allowed: Any, what: str):
+    def __init__(self, carriers: Carriers, allowed: Allowed, what: str):
         self.carriers, self.allowed, self.what = carriers, allowed, what
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         carriers = self.carriers(eqn)
         loc = shared_loc(eqn, view, carriers)
         if loc is None:
@@ -155,11 +171,11 @@ class SameShape(Rule):
             view.set_out(j, loc)
 
 
-def _first(eqn: Any) -> list:
+def _first(eqn: JaxprEqn) -> list[int]:
     return [0]
 
 
-def _all(eqn: Any) -> list:
+def _all(eqn: JaxprEqn) -> list[int]:
     return list(range(len(eqn.invars)))
 
 
@@ -168,11 +184,11 @@ class DynamicSlice(SameShape):
         super().__init__(_first, self._full, "slices along the axis")
 
     @staticmethod
-    def _full(eqn: Any, d: int) -> bool:
-        return eqn.params["slice_sizes"][d] == eqn.invars[0].aval.shape[d]
+    def _full(eqn: JaxprEqn, d: int) -> bool:
+        return eqn.params["slice_sizes"][d] == _compat.shape_of(eqn.invars[0])[d]
 
-    def resize_params(self, eqn: Any, r: Any) -> dict:
-        loc = r.out_locs[0]
+    def resize_params(self, eqn: JaxprEqn, r: EqnResize) -> Params:
+        loc = _carried(r.out_locs[0])
         sizes = _with(eqn.params["slice_sizes"], loc.dim, r.rows(loc))
         return {**eqn.params, "slice_sizes": sizes}
 
@@ -184,11 +200,11 @@ class Iota(Rule):
 
     row_map_ok = True
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         pass  # no operands: its output's position is learnt from its users
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
-        loc = r.out_locs[0]
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
+        loc = _carried(r.out_locs[0])
         params = {**eqn.params, "shape": _with(eqn.params["shape"], loc.dim, r.rows(loc))}
         (out,) = _compat.bind(eqn, invals, params)
         if eqn.params["dimension"] == loc.dim:
@@ -198,16 +214,16 @@ class Iota(Rule):
         return [out]
 
 
-def _pad_allowed(eqn: Any, d: int) -> bool:
+def _pad_allowed(eqn: JaxprEqn, d: int) -> bool:
     return tuple(eqn.params["padding_config"][d]) == (0, 0, 0)
 
 
-def _tile_allowed(eqn: Any, d: int) -> bool:
+def _tile_allowed(eqn: JaxprEqn, d: int) -> bool:
     return eqn.params["reps"][d] == 1
 
 
-def _dus_allowed(eqn: Any, d: int) -> bool:
-    return eqn.invars[1].aval.shape[d] == eqn.invars[0].aval.shape[d]
+def _dus_allowed(eqn: JaxprEqn, d: int) -> bool:
+    return _compat.shape_of(eqn.invars[1])[d] == _compat.shape_of(eqn.invars[0])[d]
 
 
 class Split(SameShape):
@@ -220,7 +236,7 @@ class Split(SameShape):
 class Stack(Rule):
     """``stack``: operands gain a new dimension ``axis`` (the axis shifts past it)."""
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         new = eqn.params["axis"]
         found = [view.in_loc(i) for i in range(len(eqn.invars))]
         out = view.out_loc(0)
@@ -240,7 +256,7 @@ class Stack(Rule):
 class Unstack(Rule):
     """``unstack``: dimension ``axis`` is removed; each output is one slice of it."""
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         gone = eqn.params["axis"]
         loc = view.in_loc(0)
         if loc is not None:
@@ -255,8 +271,8 @@ class Unstack(Rule):
                 view.set_in(0, out._replace(dim=out.dim + (out.dim >= gone)))
 
 
-def _not_param(name: str) -> Any:
-    return lambda eqn, d: eqn.params[name] % len(eqn.invars[0].aval.shape) != d
+def _not_param(name: str) -> Allowed:
+    return lambda eqn, d: eqn.params[name] % len(_compat.shape_of(eqn.invars[0])) != d
 
 
 register("reshape", Reshape())

@@ -3,14 +3,14 @@ algebra sees them, at plan time (coefficients unknown) and in the loop, at chunk
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import Literal
+from jaxpr_accum._compat import Array, JaxprEqn, Literal, Params, Var
 from jaxpr_accum._stream.rules import STREAM_RULES
 from jaxpr_accum._stream.terms import (
     Deferred,
@@ -21,22 +21,30 @@ from jaxpr_accum._stream.terms import (
     Streamed,
 )
 from jaxpr_accum._table import rule_for
+from jaxpr_accum._view import EqnResize
+
+# in the loop's environment: a chunk's array, or a streamed value
+Value: TypeAlias = Array | Streamed
+# how the algebra sees a variable's value
+KindOf: TypeAlias = Callable[[Var, Value | None], Operand]
+Emit: TypeAlias = Callable[[JaxprEqn, EqnResize, list[Value]], list[Streamed]]
 
 
-def operands(eqn: Any, kind_of: Callable[[Any, Any], Operand], values: Any = None) -> list[Operand]:
+def operands(
+    eqn: JaxprEqn, kind_of: KindOf, values: Sequence[Value] | None = None
+) -> list[Operand]:
     """The equation's operands: a literal is a float coefficient (a scalar) or a plain array,
     a variable is what ``kind_of(var, value)`` says (``values``: the operands' values in the
     loop, None at plan time)."""
     ops: list[Operand] = []
     for i, v in enumerate(eqn.invars):
-        value = None if values is None else values[i]
-        if isinstance(v, Literal):
+        if isinstance(v, Literal):  # in the loop, its value is ``v.val`` (``_interpret.read``)
             if np.iscomplexobj(v.val):
                 raise NotStreamable("a complex constant")
             scalar = np.ndim(v.val) == 0
-            ops.append(Plain(float(v.val) if scalar else None if values is None else value))
+            ops.append(Plain(float(v.val) if scalar else None if values is None else v.val))
         else:
-            ops.append(kind_of(v, value))
+            ops.append(kind_of(v, None if values is None else values[i]))
     return ops
 
 
@@ -46,7 +54,9 @@ def apply(em: Emitter, ops: list[Operand], axis_dim: int | None) -> Streamed:
     rule = STREAM_RULES.get(eqn.primitive)
     if rule is None:
         raise NotStreamable(f"`{eqn.primitive.name}` of a streamed value")
-    if len(eqn.outvars) != 1 or not jnp.issubdtype(eqn.outvars[0].aval.dtype, jnp.floating):
+    if len(eqn.outvars) != 1 or not jnp.issubdtype(
+        _compat.aval_dtype(eqn.outvars[0]), jnp.floating
+    ):
         raise NotStreamable("a result that is not one real floating-point array")
     return rule(em, ops, axis_dim)
 
@@ -54,23 +64,24 @@ def apply(em: Emitter, ops: list[Operand], axis_dim: int | None) -> Streamed:
 DEFERRED = object()  # in the loop's environment: a value that is only known after the loop
 
 
-def emitter(deferred: frozenset) -> Callable:
+def emitter(deferred: frozenset[Var]) -> Emit:
     """``emit(eqn, r, invals)`` for the streamed equations of a loop body whose values
     reduced over the whole axis are ``deferred``: they are read as ``Deferred`` whatever the
     environment holds (the body may compute their per-chunk partial for another output)."""
 
-    def kind_of(v: Any, x: Any) -> Operand:
+    def kind_of(v: Var, x: Value | None) -> Operand:
         if v in deferred:
             return Deferred(v)
         return x if isinstance(x, Streamed) else Plain(x)
 
-    def emit(eqn: Any, r: Any, invals: list) -> list:
+    def emit(eqn: JaxprEqn, r: EqnResize, invals: list[Value]) -> list[Streamed]:
         rule = rule_for(eqn.primitive)
 
-        def bind(ops: list, params: dict | None) -> Any:
+        def bind(ops: list[Array | float], params: Params | None) -> Array:
             if params is not None:
                 return _compat.bind(eqn, ops, params)[0]
-            return rule.resize(eqn, r, ops)[0]
+            # a scalar literal is passed as its constant, as to every ``resize``
+            return rule.resize(eqn, r, ops)[0]  # type: ignore[arg-type]
 
         loc = r.out_locs[0]
         em = Emitter(

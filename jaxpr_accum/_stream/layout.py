@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeVar
 
+from jaxpr_accum._compat import Array
 from jaxpr_accum._stream.online import Sink
 from jaxpr_accum._stream.terms import Exp
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,26 +38,29 @@ class StreamLayout:
         """Final stabilisers: one per term with an ``Exp`` factor."""
         return sum(f is not None for _, f in self.terms)
 
-    def finals_per_term(self, finals: Sequence) -> list:
+    def finals_per_term(self, finals: Sequence[Array]) -> list[Array | None]:
         """``finals`` (one per ``Exp`` term) spread to one entry per term (None elsewhere)."""
         it = iter(finals)
         out = [None if f is None else next(it) for _, f in self.terms]
         assert next(it, None) is None, "more final stabilisers than Exp terms"
         return out
 
-    def exp_only(self, per_term: Sequence) -> list:
+    def exp_only(self, per_term: Sequence[T]) -> list[T]:
         """The entries of ``per_term`` (one per term) that belong to ``Exp`` terms."""
         return [x for x, (_, f) in zip(per_term, self.terms, strict=True) if f is not None]
 
-    def by_sink(self, accs: Sequence, finals: Sequence) -> list[tuple[Sink, list, list[Any]]]:
+    def by_sink(
+        self, accs: Sequence[Array], finals: Sequence[Array]
+    ) -> list[tuple[Sink, list[Array], list[Array]]]:
         """``(sink, its accumulators, its terms' final stabilisers)`` per sink, in order;
         the stabilisers only for its ``Exp`` terms, as ``_stream.combine`` takes them."""
         per_term = self.finals_per_term(finals)
-        out: list[tuple[Sink, list, list[Any]]] = []
+        out: list[tuple[Sink, list[Array], list[Array]]] = []
         for i, (sink, _) in enumerate(self.terms):
             if not out or out[-1][0] is not sink:
                 out.append((sink, [], []))
             out[-1][1].append(accs[i])
-            if per_term[i] is not None:
-                out[-1][2].append(per_term[i])
+            final = per_term[i]
+            if final is not None:
+                out[-1][2].append(final)
         return out

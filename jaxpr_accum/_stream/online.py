@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeAlias
 
 import jax.numpy as jnp
 from jax import lax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import Literal, Var
+from jaxpr_accum._compat import Array, Atom, JaxprEqn, Literal, Var
 from jaxpr_accum._stream.terms import Exp, Power, Term, compact, finite, place, rescale
 
 
@@ -33,11 +33,19 @@ class Sink:
         return math.prod(self.shape) * _compat.dtype_of(self.var).itemsize
 
 
-def accumulate(acc: Any, s_run: Any, part: Any, s_chunk: Any, factor: Exp | None) -> tuple:
+Stab: TypeAlias = Array | None  # a stabiliser: an ``Exp`` term's (compact), None for any other term
+# the equation that defines a value, if any
+Definition: TypeAlias = Callable[[Atom], JaxprEqn | None]
+
+
+def accumulate(
+    acc: Array, s_run: Stab, part: Array, s_chunk: Stab, factor: Exp | None
+) -> tuple[Array, Stab]:
     """One chunk's ``part`` into the accumulator (an ``Exp`` term: online, rescaled)."""
     part = part.astype(acc.dtype)
     if factor is None:
         return acc + part, s_run
+    assert s_run is not None and s_chunk is not None, "an Exp term has stabilisers"
     s_chunk = s_chunk.astype(s_run.dtype)
     s_new = jnp.maximum(s_run, s_chunk)
     shape = acc.shape
@@ -47,23 +55,33 @@ def accumulate(acc: Any, s_run: Any, part: Any, s_chunk: Any, factor: Exp | None
     return acc, s_new
 
 
-def chunk_cotangent(ct: Any, s_chunk: Any, s_final: Any, factor: Exp | None) -> Any:
+def chunk_cotangent(ct: Array, s_chunk: Stab, s_final: Stab, factor: Exp | None) -> Array:
     """The cotangent of one chunk's part, from its accumulator's."""
     if factor is None:
         return ct
+    assert s_chunk is not None and s_final is not None, "an Exp term has stabilisers"
     scale = rescale(s_chunk.astype(s_final.dtype), s_final)
     return ct * place(scale, factor.where, ct.shape).astype(ct.dtype)
 
 
-def merge_devices(acc: Any, s: Any, factor: Exp | None, psum: Callable, pmax: Callable) -> tuple:
+def merge_devices(
+    acc: Array,
+    s: Stab,
+    factor: Exp | None,
+    psum: Callable[[Array], Array],
+    pmax: Callable[[Array], Array],
+) -> tuple[Array, Stab]:
     """Accumulators of the devices' shards into one (the identity on one device)."""
     if factor is None:
         return psum(acc), s
+    assert s is not None, "an Exp term has a stabiliser"
     s_all = pmax(s)
     return psum(acc * place(rescale(s, s_all), factor.where, acc.shape)), s_all
 
 
-def combine(sink: Sink, accs: Sequence, shifts: Sequence, read: Callable) -> Any:
+def combine(
+    sink: Sink, accs: Sequence[Array], shifts: Sequence[Array], read: Callable[[Var], Array]
+) -> Array:
     """``sum_j acc_j * F_j`` with the deferred values ``read(var)`` and the final
     stabilisers ``shifts`` (one per ``Exp`` term, in order), summed over ``sink.later``."""
     shape, total = sink.shape, None
@@ -87,7 +105,7 @@ def combine(sink: Sink, accs: Sequence, shifts: Sequence, read: Callable) -> Any
     return total.astype(_compat.dtype_of(sink.var))
 
 
-def origin(definition: Callable[[Any], Any], v: Var) -> Any:
+def origin(definition: Definition, v: Var) -> JaxprEqn | None:
     """The equation a deferred value comes from: back through single-operand equations to
     the reduction (or the first equation with several operands)."""
     eqn = definition(v)
@@ -104,7 +122,7 @@ def origin(definition: Callable[[Any], Any], v: Var) -> Any:
     return eqn
 
 
-def describe(sink: Sink, definition: Callable[[Any], Any], where: Callable[[Any], str]) -> str:
+def describe(sink: Sink, definition: Definition, where: Callable[[JaxprEqn], str]) -> str:
     """What ``sink`` streams, for ``explain``: each deferred value by the reduction it comes
     from (``where(eqn)`` names an equation)."""
     said: list[str] = []
@@ -129,6 +147,6 @@ def describe(sink: Sink, definition: Callable[[Any], Any], where: Callable[[Any]
     return "; ".join(said) if said else "a sum of chunk values"
 
 
-def _named(definition: Callable[[Any], Any], where: Callable[[Any], str], v: Var) -> str:
+def _named(definition: Definition, where: Callable[[JaxprEqn], str], v: Var) -> str:
     eqn = origin(definition, v)
     return "a value reduced over the axis" if eqn is None else where(eqn)

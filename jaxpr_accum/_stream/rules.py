@@ -8,16 +8,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TypeAlias
 
 from jax import lax
 
 from jaxpr_accum import _compat
+from jaxpr_accum._compat import Primitive, Var
 from jaxpr_accum._stream.terms import (
     Deferred,
     Emitter,
     Exp,
     NotStreamable,
+    Operand,
+    Plain,
     Power,
     Streamed,
     Term,
@@ -33,8 +36,8 @@ from jaxpr_accum._stream.terms import (
 )
 
 # (emitter, operands, axis dim of the result or None) -> the result
-StreamRule = Callable[[Emitter, list, Any], Streamed]
-STREAM_RULES: dict[Any, StreamRule] = {}  # keyed by primitive objects, as ``_table.RULES``
+StreamRule: TypeAlias = Callable[[Emitter, list[Operand], int | None], Streamed]
+STREAM_RULES: dict[Primitive, StreamRule] = {}  # keyed by primitive objects, as ``_table.RULES``
 
 
 def _rule(*names: str) -> Callable[[StreamRule], StreamRule]:
@@ -51,25 +54,25 @@ def _rule(*names: str) -> Callable[[StreamRule], StreamRule]:
     return register
 
 
-def _one_streamed(ops: list) -> Streamed:
+def _one_streamed(ops: list[Operand]) -> Streamed:
     if len(ops) != 1 or not isinstance(ops[0], Streamed):
         raise NotStreamable("not linear in one streamed operand")
     return ops[0]
 
 
 @_rule("neg")
-def _neg(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _neg(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     op = _one_streamed(ops)
     return result(em, [dataclasses.replace(t, coef=negated(t.coef)) for t in op.terms])
 
 
 @_rule("convert_element_type", "copy")
-def _cast(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _cast(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     return _structural(em, _one_streamed(ops), lambda d: d)  # to a float: ``apply`` checks
 
 
 @_rule("add", "add_any", "sub")
-def _add(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _add(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     out = em.eqn.outvars[0]
     a, b = (terms_of(op, out, axis) for op in ops)
     if em.eqn.primitive.name == "sub":
@@ -78,7 +81,7 @@ def _add(em: Emitter, ops: list, axis: Any) -> Streamed:
 
 
 @_rule("mul")
-def _mul(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _mul(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     out = em.eqn.outvars[0]
     terms = []
     for ta in terms_of(ops[0], out, axis):
@@ -92,13 +95,13 @@ def _mul(em: Emitter, ops: list, axis: Any) -> Streamed:
 
 
 @_rule("square")
-def _square(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _square(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     op = _one_streamed(ops)
     return _mul(em, [op, op], axis)
 
 
 @_rule("integer_pow")
-def _integer_pow(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _integer_pow(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     """A small positive power, as repeated products (each multiplies the term count)."""
     y = em.eqn.params["y"]
     if not 1 <= y <= 3:
@@ -110,7 +113,7 @@ def _integer_pow(em: Emitter, ops: list, axis: Any) -> Streamed:
 
 
 @_rule("div")
-def _div(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _div(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     out = em.eqn.outvars[0]
     a, b = ops
     if isinstance(b, Streamed):
@@ -134,10 +137,10 @@ def _div(em: Emitter, ops: list, axis: Any) -> Streamed:
 
 
 @_rule("exp")
-def _exp(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _exp(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     op = _one_streamed(ops)
     units = [t for t in op.terms if not t.factors]
-    lin: dict[tuple, float] = {}
+    lin: dict[tuple[Var, tuple[int, ...]], float] = {}
     for t in op.terms:
         if not t.factors:
             continue
@@ -174,7 +177,7 @@ def _exp(em: Emitter, ops: list, axis: Any) -> Streamed:
 
 
 @_rule("broadcast_in_dim")
-def _broadcast(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _broadcast(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     dims = em.eqn.params["broadcast_dimensions"]
     op = ops[0]
     if isinstance(op, Deferred):
@@ -187,28 +190,28 @@ def _broadcast(em: Emitter, ops: list, axis: Any) -> Streamed:
 
 
 @_rule("transpose")
-def _transpose(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _transpose(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     perm = list(em.eqn.params["permutation"])
     return _structural(em, _one_streamed(ops), perm.index)
 
 
 @_rule("reshape", "squeeze")
-def _reshape(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _reshape(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     if em.eqn.primitive.name == "reshape" and em.eqn.params.get("dimensions") is not None:
         raise NotStreamable("a reshape that transposes")
-    before, after = em.eqn.invars[0].aval.shape, em.eqn.outvars[0].aval.shape
+    before, after = _compat.shape_of(em.eqn.invars[0]), _compat.shape_of(em.eqn.outvars[0])
     return _structural(em, _one_streamed(ops[:1]), _kept_dims(before, after).get)
 
 
 @_rule("reduce_sum")
-def _reduce_sum(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _reduce_sum(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     """A sum. A sink (over the axis) keeps the other summed dimensions that a factor varies
     along, to sum them after the loop; any other sum must not sum such a dimension."""
     op = _one_streamed(ops)
     axes = set(em.eqn.params["axes"])
     if em.sink:
         axes -= {d for t in op.terms for d in _aligned(t)}
-    shape = em.eqn.invars[0].aval.shape
+    shape = _compat.shape_of(em.eqn.invars[0])
     kept = [d for d in range(len(shape)) if d not in axes]
     params = {**em.eqn.params, "axes": tuple(sorted(axes))}
     terms = []
@@ -232,13 +235,13 @@ def _aligned(t: Term) -> set[int]:
 
 
 @_rule("dot_general")
-def _dot_general(em: Emitter, ops: list, axis: Any) -> Streamed:
+def _dot_general(em: Emitter, ops: list[Operand], axis: int | None) -> Streamed:
     (lc, rc), (lb, rb) = em.eqn.params["dimension_numbers"]
     kinds = [isinstance(op, Streamed) for op in ops]
     if sum(kinds) != 1 or any(isinstance(op, Deferred) for op in ops):
         raise NotStreamable("not linear in one streamed operand")
     side = kinds.index(True)
-    ranks = [len(v.aval.shape) for v in em.eqn.invars]
+    ranks = [len(_compat.shape_of(v)) for v in em.eqn.invars]
     free = [
         [d for d in range(r) if d not in c and d not in b]
         for r, c, b in zip(ranks, (lc, rc), (lb, rb), strict=True)
@@ -252,10 +255,12 @@ def _dot_general(em: Emitter, ops: list, axis: Any) -> Streamed:
         return base + free[side].index(d) if d in free[side] else None
 
     streamed, other = ops[side], ops[1 - side]
+    assert isinstance(streamed, Streamed) and isinstance(other, Plain)
     terms = []
     for t in streamed.terms:
         coef = None
         if em.concrete:
+            assert other.value is not None, "known at chunk size"
             pair = [em.full(t.coef, em.in_shapes[side]), other.value]
             coef = em.bind(pair if side == 0 else pair[::-1])
         terms.append(Term(coef, remap(t, mapping), t.stab))
@@ -274,7 +279,7 @@ def _structural(em: Emitter, op: Streamed, mapping: Callable[[int], int | None])
     return result(em, terms)
 
 
-def _kept_dims(before: tuple, after: tuple) -> dict[int, int]:
+def _kept_dims(before: tuple[int, ...], after: tuple[int, ...]) -> dict[int, int]:
     """Dimensions a reshape keeps whole: same size, same number of elements before them."""
     prefix_after = {(math.prod(after[:d]), after[d]): d for d in range(len(after))}
     found = {}

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeAlias
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import Var
+from jaxpr_accum._compat import Array, JaxprEqn, Params, Var
 
 MAX_TERMS = 8  # terms of one streamed value (a product multiplies the counts)
+
+# A coefficient: a float (the same everywhere), an array, or None (an array, at plan time).
+Coef: TypeAlias = float | Array | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +47,9 @@ class Term:
     value's chunk shape, or None (an array, at plan time). ``stab``: the ``Exp`` factor's
     stabiliser in the loop (compact, raw: may be ``-inf``)."""
 
-    coef: Any
+    coef: Coef
     factors: tuple[Factor, ...] = ()
-    stab: Any = None
+    stab: Array | None = None
 
     @property
     def exp(self) -> Exp | None:
@@ -74,7 +77,7 @@ class Plain:
     """A value the chunk computes itself: ``value`` an array, a float for a scalar literal,
     or None (an array, at plan time)."""
 
-    value: Any
+    value: Coef
 
 
 Operand = Streamed | Deferred | Plain
@@ -84,6 +87,11 @@ class NotStreamable(Exception):
     """The equation is outside the algebra (the message says why)."""
 
 
+# ``bind(operands, params)``: the equation at chunk size (with ``params`` instead, if given);
+# an operand is an array, or a float for a scalar literal
+Bind: TypeAlias = Callable[[list[Array | float], Params | None], Array]
+
+
 class Emitter:
     """How rules compute coefficients for one equation: ``bind`` it at chunk size, with the
     chunk shapes of its operands (``in_shapes``) and result (``shape``). At plan time
@@ -91,41 +99,42 @@ class Emitter:
 
     def __init__(
         self,
-        eqn: Any,
+        eqn: JaxprEqn,
         sink: bool,
-        bind: Callable | None = None,
-        in_shapes: Sequence[tuple] = (),
-        shape: tuple = (),
+        bind: Bind | None = None,
+        in_shapes: Sequence[tuple[int, ...]] = (),
+        shape: tuple[int, ...] = (),
     ):
         self.eqn, self.sink, self._bind = eqn, sink, bind
         self.in_shapes, self.shape = list(in_shapes), shape
-        self.dtype = eqn.outvars[0].aval.dtype
+        self.dtype = _compat.aval_dtype(eqn.outvars[0])
 
     @property
     def concrete(self) -> bool:
         return self._bind is not None
 
-    def bind(self, operands: Sequence, params: dict | None = None) -> Any:
+    def bind(self, operands: Sequence[Array | float], params: Params | None = None) -> Array:
         """The equation at chunk size on ``operands`` (with ``params`` instead, if given)."""
         assert self._bind is not None
         return self._bind(list(operands), params)
 
-    def full(self, c: Any, shape: tuple | None = None) -> Any:
+    def full(self, c: Coef, shape: tuple[int, ...] | None = None) -> Array:
         """Coefficient ``c`` as an array of the result's chunk shape (or of ``shape``)."""
+        assert c is not None, "coefficients are known at chunk size"
         shape = self.shape if shape is None else shape
         if isinstance(c, float):
             return jnp.full(shape, c, self.dtype)
         return c if tuple(c.shape) == tuple(shape) else jnp.broadcast_to(c, shape)
 
 
-def arith(a: Any, b: Any, op: Callable) -> Any:
+def arith(a: Coef, b: Coef, op: Callable[[float | Array, float | Array], float | Array]) -> Coef:
     """An elementwise coefficient op: floats stay floats, arrays at plan time stay None."""
     if isinstance(a, float) and isinstance(b, float):
         return float(op(a, b))
     return None if a is None or b is None else op(a, b)
 
 
-def negated(c: Any) -> Any:
+def negated(c: Coef) -> Coef:
     return None if c is None else -c
 
 
@@ -198,17 +207,17 @@ def result(em: Emitter, terms: list[Term]) -> Streamed:
     return Streamed(tuple(terms))
 
 
-def finite(s: Any) -> Any:
+def finite(s: Array) -> Array:
     return jnp.where(jnp.isfinite(s), s, jnp.zeros_like(s))
 
 
-def rescale(s_from: Any, s_to: Any) -> Any:
+def rescale(s_from: Array, s_to: Array) -> Array:
     """``exp(s_from - s_to)`` for stabilisers; exactly 0 where ``s_from`` is ``-inf``."""
     diff = finite(s_from) - finite(s_to)
     return jnp.exp(jnp.where(s_from == -jnp.inf, -jnp.inf, diff))
 
 
-def place(compact: Any, where: Sequence[int], shape: Sequence[int]) -> Any:
+def place(compact: Array, where: Sequence[int], shape: Sequence[int]) -> Array:
     """``compact`` (one dim per entry of ``where``) broadcastable against ``shape``."""
     order = sorted(range(len(where)), key=lambda i: where[i])
     if order != list(range(len(where))):
@@ -217,6 +226,6 @@ def place(compact: Any, where: Sequence[int], shape: Sequence[int]) -> Any:
     return lax.broadcast_in_dim(compact, target, tuple(sorted(where)))
 
 
-def compact(x: Any) -> Any:
+def compact(x: Array) -> Array:
     """A deferred value without its unit dimensions (its ``where`` lists the others)."""
     return jnp.reshape(x, [n for n in np.shape(x) if n != 1])

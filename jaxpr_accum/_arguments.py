@@ -178,6 +178,15 @@ def _argnums_axes(settings: Any, call: Call) -> list:
         for i in leaf_ids:
             shape = np.shape(dyn[i])
             if not -len(shape) <= axis < len(shape):
+                dtype = getattr(dyn[i], "dtype", None)
+                if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+                    raise ArgumentError(
+                        f"`argnums` {a}: argument {a} is a single PRNG key (shape ()), with no "
+                        f"axis {axis} to serialize. For samples drawn from it inside the "
+                        "function, drop `argnums` (the axis is found where the draw creates it) "
+                        "or pass `size=` the number of samples; for one key per sample, pass "
+                        "`jax.random.split(key, n)`"
+                    )
                 raise ArgumentError(
                     f"`axis` {axis} is out of range for a leaf of argument {a} with shape {shape}"
                 )

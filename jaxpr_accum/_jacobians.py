@@ -29,12 +29,15 @@ from jaxpr_accum._signature import Inputs
 
 def gradient_sums(split: Split) -> list[bool]:
     """Which of the region's sums carry gradients: computed from a floating input of the
-    region through floating values only. A token count made from integer labels, or an
-    accuracy (through ``argmax`` and a comparison), carries none."""
+    region through floating values only, never through ``stop_gradient``. A token count made
+    from integer labels, an accuracy (through ``argmax`` and a comparison), or a sum of
+    stopped values carries none (its Jacobian rows would be zeros)."""
 
     dependent = {v for v in [*split.invariants, *(v for v, _ in split.chunked)] if is_float(v)}
     for i in split.indices(BODY):
         eqn = split.jaxpr.eqns[i]
+        if eqn.primitive.name == "stop_gradient":
+            continue
         if any(v in dependent for v in eqn.invars if not isinstance(v, Literal)):
             dependent.update(v for v in eqn.outvars if is_float(v))
     return [v in dependent for v in split.sums]

@@ -24,7 +24,8 @@ def loss_and_accuracy(w, x, y):
     loss = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
     accuracy = jnp.mean(jnp.argmax(logits, -1) == y)  # through argmax: no gradient
     tokens = jnp.sum((y > 0).astype(jnp.float32))  # from integer labels: no gradient
-    return loss, accuracy, tokens
+    scale = jnp.mean(jax.lax.stop_gradient(logits) ** 2)  # through stop_gradient: none
+    return loss, accuracy, tokens, scale
 
 
 @pytest.mark.slow

@@ -63,3 +63,13 @@ def test_in_axes_errors_name_the_argument():
     bad = Batch(BATCH.x, jnp.zeros((9, 2)))
     with pytest.raises(ValueError, match="differ in size"):
         ja.serialize_axis(loss, chunk=4, in_axes=(None, 0, None))(W, bad, SCALE)
+
+
+def test_argnums_naming_a_single_key_says_how_to_serialize_its_draws():
+    def mc(w, key):
+        return jnp.mean(jnp.tanh(jax.random.normal(key, (8, 3)) @ w))
+
+    key, w = jax.random.key(0), jnp.ones((3, 2))
+    with pytest.raises(ValueError, match=r"argument 1 is a single PRNG key .* drop `argnums`"):
+        ja.serialize_axis(mc, chunk=2, argnums=1)(w, key)
+    assert_matches_original(ja.serialize_axis(mc, chunk=2), w, key, vmap=False)  # as advised

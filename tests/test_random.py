@@ -462,3 +462,34 @@ def test_rbg_key_is_exact_and_hoisted(name, grad, chunk):
     assert plan.hoisted, str(plan)
     assert_draw_equal(sf, f, mu, RBG_KEY)
     assert_matches_original(sf, mu, RBG_KEY, vmap=False)
+
+
+@pytest.mark.parametrize(
+    "full_shape, dim, k, start",
+    [
+        ((2**20, 2**13), 0, 2, 2**20 - 2),
+        ((2**17, 2**8, 2**8), 0, 1, 2**17 - 1),
+        ((8, 2**20, 2**10), 1, 2, 2**20 - 2),
+    ],
+)
+def test_counters_of_a_draw_beyond_two_to_the_32_are_exact_in_two_words(full_shape, dim, k, start):
+    """A draw of more than 2**32 elements takes the two-word counters: checked against
+    uint64 arithmetic for a chunk at the far end (the full draw is never materialised).
+    Draws that fit one word are checked against ``jax.random.bits`` elsewhere."""
+    from jaxpr_accum._lattice import AxisLoc
+    from jaxpr_accum._rules.random import chunk_counters
+
+    hi, lo = jax.jit(lambda s: chunk_counters(full_shape, AxisLoc(dim, 1), k, s))(start)
+    shape = list(full_shape)
+    shape[dim] = k
+    strides = [int(np.prod(full_shape[d + 1 :])) for d in range(len(full_shape))]
+    index = sum(
+        (np.arange(n, dtype=np.uint64) + (start if d == dim else 0)).reshape(
+            [-1 if e == d else 1 for e in range(len(shape))]
+        )
+        * np.uint64(strides[d])
+        for d, n in enumerate(shape)
+    )
+    np.testing.assert_array_equal(np.asarray(hi), (index >> np.uint64(32)).astype(np.uint32))
+    np.testing.assert_array_equal(np.asarray(lo), (index & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+    assert np.asarray(hi).max() > 0  # the high word is in use

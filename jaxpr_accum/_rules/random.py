@@ -59,15 +59,28 @@ def _add_wide(x: Words, y: Words) -> Words:
 
 
 def chunk_counters(full_shape: tuple[int, ...], loc: AxisLoc, k: int, start: Array | int) -> Words:
-    """The 2x32-bit row-major counters of the chunk ``[start, start+k)`` of ``full_shape``."""
+    """The 2x32-bit row-major counters of the chunk ``[start, start+k)`` of ``full_shape``.
+
+    Where every counter of the full shape fits one 32-bit word (at most ``2**32`` elements)
+    the high word is zero and the low word is plain uint32 arithmetic, which never wraps; a
+    larger draw takes the exact two-word arithmetic."""
     shape = list(full_shape)
     shape[loc.dim] = k * loc.inner
     strides = [math.prod(full_shape[d + 1 :]) for d in range(len(full_shape))]
+    indices = [lax.broadcasted_iota(np.uint32, shape, d) for d in range(len(shape))]
+    indices[loc.dim] = indices[loc.dim] + lax.convert_element_type(start * loc.inner, np.uint32)
+    if math.prod(full_shape) <= 2**32:
+        low = indices[-1]  # the last dimension's stride is 1
+        for index, stride in zip(indices[:-1], strides[:-1], strict=True):
+            low = low + index * np.uint32(stride)
+        return jnp.zeros(shape, np.uint32), low
+    return wide_counters(shape, indices, strides)
+
+
+def wide_counters(shape: list[int], indices: list[Array], strides: list[int]) -> Words:
+    """``sum(index * stride)`` over the dimensions, exact in two 32-bit words."""
     total = (jnp.zeros(shape, np.uint32), jnp.zeros(shape, np.uint32))
-    for d, stride in enumerate(strides):
-        index = lax.broadcasted_iota(np.uint32, shape, d)
-        if d == loc.dim:
-            index = index + lax.convert_element_type(start * loc.inner, np.uint32)
+    for index, stride in zip(indices, strides, strict=True):
         total = _add_wide(total, _mul_wide(index, stride))
     return total
 

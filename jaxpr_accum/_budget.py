@@ -186,29 +186,29 @@ class Request:
 
 
 def choose_chunk(
-    modes: Sequence[Decision], layout_for: Callable[[int], Any], request: Request
+    choices: Sequence[Decision], layout_for: Callable[[int], Any], request: Request
 ) -> Decision:
     """The decision at the chosen chunk, with its ``Budget``.
 
-    ``modes``: the gradient modes to try in order, each a decision at the full axis with its
-    reason; ``layout_for``: the layout at a chunk (``_layout.detect``).
+    ``choices``: the gradient modes to try in order, each a decision at the full axis with
+    its reason; ``layout_for``: the layout at a chunk (``_layout.detect``).
     """
     t0 = time.perf_counter()
-    candidate = modes[0].candidate
+    candidate = choices[0].candidate
     split = candidate.split
     devices = layout_for(split.size).devices
     n = max(1, split.size // devices)
     tried: list[tuple[str, int, int]] = []
-    for mode in modes:
+    for choice in choices:
 
-        def at(c: int, mode: Decision = mode) -> Decision:
+        def at(c: int, choice: Decision = choice) -> Decision:
             k = c * devices
-            return dataclasses.replace(mode, candidate=candidate.at(k), layout=layout_for(k))
+            return dataclasses.replace(choice, candidate=candidate.at(k), layout=layout_for(k))
 
-        def measure(c: int, mode: Decision = mode) -> int:
+        def measure(c: int, choice: Decision = choice) -> int:
             run = build(at(c), request.accum_dtype)
             m = temp_bytes(run, request.inputs, request.diff)
-            tried.append((mode.mode.name, c * devices, m))
+            tried.append((choice.mode.name, c * devices, m))
             return m
 
         search = ChunkSearch(measure, request.limit, n)
@@ -218,7 +218,7 @@ def choose_chunk(
                 limit=request.limit,
                 requested=request.requested,
                 chunk=c * devices,
-                grad=mode.mode.name,
+                grad=choice.mode.name,
                 measured=search.points[c],
                 tried=tried,
                 model=search.fit(),

@@ -272,9 +272,9 @@ class Planner:
             k = cached.budget.chunk
             return dataclasses.replace(cached, candidate=candidate.at(k), layout=layout_for(k))
         first = _choice.choose(candidate, requested, layout_for(candidate.split.size))
-        modes = [first]
+        choices = [first]
         if _choice.to_confirm(first, requested):
-            modes.append(first.to(REMAT, (
+            choices.append(first.to(REMAT, (
                 "auto: fused applies, but its parameter-sized Jacobian accumulator does not "
                 "fit the memory budget at any chunk"
             )))  # fmt: skip
@@ -289,7 +289,7 @@ class Planner:
             wrt=wrt,
             accum_dtype=self.settings.accum_dtype,
         )
-        decision = _budget.choose_chunk(modes, layout_for, request)
+        decision = _budget.choose_chunk(choices, layout_for, request)
         if call.key is not None:
             self.chunks.put(call.key, decision)
         return decision

@@ -51,8 +51,8 @@ from harness import (  # noqa: E402
 )
 
 import jaxpr_accum as ja  # noqa: E402
+from jaxpr_accum._settings import GRAD_MODES  # noqa: E402
 
-MODES = ("auto", "remat", "fused", "native")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JVP_TARGET, DIFF_TARGET = 0.5, 2e-4
 
@@ -103,7 +103,7 @@ def forward_mode(quick: bool) -> dict:
         return lambda ws, x: jax.jvp(f, (ws, x), tangents)
 
     fns = {"original": loss}
-    fns.update({m: ja.serialize_axis(loss, chunk=chunk, argnums=1, grad=m) for m in MODES})
+    fns.update({m: ja.serialize_axis(loss, chunk=chunk, argnums=1, grad=m) for m in GRAD_MODES})
     rows_out, thunks, ref = {}, {}, None
     for name, f in fns.items():
         compiled, temp = temp_of(jvp_of(f), *args)

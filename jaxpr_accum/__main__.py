@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jaxpr_accum._settings import GRAD_MODES
+
 #: the Monte-Carlo samples of the demo's model (``examples/mc_vae.py``'s ``Sizes.n_samples``,
 #: at both sizes): the axis the demo serializes, so a chunk must be shorter
 DEMO_SAMPLES = 16
@@ -35,9 +37,10 @@ def _positive(text: str) -> int:
 
 def _mode_list(text: str) -> tuple[str, ...]:
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    allowed = ("auto", "remat", "fused", "native")
-    if not modes or any(m not in allowed for m in modes):
-        raise argparse.ArgumentTypeError(f"expected modes among {', '.join(allowed)}, got {text!r}")
+    if not modes or any(m not in GRAD_MODES for m in modes):
+        raise argparse.ArgumentTypeError(
+            f"expected modes among {', '.join(GRAD_MODES)}, got {text!r}"
+        )
     return modes
 
 

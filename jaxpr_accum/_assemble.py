@@ -1,9 +1,10 @@
 """Assembly: the whole program, the prologue, then the chunked region, then the epilogue.
 
-``build(split, chunk, grad, accum_dtype, layout)`` returns ``run(*flat_inputs) -> flat_outputs``,
-evaluated under the caller's trace: prologue equations run once on the full inputs, the region
-runs in chunks (``grad="native"``: the chunk loop with checkpointed bodies, differentiated by
-JAX; otherwise the region primitive with the mode's linearization, ``_region_p``), its
+``build(decision, accum_dtype)`` returns ``run(*flat_inputs) -> flat_outputs`` for a
+``_choice.Decision``, evaluated under the caller's trace: prologue equations run once on the
+full inputs, the region runs in chunks (``NATIVE``: the chunk loop with checkpointed bodies,
+differentiated by JAX; otherwise the region primitive with the mode's linearization,
+``_region_p``), its
 per-chunk monoid partials are combined (so JAX differentiates the combination), streamed sums
 are combined once the deferred values they need are known, and the epilogue runs on what the
 region returned. A split without a body (an empty axis) runs the program as written.
@@ -17,12 +18,10 @@ from typing import Any
 from jax import lax
 
 from jaxpr_accum import _interpret, _stream
-from jaxpr_accum._fused import FUSED
-from jaxpr_accum._layout import Layout
-from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
+from jaxpr_accum._decision import Decision
+from jaxpr_accum._plan import EPILOGUE, PROLOGUE
 from jaxpr_accum._region import Region
-from jaxpr_accum._region_p import call
-from jaxpr_accum._remat import REMAT
+from jaxpr_accum._region_p import NATIVE, call
 from jaxpr_accum._signature import Inputs, Outputs
 
 COMBINE: dict[str, Callable] = {
@@ -34,8 +33,6 @@ COMBINE: dict[str, Callable] = {
     "or": lambda x: lax.reduce_or(x, (0,)),
     "xor": lambda x: lax.reduce_xor(x, (0,)),
 }
-
-MODES = {"remat": REMAT, "fused": FUSED}
 
 
 def _streamed_sums(region: Region, out: Outputs) -> list[tuple[int, Callable]]:
@@ -50,8 +47,9 @@ def _streamed_sums(region: Region, out: Outputs) -> list[tuple[int, Callable]]:
     return sorted(pending, key=lambda pair: pair[0])
 
 
-def build(split: Split, chunk: int, grad: str, accum_dtype: Any, layout: Layout) -> Callable:
+def build(decision: Decision, accum_dtype: Any) -> Callable:
     """``run(*flat_inputs) -> flat outputs`` for the whole program."""
+    split, mode = decision.candidate.split, decision.mode
     jaxpr = split.jaxpr
     if not split.has_body:  # an empty axis: the program as written
 
@@ -59,7 +57,7 @@ def build(split: Split, chunk: int, grad: str, accum_dtype: Any, layout: Layout)
             return _interpret.eval_jaxpr(jaxpr, flat_inputs)
 
         return as_written
-    region = Region(split, chunk, layout, accum_dtype)
+    region = Region(split, decision.candidate.chunk, decision.layout, accum_dtype)
     sig = region.signature
     prologue, epilogue = split.indices(PROLOGUE), split.indices(EPILOGUE)
 
@@ -67,10 +65,10 @@ def build(split: Split, chunk: int, grad: str, accum_dtype: Any, layout: Layout)
         env: dict = dict(zip(jaxpr.invars, flat_inputs, strict=True))
         _interpret.eval_eqns(jaxpr.eqns, env, indices=prologue)
         inputs = Inputs([env[v] for v in sig.invariants], [env[v] for v, _ in sig.chunked])
-        if grad == "native":
+        if mode is NATIVE:
             out = region.forward(inputs, checkpoint=True)
         else:
-            out = call(region, MODES[grad], inputs)
+            out = call(region, mode, inputs)
         env.update(zip(sig.sums, out.sums, strict=True))
         for (v, kind), per_chunk in zip(sig.partials, out.partials, strict=True):
             env[v] = COMBINE[kind](per_chunk)

@@ -36,7 +36,8 @@ import numpy as np
 from jaxpr_accum import _compat, _interpret
 from jaxpr_accum._assemble import build
 from jaxpr_accum._chunk_search import ChunkSearch
-from jaxpr_accum._cost import Candidate, format_bytes, nbytes
+from jaxpr_accum._cost import format_bytes, nbytes
+from jaxpr_accum._decision import Decision
 from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._errors import ArgumentError, SerializeError
 from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
@@ -170,58 +171,66 @@ def original_memory(jaxpr: Any, inputs: list, diff: list[int]) -> int:
     return temp_bytes(lambda *xs: _interpret.eval_jaxpr(jaxpr, xs), inputs, diff)
 
 
-def choose_chunk(
-    candidate: Candidate,
-    modes: list[tuple[str, str]],
-    accum_dtype: Any,
-    layout_for: Callable[[int], Any],
-    inputs: list,
-    diff: list[int],
-    limit: int,
-    requested: Any,
-    wrt: str,
-) -> tuple[Candidate, str, str, Any, Budget]:
-    """``(the candidate at the chosen chunk, grad mode, why, layout, Budget)``.
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What a search measures: ``value_and_grad`` of the built program at ``inputs`` with
+    respect to the inputs at ``diff`` (named by ``wrt``), against ``limit`` bytes (the
+    budget ``requested`` as the user wrote it), accumulating in ``accum_dtype``."""
 
-    ``modes``: the gradient modes to try in order, with the reason of each; ``layout_for``:
-    the layout at a chunk (``_layout.detect``); ``diff``: the inputs the measured
-    ``value_and_grad`` differentiates, named by ``wrt``.
+    limit: int
+    requested: Any
+    inputs: list
+    diff: list[int]
+    wrt: str
+    accum_dtype: Any
+
+
+def choose_chunk(
+    choices: Sequence[Decision], layout_for: Callable[[int], Any], request: Request
+) -> Decision:
+    """The decision at the chosen chunk, with its ``Budget``.
+
+    ``choices``: the gradient modes to try in order, each a decision at the full axis with
+    its reason; ``layout_for``: the layout at a chunk (``_layout.detect``).
     """
     t0 = time.perf_counter()
+    candidate = choices[0].candidate
     split = candidate.split
     devices = layout_for(split.size).devices
     n = max(1, split.size // devices)
     tried: list[tuple[str, int, int]] = []
-    searches = []
-    for mode, why in modes:
+    for choice in choices:
 
-        def measure(c: int, mode: str = mode) -> int:
+        def at(c: int, choice: Decision = choice) -> Decision:
             k = c * devices
-            m = temp_bytes(build(split, k, mode, accum_dtype, layout_for(k)), inputs, diff)
-            tried.append((mode, k, m))
+            return dataclasses.replace(choice, candidate=candidate.at(k), layout=layout_for(k))
+
+        def measure(c: int, choice: Decision = choice) -> int:
+            run = build(at(c), request.accum_dtype)
+            m = temp_bytes(run, request.inputs, request.diff)
+            tried.append((choice.mode.name, c * devices, m))
             return m
 
-        search = ChunkSearch(measure, limit, n)
-        searches.append(search)
+        search = ChunkSearch(measure, request.limit, n)
         c = search.run()
         if c is not None:
-            k = c * devices
             budget = Budget(
-                limit=limit,
-                requested=requested,
-                chunk=k,
-                grad=mode,
+                limit=request.limit,
+                requested=request.requested,
+                chunk=c * devices,
+                grad=choice.mode.name,
                 measured=search.points[c],
                 tried=tried,
                 model=search.fit(),
                 seconds=time.perf_counter() - t0,
-                wrt=wrt,
+                wrt=request.wrt,
             )
-            return candidate.at(k), mode, why, layout_for(k), budget
-    raise impossible(split, tried, limit, devices, wrt)
+            return dataclasses.replace(at(c), budget=budget)
+    raise impossible(split, tried, devices, request)
 
 
-def impossible(split: Split, tried: list, limit: int, devices: int, wrt: str) -> SerializeError:
+def impossible(split: Split, tried: list, devices: int, request: Request) -> SerializeError:
+    limit, wrt = request.limit, request.wrt
     mode, k, best = min(tried, key=lambda t: (t[2], t[1]))
     jaxpr = split.jaxpr
     outside = sum(

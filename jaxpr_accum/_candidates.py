@@ -49,7 +49,9 @@ def choose_split(
             else f"`in_axes` {settings.in_axes!r}"
         )
     else:
-        candidates = find_candidates(jaxpr, chunk, axis, size, names, stream)
+        candidates = find_candidates(
+            jaxpr, chunk, axis=axis, size=size, arg_names=names, stream=stream
+        )
         what = (
             f"an axis of size {size}"
             if size is not None
@@ -80,7 +82,7 @@ def _elsewhere(jaxpr: Jaxpr, chunk: int, names: dict, considered: list[Candidate
     seen = {c.split.born for c in considered}
     others = [
         Candidate(s, chunk)
-        for s in find_candidates(jaxpr, chunk, None, None, names)
+        for s in find_candidates(jaxpr, chunk, axis=None, size=None, arg_names=names)
         if s.usable and s.born not in seen
     ]
     others = [c for c in others if c.net_saving > 0]
@@ -129,6 +131,7 @@ def origins(jaxpr: Jaxpr) -> list[Var]:
 def find_candidates(
     jaxpr: Jaxpr,
     chunk: int,
+    *,
     axis: int | None,
     size: int | None,
     arg_names: dict,

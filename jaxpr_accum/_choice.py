@@ -1,4 +1,7 @@
-"""Choosing the gradient mode: ``choose(candidate, requested) -> (mode, why)``.
+"""Choosing the gradient mode: ``choose(candidate, requested, layout) -> Decision``.
+
+The ``Decision`` (``_decision``) is one pass's plan; auto's confirmation of fused
+(``by_estimate``, ``confirm_fused``) returns a new one.
 
 This module only chooses; each mode is built by its own module (``_remat``, ``_fused``;
 ``native`` is the chunk loop with checkpointed bodies, differentiated by JAX itself).
@@ -36,13 +39,23 @@ import jax.numpy as jnp
 
 from jaxpr_accum import _compat
 from jaxpr_accum._cost import FUSED_INTO_READERS, Candidate, format_bytes, nbytes
+from jaxpr_accum._decision import Decision
 from jaxpr_accum._dtypes import is_float
+from jaxpr_accum._fused import FUSED
 from jaxpr_accum._jacobians import gradient_sums, jacobian_width
+from jaxpr_accum._layout import Layout
 from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
+from jaxpr_accum._region_p import AUTO, NATIVE, Mode
+from jaxpr_accum._remat import REMAT
 from jaxpr_accum._stages import variables
 
 FUSED_MAX_WIDTH = 8
 MEMORY_SLACK = 0.1  # auto takes fused while it is estimated within this much of remat
+
+
+def mode_named(name: str) -> Mode:
+    """The mode ``grad=name`` asks for (``name`` is one of ``_settings.GRAD_MODES``)."""
+    return next(m for m in (AUTO, REMAT, FUSED, NATIVE) if m.name == name)
 
 
 def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
@@ -86,34 +99,44 @@ def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
     return None
 
 
-def choose(candidate: Candidate, requested: str) -> tuple[str, str]:
-    """``(mode, why)``: the gradient mode for ``requested`` (see the module docstring)."""
+def choose(candidate: Candidate, requested: Mode, layout: Layout) -> Decision:
+    """The gradient mode for ``requested`` (see the module docstring)."""
     split = candidate.split
-    if requested in ("remat", "native"):
-        return requested, "requested"
+
+    def decided(mode: Mode, reason: str) -> Decision:
+        return Decision(candidate, mode, reason, layout)
+
+    if requested in (REMAT, NATIVE):
+        return decided(requested, "requested")
     refusal = fused_refusal(split, FUSED_MAX_WIDTH)
     if refusal is not None:
-        return "remat", f"fused does not apply: {refusal}"
+        return decided(REMAT, f"fused does not apply: {refusal}")
     width = jacobian_width(split)
     sums = f"{width} gradient-carrying sum entr" + ("y" if width == 1 else "ies")
-    if requested == "fused":
-        return "fused", f"requested: value and gradient in one pass ({sums})"
+    if requested is FUSED:
+        return decided(FUSED, f"requested: value and gradient in one pass ({sums})")
     extra, remat_bytes = fused_extra_bytes(candidate), remat_bytes_estimate(candidate)
     weighed = (
         f"fused would hold {format_bytes(extra)} more than remat's estimated "
         f"{format_bytes(remat_bytes)}"
     )
     if width > 1:
-        return "remat", (
+        return decided(REMAT, (
             f"auto: {sums}: fused would pull back {width} Jacobian rows per chunk, slower than "
             f"remat's second forward pass (and {weighed})"
-        )
+        ))  # fmt: skip
     if extra > MEMORY_SLACK * remat_bytes:
-        return "remat", f"auto: {weighed}, more than {MEMORY_SLACK:.0%} more"
-    return "fused", (
+        return decided(REMAT, f"auto: {weighed}, more than {MEMORY_SLACK:.0%} more")
+    return decided(FUSED, (
         f"auto: value and gradient in one pass, one forward pass per chunk fewer than remat "
         f"({sums}; {weighed}, within {MEMORY_SLACK:.0%})"
-    )
+    ))  # fmt: skip
+
+
+def to_confirm(decision: Decision, requested: Mode) -> bool:
+    """Whether ``decision`` is auto's estimated pick of fused, which ``by_estimate`` or
+    ``confirm_fused`` settles."""
+    return requested is AUTO and decision.mode is FUSED
 
 
 def estimate_decides(candidate: Candidate, diff: list[int]) -> bool:
@@ -138,29 +161,32 @@ def differentiated_chunk_bytes(split: Split, diff: list[int]) -> int:
     return sum(nbytes(v) for v, _ in split.chunked if v in reached and is_float(v))
 
 
-def by_estimate(why: str) -> tuple[str, str]:
-    """``(mode, why)`` for auto's estimated pick of fused (``why``) where the estimate
-    decides alone (``estimate_decides``)."""
-    return "fused", (
-        f"{why}; the estimate decides (no compile): fused would hold no differentiated "
-        f"chunked input's gradient beyond {MEMORY_SLACK:.0%} of remat's estimate"
-    )
+def by_estimate(decision: Decision) -> Decision:
+    """Auto's estimated pick of fused (``decision``) where the estimate decides alone
+    (``estimate_decides``)."""
+    return decision.to(FUSED, (
+        f"{decision.reason}; the estimate decides (no compile): fused would hold no "
+        f"differentiated chunked input's gradient beyond {MEMORY_SLACK:.0%} of remat's estimate"
+    ))  # fmt: skip
 
 
-def confirm_fused(why: str, fused_bytes: int | None, remat_bytes: int | None) -> tuple[str, str]:
-    """``(mode, why)`` for auto's estimated pick of fused (``why``), given XLA's temp bytes of
-    both modes' ``value_and_grad``: fused while within ``MEMORY_SLACK`` of remat, else remat;
-    the estimate's fused where they cannot be measured (None)."""
+def confirm_fused(decision: Decision, fused_bytes: int | None, remat_bytes: int | None) -> Decision:
+    """Auto's estimated pick of fused (``decision``), given XLA's temp bytes of both modes'
+    ``value_and_grad``: fused while within ``MEMORY_SLACK`` of remat, else remat; the
+    estimate's fused where they cannot be measured (None)."""
+    why = decision.reason
     if fused_bytes is None or remat_bytes is None:
-        return "fused", f"{why}; not measured (not compilable outside the caller's context)"
+        return decision.to(
+            FUSED, f"{why}; not measured (not compilable outside the caller's context)"
+        )
     measured = f"measured: fused {format_bytes(fused_bytes)}, remat {format_bytes(remat_bytes)}"
     if fused_bytes > (1 + MEMORY_SLACK) * remat_bytes:
         estimate = why.removeprefix("auto: ")
-        return "remat", (
+        return decision.to(REMAT, (
             f"auto: {measured}, fused more than {MEMORY_SLACK:.0%} above remat, though the "
             f"estimate had it within ({estimate})"
-        )
-    return "fused", f"{why}; {measured}"
+        ))  # fmt: skip
+    return decision.to(FUSED, f"{why}; {measured}")
 
 
 def fused_extra_bytes(candidate: Candidate) -> int:

@@ -64,6 +64,7 @@ def carrying_bytes(
     ctx: tuple,
     eqns: Any,
     indices: Any,
+    *,
     exclude: Any = (),
     materialised_only: bool = False,
 ) -> int:
@@ -84,7 +85,11 @@ def carrying_bytes(
         for path, sub in subs:
             inner = _compat.open_jaxpr(sub).eqns
             total += times * carrying_bytes(
-                analysis, (*ctx, (idx, path)), inner, range(len(inner)), (), materialised_only
+                analysis,
+                (*ctx, (idx, path)),
+                inner,
+                range(len(inner)),
+                materialised_only=materialised_only,
             )
     return total
 

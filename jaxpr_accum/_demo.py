@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from jaxpr_accum._cost import format_bytes
+from jaxpr_accum._settings import GRAD_MODES
 
 #: The relative tolerance on value and gradients.
 EXACT_RTOL = 2e-4
@@ -78,7 +79,7 @@ def run_demo(
     )
     plan = sf.explain(*args)
     if not grads:  # auto's choice at chunk k, measured at every chunk
-        grads = (plan.grad,) if plan.grad in ("remat", "fused", "native") else ("auto",)
+        grads = (plan.grad,) if plan.grad in GRAD_MODES else ("auto",)
         say(f"grad='auto' chose {plan.grad!r} at chunk {k}; measuring {grads[0]!r} at each chunk")
     sweep = measure_sweep(
         sf, args, chunks=chunks, grads=grads, repeats=repeats, time_budget_s=time_budget_s,

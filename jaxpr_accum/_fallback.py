@@ -67,18 +67,22 @@ def describe(error: BaseException) -> str:
 
 
 def first_that_works(
-    attempts: Iterable[tuple[str, Callable[[], T]]], unchunked: Callable[[str], T]
+    attempts: Iterable[tuple[str, Callable[[], T | None]]], unchunked: Callable[[str], T]
 ) -> T:
     """The result of the first of ``attempts`` (``(what it runs, attempt)``) that does not
-    raise an internal error; ``unchunked(why)`` when none does."""
+    raise an internal error; ``unchunked(why)`` when none does. An attempt that returns None
+    does not apply (the two-pass plan of a program that pairs nothing): the next one takes
+    its place, and its name."""
     failures: list[str] = []
-    for i, (what, attempt) in enumerate(attempts):
+    instead: str | None = None  # the name of an attempt that did not apply
+    for what, attempt in attempts:
+        what, instead = instead or what, None
         try:
             result = attempt()
         except ArgumentError:
             raise
         except SerializeError:
-            if i == 0:
+            if not failures:
                 raise
             failures.append(f"{what}: nothing to chunk")
             continue
@@ -86,6 +90,9 @@ def first_that_works(
             if strict():
                 raise
             failures.append(f"{what}: {describe(error)}")
+            continue
+        if result is None:
+            instead = what
             continue
         if failures:
             warn(_message(failures, what))

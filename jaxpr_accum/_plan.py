@@ -113,8 +113,10 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True)
     sums, partials, stacked = _region_outputs(jaxpr, analysis, stages, read_after)
     stacked_vars = {v for v, _ in stacked}
     body = [i for i, s in enumerate(stages.stages) if s == BODY]
-    carrying = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, stacked_vars)
-    held = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, stacked_vars, True)
+    carrying = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, exclude=stacked_vars)
+    held = _cost.carrying_bytes(
+        analysis, (), jaxpr.eqns, body, exclude=stacked_vars, materialised_only=True
+    )
     return Split(
         jaxpr=jaxpr,
         analysis=analysis,

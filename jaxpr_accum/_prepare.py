@@ -1,11 +1,15 @@
 """Planning one call signature: attempts from the widest plan to the function as written.
 
 ``Planner.plan(traced, inputs, key, pattern)`` makes a ``Prepared``: the trace, the ``Plan``
-``explain`` returns and the program to run. Each attempt (``_fallback``) chooses the axis and
-its chunk (``_candidates``; with ``memory=``, the chunk search of ``_budget`` for what the
-caller differentiates, its choice cached per signature), the gradient mode (``_choice``) and
-the layout (``_layout``), builds the program (``_assemble``), validates its forward and
-backward passes, and weighs it against the function as written (``_worth``).
+``explain`` returns and the program to run. The attempts (``_fallback``), each an ``Attempt``
+value: the plan in two passes where the program pairs the axis with itself (``_pairwise``;
+None where it does not, and one pass is the plan as chosen), in one pass, without streamed
+normalisers, with native gradients. Each is one straight pipeline of frozen values: the axis
+(``_candidates``), the chunk (``chunk=``, or with ``memory=`` the search of ``_budget`` for
+what the caller differentiates, cached per signature) and the mode (``_choice``) as a
+``Decision``, the program built from it (``_assemble``), its forward and backward passes
+validated, and the plan weighed against the function as written (``_worth``). What the
+attempts share (the axis, the two-pass plan, the programs measured) is made once: ``Planning``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,7 +26,6 @@ from jaxpr_accum import (
     _budget,
     _candidates,
     _choice,
-    _compat,
     _fallback,
     _interpret,
     _layout,
@@ -32,8 +35,10 @@ from jaxpr_accum import (
 )
 from jaxpr_accum._assemble import build
 from jaxpr_accum._cost import Candidate
-from jaxpr_accum._dtypes import is_float
+from jaxpr_accum._decision import Decision
 from jaxpr_accum._plan import Split
+from jaxpr_accum._region_p import AUTO, NATIVE, Mode
+from jaxpr_accum._remat import REMAT
 from jaxpr_accum._report import Plan
 from jaxpr_accum._settings import Settings
 
@@ -70,6 +75,7 @@ class Prepared:
         traced: _trace.Traced,
         split: Split | None,
         plan: Plan,
+        *,
         as_written: bool = False,
         run: Callable | None = None,
     ):
@@ -84,215 +90,211 @@ class Prepared:
         return cls(traced, None, Plan.unchunked(why), as_written=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One attempt's choices: normalisers streamed or not, the mode requested, and whether a
+    pairing of the axis with itself is planned for (``_pairwise``: two passes, or one pass
+    weighed as paired, ``_worth.for_paired``)."""
+
+    stream: bool
+    requested: Mode
+    pairs: bool = False
+
+
+class Planning:
+    """The call signature being planned (its trace, inputs, cache ``key`` and the inputs
+    ``diff`` its caller differentiates), with what every attempt shares, made once: the axis
+    per ``stream`` (``_candidates``), the two-pass plan, the measured programs."""
+
+    def __init__(self, traced: _trace.Traced, inputs: list, key: Any, diff: list[int]):
+        self.traced, self.inputs, self.key = traced, inputs, key
+        self.measure = _budget.Measure(inputs, diff)
+        self.axes: dict[bool, tuple[Candidate, list[Candidate]]] = {}
+        self.pairings: dict[bool, _pairwise.TwoPass | None] = {}
+
+    def axis(self, settings: Settings, stream: bool) -> tuple[Candidate, list[Candidate]]:
+        """``(the chosen candidate, every usable one)``."""
+        if stream not in self.axes:
+            with _fallback.stage("planning"):
+                self.axes[stream] = _candidates.choose_split(self.traced, settings, stream)
+        return self.axes[stream]
+
+    def pairing(self, chosen: Candidate, stream: bool) -> _pairwise.TwoPass | None:
+        """The two-pass plan of ``chosen``'s program, or None where nothing pairs the axis."""
+        if stream not in self.pairings:
+            with _fallback.stage("planning two passes for a pairing of the axis with itself"):
+                self.pairings[stream] = _pairwise.plan(chosen, self.names, stream)
+        return self.pairings[stream]
+
+    @functools.cached_property
+    def names(self) -> dict:
+        return _candidates.input_names(self.traced)
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """An attempt's program ``run`` and its ``plan``; ``estimate``: what ``_worth`` weighs
+    (a ``Candidate``, or the ``TwoPass``); ``stops``: where the plan of a program that pairs
+    the axis with itself stops (None: it pairs nothing)."""
+
+    run: Callable
+    plan: Plan
+    estimate: _worth.Estimate
+    stops: tuple | None = None
+
+
 class Planner:
-    """Plans call signatures under ``settings``; ``chunks``: the budget searches' choices."""
+    """Plans call signatures under ``settings`` (the mode requested, parsed once:
+    ``requested``); ``chunks``: the budget searches' decisions."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        self.requested = _choice.mode_named(settings.grad)
         self.chunks = LRU(CACHE_SIZE)
 
     def plan(
         self, traced: _trace.Traced, inputs: list, key: Any, pattern: tuple | None = None
     ) -> Prepared:
-        """The widest plan that plans, builds and validates (``_fallback``)."""
-
-        paired: list[bool] = []  # set when the first attempt plans two passes
-
-        def attempt(stream: bool, grad: str, pairs: list | None = None) -> Callable[[], Prepared]:
-            return lambda: self._attempt(traced, inputs, key, stream, grad, pattern, pairs)
-
-        def attempts() -> Iterator[tuple[str, Callable[[], Prepared]]]:
-            yield ("the plan as chosen", attempt(True, self.settings.grad, paired))
-            if paired:  # the pairs after the loop, on the full axis
-                yield ("the plan in one pass", attempt(True, self.settings.grad))
-            yield ("the plan without streamed normalisers", attempt(False, self.settings.grad))
-            if self.settings.grad != "native":
-                yield ("the plan with native gradients", attempt(False, "native"))
-
-        return _fallback.first_that_works(attempts(), lambda why: Prepared.unchunked(traced, why))
-
-    def _attempt(
-        self,
-        traced: _trace.Traced,
-        inputs: list,
-        key: Any,
-        stream: bool,
-        requested: str,
-        pattern: tuple | None,
-        paired: list | None = None,
-    ) -> Prepared:
-        """One attempt; ``paired``: a list to which a two-pass plan (``_pairwise``) appends
-        (None: one pass only)."""
-        stage = _fallback.stage
-        with stage("planning"):
-            chosen, usable = _candidates.choose_split(traced, self.settings, stream)
-        budget, pairs = None, False  # pairs: the program pairs the axis with itself
-        measure = _budget.Measure(inputs, differentiated_inputs(traced, inputs, pattern))
-        two = None
-        if self.settings.chunk is not None:
-            layout = _layout.detect(
-                traced, chosen.split, inputs, self.settings.mesh_axis, self.settings.chunk
+        """The widest plan that plans, builds and validates (``_fallback``): in two passes,
+        in one, without streamed normalisers, with native gradients."""
+        call = Planning(traced, inputs, key, traced.differentiated(inputs, pattern))
+        requested = self.requested
+        attempts = [
+            ("the plan as chosen", self._two_passes, Attempt(True, requested, True)),
+            ("the plan in one pass", self._one_pass, Attempt(True, requested, True)),
+            ("the plan without streamed normalisers", self._one_pass, Attempt(False, requested)),
+        ]
+        if requested is not NATIVE:
+            attempts.append(
+                ("the plan with native gradients", self._one_pass, Attempt(False, NATIVE))
             )
-            if paired is not None and not isinstance(layout, _layout.ShardedLayout):
-                two, pairs = self._two_passes(
-                    traced, chosen, layout, requested, stream, measure, paired
-                )
-            if two is None:
-                with stage("choosing the gradient mode"):
-                    grad, reason = _choice.choose(chosen, requested)
-        else:
-            with stage("the memory budget search"):
-                fitted, grad, reason, layout, budget = self._fit_budget(
-                    traced, chosen, inputs, key, requested, pattern
-                )
-            usable = [fitted if c is chosen else c for c in usable]
-            chosen = fitted
-        if two is None:
-            run, grad, reason = self._one_pass(chosen, grad, reason, requested, layout, measure)
-            if budget is not None:  # the search compiled this program: never again
-                measure.record(run, budget.measured)
-            plan = Plan.from_candidate(chosen, usable, grad, reason, layout, budget)
-            estimate: _worth.Estimate = chosen
-        else:
-            run, plan, estimate = two
-        original = functools.partial(run_as_written, traced.jaxpr)
-        with stage("tracing the forward and backward passes"):
-            _fallback.validate(run, inputs, original)
-        with stage("weighing the plan against the function as written"):
-            why = _worth.as_written_instead(estimate, requested, run, original, measure)
-            if pairs:
-                stops = chosen.split.stops if two is None else two[2].stops
-                why = _worth.for_paired(why, stops, requested, run, original, measure)
-        if why is not None:
-            plan = dataclasses.replace(plan, grad="none", grad_reason=why, warning=why)
-            return Prepared(traced, chosen.split, plan, as_written=True)
-        if estimate.warning() is not None and requested == "auto":
-            plan = dataclasses.replace(plan, warning=None)  # measured to save after all
-        return Prepared(traced, chosen.split, plan, run=run)
+        runs = [(what, functools.partial(f, call, a)) for what, f, a in attempts]
+        return _fallback.first_that_works(runs, lambda why: Prepared.unchunked(traced, why))
 
-    def _one_pass(
-        self,
-        chosen: Candidate,
-        grad: str,
-        reason: str,
-        requested: str,
-        layout: _layout.Layout,
-        measure: _budget.Measure,
-    ) -> tuple[Callable, str, str]:
-        """``(run, grad, why)``: the one-pass plan built; auto's pick of fused is confirmed by
+    def _two_passes(self, call: Planning, attempt: Attempt) -> Prepared | None:
+        """The two-pass plan (``_pairwise``), where it is expected to save more than one pass
+        (None elsewhere: one pass is the plan as chosen). Auto's pick of fused for a pass is
+        confirmed by measurement, as in one."""
+        if self.settings.chunk is None:
+            return None
+        chosen, _ = call.axis(self.settings, attempt.stream)
+        layout = self._layout(call, chosen, self.settings.chunk)
+        if isinstance(layout, _layout.ShardedLayout):
+            return None
+        two = call.pairing(chosen, attempt.stream)
+        if two is None or two.net_saving <= chosen.net_saving:
+            return None
+        measure, accum = call.measure if call.measure.diff else None, self.settings.accum_dtype
+        run, decisions = _pairwise.choose_and_build(
+            two, attempt.requested, layout, accum_dtype=accum, measure=measure
+        )
+        plan = _pairwise.plan_of(two, decisions, call.names)
+        return self._weigh(call, attempt, chosen, Built(run, plan, two, two.stops))
+
+    def _one_pass(self, call: Planning, attempt: Attempt) -> Prepared:
+        """Axis, chunk (fixed or from the budget), mode, build; then ``_weigh``."""
+        chosen, usable = call.axis(self.settings, attempt.stream)
+        decision = self._chunk(call, chosen, attempt.requested)
+        decision, run = self._build(call, decision, attempt.requested)
+        if decision.budget is not None:  # the search compiled this program: never again
+            call.measure.record(run, decision.budget.measured)
+        usable = [decision.candidate if c is chosen else c for c in usable]
+        plan = Plan.from_decision(decision, usable)
+        stops, sharded = None, isinstance(decision.layout, _layout.ShardedLayout)
+        if attempt.pairs and decision.budget is None and not sharded:  # two passes not taken
+            two = call.pairing(chosen, attempt.stream)
+            paired = two is not None and two.net_saving <= chosen.net_saving
+            stops = chosen.split.stops if paired else None
+        return self._weigh(call, attempt, chosen, Built(run, plan, decision.candidate, stops))
+
+    def _layout(self, call: Planning, chosen: Candidate, chunk: int) -> _layout.Layout:
+        mesh_axis = self.settings.mesh_axis
+        return _layout.detect(call.traced, chosen.split, call.inputs, mesh_axis, chunk)
+
+    def _chunk(self, call: Planning, chosen: Candidate, requested: Mode) -> Decision:
+        """The decision at the chunk: ``chunk=`` with the mode ``_choice`` picks, or the
+        budget search's (with ``memory=``)."""
+        if self.settings.chunk is None:
+            with _fallback.stage("the memory budget search"):
+                return self._fit_budget(call, chosen, requested)
+        layout = self._layout(call, chosen, self.settings.chunk)
+        with _fallback.stage("choosing the gradient mode"):
+            return _choice.choose(chosen, requested, layout)
+
+    def _build(
+        self, call: Planning, decision: Decision, requested: Mode
+    ) -> tuple[Decision, Callable]:
+        """``(decision, run)``: the program built; auto's pick of fused is confirmed by
         measuring both modes (``_choice.confirm_fused``) where the estimate does not decide
         alone (``_choice.estimate_decides``), and not under a memory budget, which measured
         its own choice."""
         accum = self.settings.accum_dtype
         with _fallback.stage("building"):
-            run = build(chosen.split, chosen.chunk, grad, accum, layout)
-        budgeted = self.settings.chunk is None
-        if requested != "auto" or grad != "fused" or budgeted or not measure.diff:
-            return run, grad, reason
-        if _choice.estimate_decides(chosen, measure.diff):
-            grad, reason = _choice.by_estimate(reason)
-        else:
-            with _fallback.stage("measuring fused against remat"):
-                remat = build(chosen.split, chosen.chunk, "remat", accum, layout)
-                grad, reason = _choice.confirm_fused(reason, measure(run), measure(remat))
-                run = remat if grad == "remat" else run
-        return run, grad, reason
+            run = build(decision, accum)
+        diff = call.measure.diff
+        if not _choice.to_confirm(decision, requested) or decision.budget is not None or not diff:
+            return decision, run
+        if _choice.estimate_decides(decision.candidate, diff):
+            return _choice.by_estimate(decision), run
+        with _fallback.stage("measuring fused against remat"):
+            remat = build(decision.to(REMAT, decision.reason), accum)
+            decision = _choice.confirm_fused(decision, call.measure(run), call.measure(remat))
+        return decision, remat if decision.mode is REMAT else run
 
-    def _two_passes(
-        self,
-        traced: _trace.Traced,
-        chosen: Candidate,
-        layout: _layout.Layout,
-        requested: str,
-        stream: bool,
-        measure: _budget.Measure,
-        paired: list,
-    ) -> tuple[tuple[Callable, Plan, _pairwise.TwoPass] | None, bool]:
-        """``((run, plan, estimate) of the two-pass plan, or None, whether the program pairs
-        the axis with itself)``: the plan (``_pairwise``) where two passes are expected to
-        save more than one. Auto's pick of fused for a pass is confirmed by measurement, as in
-        one. ``paired`` is appended to once two passes are taken: a later failure runs one
-        pass."""
-        with _fallback.stage("planning two passes for a pairing of the axis with itself"):
-            names = _candidates.input_names(traced)
-            two = _pairwise.plan(chosen, names, stream)
-        if two is None or two.net_saving <= chosen.net_saving:
-            return None, two is not None
-        paired.append(True)  # from here on, a failure falls back to the one-pass plan
-        run, grads = _pairwise.choose_and_build(
-            two, requested, self.settings.accum_dtype, measure if measure.diff else None
-        )
-        plan = _pairwise.plan_of(two, grads, layout, names)
-        return (run, plan, two), True
+    def _weigh(self, call: Planning, attempt: Attempt, chosen: Candidate, built: Built) -> Prepared:
+        """Validate ``built``'s forward and backward passes, and weigh it against the
+        function as written (``_worth``)."""
+        traced, run, plan, requested = call.traced, built.run, built.plan, attempt.requested
+        original = functools.partial(run_as_written, traced.jaxpr)
+        with _fallback.stage("tracing the forward and backward passes"):
+            _fallback.validate(run, call.inputs, original)
+        with _fallback.stage("weighing the plan against the function as written"):
+            programs = _worth.Programs(run, original, call.measure)
+            why = _worth.as_written_instead(built.estimate, requested, programs)
+            if built.stops is not None:
+                why = _worth.for_paired(why, built.stops, requested, programs)
+        if why is not None:
+            plan = dataclasses.replace(plan, grad="none", grad_reason=why, warning=why)
+            return Prepared(traced, chosen.split, plan, as_written=True)
+        if built.estimate.warning() is not None and requested is AUTO:
+            plan = dataclasses.replace(plan, warning=None)  # measured to save after all
+        return Prepared(traced, chosen.split, plan, run=run)
 
-    def _fit_budget(
-        self,
-        traced: _trace.Traced,
-        candidate: Candidate,
-        inputs: list,
-        key: Any,
-        requested: str,
-        pattern: tuple | None,
-    ) -> tuple:
-        """``(the candidate at the chosen chunk, grad, why, layout, Budget)`` for
-        ``memory=``: the search of ``_budget``, once per call signature (later calls, and
-        calls under ``jit`` or ``grad`` with the same avals, reuse its choice)."""
+    def _fit_budget(self, call: Planning, candidate: Candidate, requested: Mode) -> Decision:
+        """The decision for ``memory=``: the search of ``_budget``, once per call signature
+        (later calls, and calls under ``jit`` or ``grad`` with the same avals, reuse it)."""
 
         def layout_for(k: int) -> _layout.Layout:
-            return _layout.detect(traced, candidate.split, inputs, self.settings.mesh_axis, k)
+            return self._layout(call, candidate, k)
 
-        cached = self.chunks.get(key) if key is not None else None
+        cached = self.chunks.get(call.key) if call.key is not None else None
         if cached is not None:
-            grad, reason, budget = cached
-            k = budget.chunk
-            return candidate.at(k), grad, reason, layout_for(k), budget
-        grad, reason = _choice.choose(candidate, requested)
-        modes = [(grad, reason)]
-        if requested == "auto" and grad == "fused":
-            modes.append(
-                ("remat", "auto: fused applies, but its parameter-sized Jacobian accumulator "
-                 "does not fit the memory budget at any chunk")
-            )  # fmt: skip
+            k = cached.budget.chunk
+            return dataclasses.replace(cached, candidate=candidate.at(k), layout=layout_for(k))
+        first = _choice.choose(candidate, requested, layout_for(candidate.split.size))
+        choices = [first]
+        if _choice.to_confirm(first, requested):
+            choices.append(first.to(REMAT, (
+                "auto: fused applies, but its parameter-sized Jacobian accumulator does not "
+                "fit the memory budget at any chunk"
+            )))  # fmt: skip
         assert self.settings.memory is not None
-        limit = _budget.resolve(self.settings.memory)
-        diff = differentiated_inputs(traced, inputs, pattern)
-        names = _candidates.input_names(traced)
-        wrt = ", ".join(names[traced.jaxpr.invars[i]] for i in diff) or "nothing (the forward)"
-        chosen, grad, reason, layout, budget = _budget.choose_chunk(
-            candidate,
-            modes,
-            self.settings.accum_dtype,
-            layout_for,
-            inputs,
-            diff,
-            limit,
-            self.settings.memory,
-            wrt,
+        diff, names = call.measure.diff, call.names
+        wrt = ", ".join(names[call.traced.jaxpr.invars[i]] for i in diff) or "nothing (the forward)"
+        request = _budget.Request(
+            limit=_budget.resolve(self.settings.memory),
+            requested=self.settings.memory,
+            inputs=call.inputs,
+            diff=diff,
+            wrt=wrt,
+            accum_dtype=self.settings.accum_dtype,
         )
-        if key is not None:
-            self.chunks.put(key, (grad, reason, budget))
-        return chosen, grad, reason, layout, budget
+        decision = _budget.choose_chunk(choices, layout_for, request)
+        if call.key is not None:
+            self.chunks.put(call.key, decision)
+        return decision
 
 
 def run_as_written(jaxpr: Any, *flat: Any) -> list:
     """The traced program evaluated as written (no region)."""
     return _interpret.eval_jaxpr(jaxpr, flat)
-
-
-def differentiated_inputs(traced: _trace.Traced, inputs: list, pattern: tuple | None) -> list:
-    """Indices in ``inputs`` of what the caller differentiates: the floating arguments the
-    ``pattern`` marks and the closed-over values an outer ``jax.grad`` traces; every floating
-    argument when the pattern is not known (a plain call, or one under ``jax.jit``)."""
-    if pattern is None:
-        return float_arguments(traced, inputs)
-    nc = traced.n_consts
-    consts = [i for i in range(nc) if is_float(inputs[i])]
-    consts = [i for i in consts if _compat.differentiated(inputs[i])]
-    args = [nc + j for j, p in enumerate(pattern) if p and is_float(inputs[nc + j])]
-    return consts + args
-
-
-def float_arguments(traced: _trace.Traced, inputs: list) -> list[int]:
-    """Indices in ``inputs`` of the floating arguments (closed-over constants excluded)."""
-    nc = traced.n_consts
-    return [i for i, x in enumerate(inputs) if i >= nc and is_float(x)]

@@ -40,15 +40,28 @@ from jaxpr_accum._signature import Inputs, Outputs
 
 
 class Mode:
-    """A gradient mode's linearization rule, ``linearize(region, is_vjp, nonzeros, primals,
-    outputs_of) -> (outputs, output nonzeros, residuals, linearized)`` (see
-    ``_compat.define_primitive``); ``outputs_of(primals)`` binds the primitive again."""
+    """A gradient mode, as ``grad=`` names it (``name``), with its linearization rule of the
+    region primitive, ``linearize(region, is_vjp, nonzeros, primals, outputs_of) -> (outputs,
+    output nonzeros, residuals, linearized)`` (see ``_compat.define_primitive``);
+    ``outputs_of(primals)`` binds the primitive again. ``REMAT`` (``_remat``) and ``FUSED``
+    (``_fused``) have one; ``NATIVE`` (the chunk loop with checkpointed bodies, differentiated
+    by JAX itself) and ``AUTO`` (a request: planning chooses one of the others, ``_choice``)
+    never bind the primitive's linearization. Names are parsed once, from the settings, into
+    these objects (``_choice.mode_named``); plans report ``name``."""
 
-    def __init__(self, name: str, linearize: Callable):
-        self.name, self.linearize = name, linearize
+    def __init__(self, name: str, linearize: Callable | None = None):
+        self.name = name
+        self.linearize: Callable = linearize or self._not_bound
+
+    def _not_bound(self, *_: Any) -> Any:
+        raise TypeError(f"the {self.name} gradient mode has no linearization rule of its own")
 
     def __repr__(self) -> str:
         return self.name
+
+
+AUTO = Mode("auto")
+NATIVE = Mode("native")
 
 
 def call(region: Region, mode: Mode, inputs: Inputs) -> Outputs:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from jaxpr_accum import _compat, _html, _layout, _stream
 from jaxpr_accum._cost import Candidate, format_bytes, nbytes
+from jaxpr_accum._decision import Decision
 from jaxpr_accum._plan import BODY, EPILOGUE, PROLOGUE, Split
 
 
@@ -115,16 +117,10 @@ class Plan:
     savings: tuple[int, int] | None = None  # estimated: (these passes, the one pass replaced)
 
     @classmethod
-    def from_candidate(
-        cls,
-        chosen: Candidate,
-        candidates: list[Candidate],
-        grad: str,
-        grad_reason: str,
-        layout: Any,
-        budget: Any = None,
-    ) -> Plan:
-        """The plan that runs ``chosen`` (the library's constructor; plans come from explain)."""
+    def from_decision(cls, decision: Decision, candidates: Sequence[Candidate]) -> Plan:
+        """The plan that runs ``decision`` (the library's constructor; plans come from
+        explain); ``candidates``: every candidate axis, the decision's among them."""
+        chosen = decision.candidate
         split, chunk = chosen.split, chosen.chunk
         n_full, rem = divmod(split.size, chunk)
         counts = {s: split.stages.count(s) for s in (PROLOGUE, BODY, EPILOGUE)}
@@ -132,8 +128,8 @@ class Plan:
             axis_size=split.size,
             chunk=chunk,
             born=split.born,
-            grad=grad,
-            grad_reason=grad_reason,
+            grad=decision.mode.name,
+            grad_reason=decision.reason,
             n_chunks=n_full + (1 if rem else 0),
             remainder=rem,
             reduced_at=[str(s) for s in split.reductions],
@@ -146,10 +142,10 @@ class Plan:
             candidates=[
                 (c.split.size, c.split.born, c.net_saving, c is chosen) for c in candidates
             ],
-            layout=_layout.describe(layout, split, chunk),
+            layout=_layout.describe(decision.layout, split, chunk),
             streamed=_streamed(split),
             warning=chosen.warning(),
-            budget=budget,
+            budget=decision.budget,
         )
 
     @classmethod

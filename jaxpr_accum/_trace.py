@@ -23,6 +23,7 @@ import jax
 
 from jaxpr_accum import _arguments, _compat, _interpret
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr
+from jaxpr_accum._dtypes import is_float
 
 
 @dataclass
@@ -43,6 +44,24 @@ class Traced:
     @property
     def has_tracer_consts(self) -> bool:
         return any(isinstance(c, jax.core.Tracer) for c in self.consts)
+
+    def differentiated(self, inputs: list, pattern: tuple | None) -> list[int]:
+        """Indices in ``inputs`` of what the caller differentiates: the floating arguments
+        the ``pattern`` marks and the closed-over values an outer ``jax.grad`` traces; every
+        floating argument when the pattern is not known (a plain call, or one under
+        ``jax.jit``)."""
+        if pattern is None:
+            return self.float_arguments(inputs)
+        nc = self.n_consts
+        consts = [i for i in range(nc) if is_float(inputs[i])]
+        consts = [i for i in consts if _compat.differentiated(inputs[i])]
+        args = [nc + j for j, p in enumerate(pattern) if p and is_float(inputs[nc + j])]
+        return consts + args
+
+    def float_arguments(self, inputs: list) -> list[int]:
+        """Indices in ``inputs`` of the floating arguments (closed-over constants excluded)."""
+        nc = self.n_consts
+        return [i for i, x in enumerate(inputs) if i >= nc and is_float(x)]
 
 
 def trace(fun: Callable, call: _arguments.Call, seed_axes: list | None = None) -> Traced:

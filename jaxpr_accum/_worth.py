@@ -20,10 +20,12 @@ that loop: it runs whatever the estimate, with the same warning.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from jaxpr_accum._cost import format_bytes
+from jaxpr_accum._region_p import AUTO, Mode
 
 MARGIN = 0.10  # the least fraction a stopped plan of a paired program must save, measured
 FORCE_HINT = "; pass grad='remat' (or 'fused' / 'native') to run the chunked loop anyway"
@@ -37,21 +39,29 @@ class Estimate(Protocol):
     def no_saving_is_certain(self) -> bool: ...
 
 
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    """The chunked program ``run`` and the function as written (``original``), with
+    ``measure(fun)``: XLA's temp bytes of ``fun``'s ``value_and_grad`` (None: not measurable
+    in isolation, and the estimate decides)."""
+
+    run: Callable
+    original: Callable
+    measure: Callable[[Callable], int | None]
+
+
 def as_written_instead(
     candidate: Estimate,
-    requested: str,
-    run: Callable,
-    original: Callable,
-    measure: Callable[[Callable], int | None],
+    requested: Mode,
+    programs: Programs,
 ) -> str | None:
-    """Why the function should run as written instead of ``run`` (None: keep the loop).
-    ``measure(fun)``: XLA's temp bytes of ``fun``'s ``value_and_grad`` (None: not
-    measurable in isolation, and the estimate decides)."""
+    """Why the function should run as written instead of ``programs.run`` (None: keep the
+    loop)."""
     warning = candidate.warning()
-    if warning is None or requested != "auto":
+    if warning is None or requested is not AUTO:
         return None
     if not candidate.no_saving_is_certain():
-        chunked, written = measure(run), measure(original)
+        chunked, written = programs.measure(programs.run), programs.measure(programs.original)
         if chunked is not None and written is not None:  # else the estimate decides
             if chunked < written:
                 return None
@@ -65,10 +75,8 @@ def as_written_instead(
 def for_paired(
     why: str | None,
     stops: Sequence[object],
-    requested: str,
-    run: Callable,
-    original: Callable,
-    measure: Callable[[Callable], int | None],
+    requested: Mode,
+    programs: Programs,
 ) -> str | None:
     """``as_written_instead``'s verdict ``why`` for a program that pairs the axis with itself,
     whose plan stops at ``stops``: a plan to run as written is told where it stops; a loop
@@ -77,9 +85,9 @@ def for_paired(
     where = "; ".join(str(stop) for stop in stops)
     if why is not None:
         return f"{why} (the plan stops at {where})" if stops else why
-    if not stops or requested != "auto":
+    if not stops or requested is not AUTO:
         return None
-    chunked, written = measure(run), measure(original)
+    chunked, written = programs.measure(programs.run), programs.measure(programs.original)
     if chunked is None or written is None or chunked < (1 - MARGIN) * written:
         return None
     return (

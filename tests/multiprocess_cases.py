@@ -73,7 +73,7 @@ def cases(outdir: Path, rank: int) -> dict[str, Any]:
     from jax.sharding import PartitionSpec as P
 
     import jaxpr_accum as ja
-    from tests.oracle import MODES
+    from tests.oracle import GRAD_MODES
     from tests.sharding_cases import dropout_problem, hlo_facts, mlp_problem, rel_err
 
     def devices() -> dict[str, Any]:
@@ -173,7 +173,7 @@ def cases(outdir: Path, rank: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {"devices": devices}
     for model in ("mlp", "dropout"):
-        for mode in MODES:
+        for mode in GRAD_MODES:
             out[f"{model}-{mode}"] = lambda model=model, mode=mode: model_case(model, mode)
     return out
 

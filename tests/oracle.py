@@ -2,8 +2,8 @@
 serialized function with its original: ``assert_matches_original``, one runner and one table
 of tolerances by dtype, and ``assert_tree_close``):
 
-* :data:`MODES`, every gradient mode, and :func:`modes`, a choice of them as ``pytest``
-  parameters split between the default and the slow tier;
+* :data:`GRAD_MODES`, every gradient mode (the library's list), and :func:`modes`, a choice
+  of them as ``pytest`` parameters split between the default and the slow tier;
 * :func:`covering`, the rows of a parameter matrix too large to run whole in the slow tier
   (every value of one factor with every value of each other factor), or the whole product
   with ``JAXPR_ACCUM_FULL_MATRIX=1``;
@@ -30,27 +30,27 @@ from typing import Any
 import pytest
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
-from jaxpr_accum import testing
+from jaxpr_accum import _settings, testing
 
 #: ``pytest.mark.filterwarnings(NOT_WORTH_IT)``: for a test whose toy program the cost model
 #: expects to save no memory, where the first call's ``PlanWarning`` is incidental to what the
 #: test checks (the default tier makes any other ``PlanWarning`` an error: ``conftest.py``).
 NOT_WORTH_IT = "ignore:.*not expected to save memory:jaxpr_accum.PlanWarning"
 
-#: Every gradient mode of ``serialize_axis(grad=...)``.
-MODES = ("auto", "remat", "fused", "native")
+#: Every gradient mode of ``serialize_axis(grad=...)``: the library's one list of their names.
+GRAD_MODES = _settings.GRAD_MODES
 
 
 def modes(*fast: str, slow: Iterable[str] = ()) -> list:
-    """Gradient modes as ``pytest.mark.parametrize`` values, in the order of :data:`MODES`:
+    """Gradient modes as ``pytest.mark.parametrize`` values, in the order of :data:`GRAD_MODES`:
     those named in ``fast`` in the default tier, the other ones in ``slow`` marked ``slow``.
-    ``modes("remat", slow=MODES)``: remat by default, the three others in the slow tier;
-    ``modes(*MODES)``: all four by default."""
+    ``modes("remat", slow=GRAD_MODES)``: remat by default, the three others in the slow tier;
+    ``modes(*GRAD_MODES)``: all four by default."""
     fast, slow = set(fast), set(slow) - set(fast)
-    assert fast | slow <= set(MODES), (fast, slow)
+    assert fast | slow <= set(GRAD_MODES), (fast, slow)
     return [
         m if m in fast else pytest.param(m, marks=pytest.mark.slow)
-        for m in MODES
+        for m in GRAD_MODES
         if m in fast | slow
     ]
 

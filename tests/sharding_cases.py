@@ -41,7 +41,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
-from tests.oracle import MODES  # noqa: E402
+from tests.oracle import GRAD_MODES  # noqa: E402
 
 N_DEVICES = 8
 BATCH = 64  # 8 rows per device
@@ -573,7 +573,7 @@ def case_shard_map_inside() -> dict[str, Any]:
     for name, loss in (("mlp", mlp), ("pooled", pooled)):
         for check_vma in (True, False):
             ref = step(loss, check_vma)(w, x)
-            for grad in MODES:
+            for grad in GRAD_MODES:
                 key = f"{name}-{grad}-check_vma={check_vma}"
                 sf = ja.serialize_axis(loss, chunk=3, argnums=1, grad=grad)
                 try:
@@ -655,7 +655,7 @@ def case_shard_map_idioms() -> dict[str, Any]:
     for loss, axis in cases:
         for where in (inside, outside):
             ref = where(loss)(w, ws, x)
-            for grad in MODES:
+            for grad in GRAD_MODES:
                 key = f"{loss.__name__}-{where.__name__}-{grad}-{axis}"
                 sf = ja.serialize_axis(loss, chunk=3, grad=grad, **axes[axis])
                 try:

@@ -33,17 +33,17 @@ from jax import lax
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import MODES, NOT_WORTH_IT, assert_matches_original, covering, modes
+from .oracle import GRAD_MODES, NOT_WORTH_IT, assert_matches_original, covering, modes
 
 
 def diagonal(names: list[str]) -> list:
     """``(mode, name)`` for every pair; the default tier keeps a diagonal that has every mode
     and every name at least once, the other pairs are ``slow``."""
-    n = max(len(names), len(MODES))
-    keep = {(MODES[i % len(MODES)], names[i % len(names)]) for i in range(n)}
+    n = max(len(names), len(GRAD_MODES))
+    keep = {(GRAD_MODES[i % len(GRAD_MODES)], names[i % len(names)]) for i in range(n)}
     return [
         (mode, name) if (mode, name) in keep else pytest.param(mode, name, marks=pytest.mark.slow)
-        for mode in MODES
+        for mode in GRAD_MODES
         for name in names
     ]
 
@@ -135,7 +135,7 @@ class _nullcontext:
         return None
 
 
-@pytest.mark.parametrize("mode", modes("auto", slow=MODES))
+@pytest.mark.parametrize("mode", modes("auto", slow=GRAD_MODES))
 def test_composition_row(mode):
     """One row per mode in the default tier: a stale-mask sequence (all inputs, then one,
     then another, then all again) under ``jit``; the full matrix is ``slow``."""
@@ -153,7 +153,7 @@ MATRIX += [("softmax", w) for w in ("checkpoint", "scan", "vjp", "vmap")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, wrapper, mode", covering(MATRIX, MODES, per=1))
+@pytest.mark.parametrize("kind, wrapper, mode", covering(MATRIX, GRAD_MODES, per=1))
 def test_composition_matrix(mode, kind, wrapper):
     assert check_subsets_in_orders(mode, kind, wrapper) == 14
 
@@ -161,7 +161,7 @@ def test_composition_matrix(mode, kind, wrapper):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, mode, chunk",
-    covering(["float32", "float64", "complex", "softmax"], MODES, [1, 4, 5, N, N + 3], per=2),
+    covering(["float32", "float64", "complex", "softmax"], GRAD_MODES, [1, 4, 5, N, N + 3], per=2),
 )
 def test_composition_chunks(mode, kind, chunk):
     with jax.enable_x64(True) if kind == "float64" else _nullcontext():
@@ -173,7 +173,7 @@ def test_composition_chunks(mode, kind, chunk):
 
 @pytest.mark.parametrize(
     "mode",
-    modes("remat", slow=MODES),
+    modes("remat", slow=GRAD_MODES),
 )
 @pytest.mark.slow
 def test_hessian_forward_over_reverse_and_reverse_over_reverse(mode):
@@ -191,7 +191,7 @@ def test_hessian_forward_over_reverse_and_reverse_over_reverse(mode):
 # -- 1. no state shared between differentiations (r1, r2) -----------------------------------
 
 
-@pytest.mark.parametrize("mode", modes("remat", slow=MODES))
+@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
 @pytest.mark.slow
 def test_perturbed_mask_does_not_leak_between_traces(mode):
     """r1/r2: after grads w.r.t. (w, x) then w alone, grad of jit/checkpoint(sf) is exact."""
@@ -286,7 +286,7 @@ def test_custom_rule_that_mixes_the_batch_is_exact(name, mode):
     assert_matches_original(sf, w, x, vmap=False)
 
 
-@pytest.mark.parametrize("mode", modes("remat", "fused", slow=MODES))
+@pytest.mark.parametrize("mode", modes("remat", "fused", slow=GRAD_MODES))
 def test_polymorphic_custom_rules_are_chunked(mode):
     """r11: per-example custom rules (directly and under vmap) and a weight-gradient sum in a
     backward rule run at chunk size and match."""
@@ -383,7 +383,7 @@ def test_second_order_through_custom_rules(mode, head, rule, stacks):
 # -- 3. nested use (r8) ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", modes("remat", slow=MODES))
+@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
 @pytest.mark.slow
 def test_serialized_inside_serialized(mode):
     w, _, _ = _args("float32")
@@ -411,7 +411,7 @@ def test_serialized_inside_serialized(mode):
 # -- 4. dtypes (r6, r7) ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", modes("remat", "fused", slow=MODES))
+@pytest.mark.parametrize("mode", modes("remat", "fused", slow=GRAD_MODES))
 @pytest.mark.slow
 def test_float64_is_float64_accurate(mode):
     with jax.enable_x64(True):
@@ -426,7 +426,7 @@ def test_float64_is_float64_accurate(mode):
         assert abs(float(v - rv)) < 1e-14
 
 
-@pytest.mark.parametrize("mode", modes("remat", slow=MODES))
+@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
 def test_complex_sums_are_exact(mode):
     """r7: fused refuses complex sums; every mode (auto included) is exact."""
     args = _args("complex")
@@ -468,7 +468,7 @@ def _all_eqns(jaxpr):
 # -- 5. shapes (r4, r5, r9) ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", modes("fused", slow=MODES))
+@pytest.mark.parametrize("mode", modes("fused", slow=GRAD_MODES))
 def test_size_zero_axis_returns_what_the_original_returns(mode):
     w, b, _ = _args("float32")
     x = jnp.zeros((0, 4))
@@ -695,7 +695,7 @@ def test_emitted_equations_point_at_user_code():
 
 
 @pytest.mark.filterwarnings(NOT_WORTH_IT)  # toys: a sum of x @ w saves nothing
-@pytest.mark.parametrize("mode", modes("native", slow=MODES))
+@pytest.mark.parametrize("mode", modes("native", slow=GRAD_MODES))
 def test_outputs_that_are_not_arrays(mode):
     w, _, x = _args("float32")
     none = ja.serialize_axis(lambda w, x: None, chunk=5, argnums=1, grad=mode)

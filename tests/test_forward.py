@@ -19,7 +19,7 @@ import pytest
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import MODES, iter_eqns, modes
+from .oracle import GRAD_MODES, iter_eqns, modes
 
 slow = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def serialized(fun, grad, **kw):
     return ja.serialize_axis(fun, chunk=5, grad=grad, **kw)
 
 
-@pytest.mark.parametrize("grad", modes("auto", slow=MODES))
+@pytest.mark.parametrize("grad", modes("auto", slow=GRAD_MODES))
 @pytest.mark.parametrize("fun", [mlp, per_example], ids=["scalar", "per-example"])
 def test_jvp_wrt_every_input(fun, grad):
     sf = serialized(fun, grad)
@@ -66,7 +66,7 @@ def test_jvp_wrt_every_input(fun, grad):
         assert_tree_close(jax.jvp(sf, primals, tangents), jax.jvp(fun, primals, tangents))
 
 
-@pytest.mark.parametrize("grad", modes("remat", slow=MODES))
+@pytest.mark.parametrize("grad", modes("remat", slow=GRAD_MODES))
 def test_jacfwd(grad):
     sf = serialized(per_example, grad)
     for argnums in (0, 1):
@@ -74,7 +74,7 @@ def test_jacfwd(grad):
         assert_tree_close(got, jax.jacfwd(per_example, argnums=argnums)(PARAMS, X))
 
 
-@pytest.mark.parametrize("grad", modes("fused", slow=MODES))
+@pytest.mark.parametrize("grad", modes("fused", slow=GRAD_MODES))
 def test_linearize_applied_to_several_tangents(grad):
     sf = serialized(mlp, grad)
     out, f_lin = jax.linearize(sf, PARAMS, X)
@@ -94,7 +94,7 @@ def weighted(params, x, y):  # two chunked inputs: data and per-row weights
     return jnp.mean(jnp.tanh(x @ params["w1"]) @ params["w2"] * y[:, None])
 
 
-@pytest.mark.parametrize("grad", modes("native", slow=MODES))
+@pytest.mark.parametrize("grad", modes("native", slow=GRAD_MODES))
 def test_linearize_with_a_chunked_input_held_constant(grad):
     """Forward mode with respect to some of the chunked inputs: the per-row weights ``y``
     are chunked but not perturbed (closed over by the caller), so their tangent is absent
@@ -110,7 +110,7 @@ def test_linearize_with_a_chunked_input_held_constant(grad):
     assert_tree_close(got, jax.jvp(lambda x: weighted(PARAMS, x, y), (X,), (t_x,)))
 
 
-@pytest.mark.parametrize("grad", modes("auto", slow=MODES))
+@pytest.mark.parametrize("grad", modes("auto", slow=GRAD_MODES))
 def test_closed_over_values(grad):
     def outer(w2):
         def f(w1, x):
@@ -125,7 +125,7 @@ def test_closed_over_values(grad):
     assert_tree_close(got, run(outer))
 
 
-@pytest.mark.parametrize("grad", modes("remat", slow=MODES))
+@pytest.mark.parametrize("grad", modes("remat", slow=GRAD_MODES))
 @pytest.mark.slow
 def test_axis_born_inside_with_random_draws(grad):
     sf = ja.serialize_axis(mc_samples, chunk=4, size=16, grad=grad)
@@ -139,7 +139,7 @@ def test_axis_born_inside_with_random_draws(grad):
     assert sf.explain(PARAMS, mu, key).axis_size == 16
 
 
-@pytest.mark.parametrize("grad", modes("fused", slow=MODES))
+@pytest.mark.parametrize("grad", modes("fused", slow=GRAD_MODES))
 @pytest.mark.slow
 def test_compositions(grad):
     sf = serialized(mlp, grad)

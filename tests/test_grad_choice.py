@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum import _budget
+from jaxpr_accum import _budget, _choice
+from jaxpr_accum._region_p import AUTO
+from jaxpr_accum._settings import GRAD_MODES
 from jaxpr_accum.testing import assert_tree_close
 
 from .oracle import NOT_WORTH_IT, assert_matches_original
@@ -206,3 +208,19 @@ def test_auto_where_the_program_cannot_be_measured_alone():
     with pytest.warns(ja.PlanWarning, match="not expected to save memory"):  # h is stacked
         assert_tree_close(sf(w, x), halved_until_small(w, x))
         assert_tree_close(jax.jvp(sf, (w, x), t), jax.jvp(halved_until_small, (w, x), t))
+
+
+def test_each_mode_name_is_parsed_once_into_its_mode():
+    """``GRAD_MODES`` is the one list of names; inside the package a mode is its ``Mode``,
+    and a plan reports the name of the mode that runs."""
+    modes = [_choice.mode_named(name) for name in GRAD_MODES]
+    assert [m.name for m in modes] == list(GRAD_MODES) and len(set(map(id, modes))) == 4
+    w, x = jnp.ones((3, 2)), jnp.ones((8, 3))
+    for mode in modes:
+        if mode is not AUTO:  # a request, which reports the mode it chose
+            sf = ja.serialize_axis(_tanh_sum, chunk=4, argnums=1, grad=mode.name)
+            assert sf.explain(w, x).grad == mode.name
+
+
+def _tanh_sum(w, x):
+    return jnp.sum(jnp.tanh(x @ w))

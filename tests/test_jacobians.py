@@ -25,7 +25,7 @@ import pytest
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import MODES, assert_matches_original
+from .oracle import GRAD_MODES, assert_matches_original
 
 slow = pytest.mark.slow
 CHUNK = 7  # divides none of the basis sizes below: every loop has a remainder
@@ -71,7 +71,7 @@ def matrix(default: dict[str, str | None]) -> list:
     per form in rotation, marked slow (every mode meets every form across the tests)."""
     rows = []
     for i, form in enumerate(FORMS):
-        others = [m for m in MODES if m != default[form]]
+        others = [m for m in GRAD_MODES if m != default[form]]
         rows.append(pytest.param(form, default[form] or others.pop(i % 3), marks=()))
         if default[form] is None:
             rows[-1] = pytest.param(*rows[-1].values, marks=slow)
@@ -119,7 +119,7 @@ def test_loss_on_the_jacobian(form, grad):
 
 
 @pytest.mark.parametrize(
-    "grad", [pytest.param(m, marks=() if m == "auto" else slow) for m in MODES]
+    "grad", [pytest.param(m, marks=() if m == "auto" else slow) for m in GRAD_MODES]
 )
 def test_jvp_of_a_jacobian(grad):
     sf = ja.serialize_axis(jacrev, chunk=CHUNK, size=ROWS, grad=grad)

@@ -127,6 +127,39 @@ def test_no_module_is_over_300_lines():
     assert not too_big, too_big
 
 
+#: The modules that plan one call (axis, chunk, mode, build, weigh): they pass named values.
+PLANNING = (
+    "_prepare", "_candidates", "_cost", "_choice", "_decision", "_budget", "_chunk_search",
+    "_assemble", "_worth", "_report", "_fallback", "_pairwise/modes", "_pairwise/build",
+    "_pairwise/report",
+)  # fmt: skip
+
+
+def test_planning_passes_named_values_not_positional_ones():
+    """No planning function takes more than 4 positional parameters (``self`` aside) or
+    returns a tuple of more than 2 values: a decision is a ``Decision``, not a 5-tuple."""
+    bad = []
+    for module in PLANNING:
+        path = PACKAGE / f"{module}.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            args = node.args.posonlyargs + node.args.args
+            positional = [a for a in args if a.arg not in ("self", "cls")]
+            returns = node.returns
+            wide = (
+                isinstance(returns, ast.Subscript)
+                and ast.unparse(returns.value) == "tuple"
+                and isinstance(returns.slice, ast.Tuple)
+                and len(returns.slice.elts) > 2
+                and "..." not in ast.unparse(returns.slice)
+            )
+            if len(positional) > 4 or wide:
+                bad.append(f"{module}.{node.name}: {len(positional)} positional, returns "
+                           + (ast.unparse(returns) if returns else "nothing"))  # fmt: skip
+    assert not bad, bad
+
+
 def test_no_function_is_much_over_60_lines():
     """Lines of code: a docstring (Args, Returns, Raises, Example) does not count."""
     long = {}

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .oracle import MODES
+from .oracle import GRAD_MODES
 
 # The processes start once per module (one xdist worker: loadgroup).
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("multiprocess")]
@@ -130,7 +130,7 @@ def test_two_processes_with_four_devices_each(run: dict[str, Any]) -> None:
         assert facts["device_count"] == N_PROCESSES * LOCAL_DEVICES
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("model", MODELS)
 def test_values_and_gradients_match_single_process_reference(
     run: dict[str, Any], model: str, mode: str
@@ -151,7 +151,7 @@ def test_values_and_gradients_match_single_process_reference(
         assert "('data',)" in facts["plan_layout"], (rank, facts)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("model", MODELS)
 def test_no_collectives_inside_the_chunk_loop(run: dict[str, Any], model: str, mode: str) -> None:
     for rank in range(N_PROCESSES):
@@ -163,7 +163,7 @@ def test_no_collectives_inside_the_chunk_loop(run: dict[str, Any], model: str, m
         assert facts["all_reduce_total"] >= 1, (rank, facts)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("model", MODELS)
 def test_parameters_after_optax_steps_are_identical_across_processes(
     run: dict[str, Any], model: str, mode: str

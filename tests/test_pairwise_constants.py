@@ -30,7 +30,7 @@ import jaxpr_accum as ja
 from jaxpr_accum import testing as ja_testing
 from jaxpr_accum._budget import temp_bytes
 
-from .oracle import MODES
+from .oracle import GRAD_MODES
 from .test_pairwise import _full_pairs, _normal, _params, _value_and_grad, encode, normalise
 
 
@@ -163,7 +163,7 @@ def test_every_idiom_is_exact_per_block(name, n, chunk):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["ntxent_optax", "positives_roll", "columns_gather"])
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", GRAD_MODES)
 def test_every_mode_matches_the_oracle(name, grad):
     """The full oracle (outputs, ``jax.vjp``, ``jax.grad``) in every gradient mode."""
     sf = ja.serialize_axis(PROGRAMS[name], chunk=5, argnums=1, grad=grad)

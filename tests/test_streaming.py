@@ -56,7 +56,7 @@ from jax import lax
 import jaxpr_accum as ja
 from jaxpr_accum.testing import chunk_sizes
 
-from .oracle import FULL_MATRIX, MODES, assert_matches_original
+from .oracle import FULL_MATRIX, GRAD_MODES, assert_matches_original
 
 # Where the region stops at the normaliser, it stacks the logits back to full size and warns
 # that it does not expect to save memory: expected here, where exactness is the subject.
@@ -375,7 +375,7 @@ _GIVEN = {
     "data": st.data(),
     "spec": programs(),
     "seed": st.integers(0, 2**16),
-    "grad": st.sampled_from(MODES),
+    "grad": st.sampled_from(GRAD_MODES),
 }
 
 
@@ -680,7 +680,7 @@ def _every_mode(name: str, chunks: Any, x64: bool = False, vmap: bool = True) ->
     n = ja.serialize_axis(f, chunk=1, **kwargs).explain(*args).axis_size
     offset = sorted(CASES).index(name)
     for j, chunk in enumerate(chunks(n)):
-        grads = MODES if FULL_MATRIX else [MODES[(offset + j) % len(MODES)]]
+        grads = GRAD_MODES if FULL_MATRIX else [GRAD_MODES[(offset + j) % len(GRAD_MODES)]]
         for grad in grads:
             sf = ja.serialize_axis(f, chunk=chunk, grad=grad, **kwargs)
             assert_matches_original(sf, *args, vmap=vmap and (FULL_MATRIX or j == 0))

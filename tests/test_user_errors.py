@@ -29,7 +29,7 @@ from jax.experimental import checkify, io_callback
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import MODES, covering
+from .oracle import GRAD_MODES, covering
 
 _rs = np.random.RandomState(30)
 W = jnp.asarray(_rs.normal(size=(6, 6)) * 0.4, jnp.float32)
@@ -149,7 +149,7 @@ def _first_fast(values, fast):
 
 
 @pytest.mark.parametrize("how", _first_fast(CALLS, "plain"))
-@pytest.mark.parametrize("grad", _first_fast(MODES, "remat"))
+@pytest.mark.parametrize("grad", _first_fast(GRAD_MODES, "remat"))
 def test_a_raising_callback_raises_once_as_in_the_original(how, grad):
     sf = ja.serialize_axis(raising_loss, chunk=5, argnums=1, grad=grad)
     assert sf.explain(W, X).counts["body"] > 0
@@ -201,7 +201,7 @@ def test_debug_nans_raise_as_in_the_original(flag, loss, how):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", GRAD_MODES)
 @pytest.mark.parametrize("how", CALLS)
 def test_callbacks_fire_as_often_as_in_the_original(how, grad, capfd):
     sf = ja.serialize_axis(counted_loss, chunk=5, argnums=1, grad=grad)
@@ -235,7 +235,7 @@ def test_a_memory_budget_plans_without_running_the_callbacks():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", GRAD_MODES)
 @pytest.mark.parametrize(
     "wrap",
     [
@@ -357,7 +357,7 @@ def test_a_callback_on_a_stopped_per_example_value_differentiates():
 @pytest.mark.slow
 @pytest.mark.parametrize(  # a covering: each loss in every mode and every way of calling
     "loss, grad, how",
-    covering(STOPPED, MODES, list(DIFFERENTIATED), ids=[f.__name__ for f in STOPPED]),
+    covering(STOPPED, GRAD_MODES, list(DIFFERENTIATED), ids=[f.__name__ for f in STOPPED]),
 )
 def test_callbacks_on_values_without_gradient_differentiate_as_in_the_original(loss, grad, how):
     sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=grad)
@@ -367,7 +367,7 @@ def test_callbacks_on_values_without_gradient_differentiate_as_in_the_original(l
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 7, 24, 30])
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", GRAD_MODES)
 def test_callbacks_on_values_without_gradient_at_every_chunk(chunk, grad):
     sf = ja.serialize_axis(every_stopped_callback, chunk=chunk, argnums=1, grad=grad)
     assert_plans_without_falling_back(sf, chunked=chunk < X.shape[0])
@@ -486,7 +486,7 @@ def assert_logged_as_the_original(program: str, kind: str, grad: str, how: str, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", PAIRED_CALLS)
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", GRAD_MODES)
 @pytest.mark.parametrize("kind", ["debug", "io"])
 @pytest.mark.parametrize("program", PAIRED)
 def test_callbacks_in_two_passes_run_once_as_in_the_original(program, kind, grad, how):
@@ -496,7 +496,7 @@ def test_callbacks_in_two_passes_run_once_as_in_the_original(program, kind, grad
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 7, 48, 60])
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", GRAD_MODES)
 def test_callbacks_in_two_passes_at_every_chunk(chunk, grad):
     assert_logged_as_the_original("simclr", "io", grad, "jit_value_and_grad", chunk)
 
@@ -520,7 +520,7 @@ def effect_after_the_loss(w, x):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", GRAD_MODES)
 def test_effects_that_two_passes_would_reorder_run_in_one_pass(grad):
     sf = ja.serialize_axis(effect_after_the_loss, chunk=5, argnums=1, grad=grad)
     with warnings.catch_warnings():

@@ -19,7 +19,7 @@ import pytest
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import MODES, covering, modes
+from .oracle import GRAD_MODES, covering, modes
 
 slow = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def _serialized(fun, grad):
     return ja.serialize_axis(fun, chunk=5, argnums=1, grad=grad)
 
 
-@pytest.mark.parametrize("grad", MODES)
+@pytest.mark.parametrize("grad", GRAD_MODES)
 def test_r13_grad_of_vmap_over_the_temperature(grad):
     def outer(g):
         def loss(w, x):
@@ -106,7 +106,7 @@ def test_values_grad_and_vjp_for_any_in_axes(grad, in_axes):
         assert_tree_close(run(sf), run(mixed_outputs), what=f"{what} under vmap{in_axes}")
 
 
-@pytest.mark.parametrize("grad", modes("native", slow=MODES))
+@pytest.mark.parametrize("grad", modes("native", slow=GRAD_MODES))
 def test_vmap_of_grad_and_grad_of_vmap_agree(grad):
     sf = _serialized(mixed, grad)
     for g in (sf, mixed):
@@ -120,7 +120,7 @@ def test_vmap_of_grad_and_grad_of_vmap_agree(grad):
     assert_tree_close(got, ref, what="vmap of grad")
 
 
-@pytest.mark.parametrize("grad", modes("auto", slow=MODES))
+@pytest.mark.parametrize("grad", modes("auto", slow=GRAD_MODES))
 @pytest.mark.slow
 def test_nested_vmaps(grad):
     ts = jnp.stack([T, 2 * T])  # [2, 3]
@@ -134,7 +134,7 @@ def test_nested_vmaps(grad):
     assert_tree_close(run(_serialized(mixed, grad)), run(mixed), what="grad of nested vmaps")
 
 
-@pytest.mark.parametrize("grad", modes("remat", slow=MODES))
+@pytest.mark.parametrize("grad", modes("remat", slow=GRAD_MODES))
 def test_jvp_of_grad_under_vmap(grad):
     sf = _serialized(mixed, grad)
 
@@ -154,7 +154,7 @@ ORDERS = list(itertools.permutations(["vmap", "grad", "jit"]))
 @slow
 @pytest.mark.parametrize(
     "order, grad",
-    covering([(o,) for o in ORDERS], MODES, per=2, ids=["-".join(o) for o in ORDERS]),
+    covering([(o,) for o in ORDERS], GRAD_MODES, per=2, ids=["-".join(o) for o in ORDERS]),
 )
 def test_transformation_orders(grad, order):
     sf = _serialized(mixed, grad)

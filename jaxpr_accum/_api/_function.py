@@ -25,9 +25,9 @@ from jaxpr_accum._prepare import (
     LRU,
     Planner,
     Prepared,
-    float_arguments,
     run_as_written,
 )
+from jaxpr_accum._region_p import AUTO
 from jaxpr_accum._report import Plan
 from jaxpr_accum._settings import SETTING_NAMES, Settings
 from jaxpr_accum._sweep import Sweep, measure_sweep
@@ -171,9 +171,7 @@ class SerializedFunction(Generic[P, R]):
         budget = prepared.plan.budget
         if budget is not None and budget.original is None:  # compiled once, when asked
             traced = prepared.traced
-            original = _budget.original_memory(
-                traced.jaxpr, inputs, float_arguments(traced, inputs)
-            )
+            original = _budget.original_memory(traced.jaxpr, inputs, traced.float_arguments(inputs))
             budget = dataclasses.replace(budget, original=original)
             prepared.plan = dataclasses.replace(prepared.plan, budget=budget)
         return prepared.plan
@@ -285,7 +283,7 @@ class SerializedFunction(Generic[P, R]):
         key = _arguments.cache_key(call)
         # ``memory=`` budgets, and auto measures, what the caller differentiates: a plan per
         # perturbation pattern
-        weighs = self.memory is not None or self.settings.grad == "auto"
+        weighs = self.memory is not None or self._planner.requested is AUTO
         pattern = _arguments.perturbation(call) if weighs else None
         if key is not None and weighs:
             key = (key, pattern)

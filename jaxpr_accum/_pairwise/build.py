@@ -1,6 +1,6 @@
 """The two passes as one program: pass 1, then pass 2 on what it stacked.
 
-``build(two, grads, accum_dtype)`` returns ``run(*flat_inputs) -> flat_outputs``: pass 1
+``build(two, decisions, accum_dtype)`` returns ``run(*flat_inputs) -> flat_outputs``: pass 1
 (``_assemble.build`` of its split: prologue, chunk loop, epilogue) returns the stacked values;
 pass 2 (the same, of its split) reads the original inputs, the stacked values as its rows
 and the same arrays again as its column copies.
@@ -19,20 +19,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxpr_accum._assemble import build as build_pass
-from jaxpr_accum._layout import Layout
+from jaxpr_accum._decision import Decision
 from jaxpr_accum._pairwise.plan import TwoPass
 
 
-def build(two: TwoPass, grads: Sequence[str], accum_dtype: Any) -> Callable:
-    """``run(*flat_inputs)`` for the whole program; ``grads``: each pass's gradient mode."""
-    layout = Layout()
-    chunk = two.chunk
-    first = (
-        None
-        if two.first is None
-        else build_pass(two.first.split, chunk, grads[0], accum_dtype, layout)
-    )
-    second = build_pass(two.second.split, chunk, grads[-1], accum_dtype, layout)
+def build(two: TwoPass, decisions: Sequence[Decision], accum_dtype: Any) -> Callable:
+    """``run(*flat_inputs)`` for the whole program; ``decisions``: each pass's."""
+    first = None if two.first is None else build_pass(decisions[0], accum_dtype)
+    second = build_pass(decisions[-1], accum_dtype)
     invars = two.single.split.jaxpr.invars
     reads = [two.columns.get(v, v) for v in two.second.split.jaxpr.invars]
     stacked = two.stacked

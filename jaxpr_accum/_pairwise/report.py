@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._cost import nbytes
+from jaxpr_accum._decision import Decision
 from jaxpr_accum._pairwise.plan import TwoPass, describe_value
 from jaxpr_accum._report import Plan, PlanStop
 
@@ -27,13 +27,11 @@ def pairs(two: TwoPass, names: dict) -> list[str]:
     return out
 
 
-def plan_of(two: TwoPass, grads: Sequence[tuple[str, str]], layout: Any, names: dict) -> Plan:
-    """The ``Plan`` of the two passes: pass 1's (or, without one, pass 2's) with the pairings,
-    what pass 1 stacks and pass 2's plan as ``second``; its ``stops`` are both passes'."""
-    plans = [
-        Plan.from_candidate(c, [c], grad, why, layout)
-        for c, (grad, why) in zip(two.passes, grads, strict=True)
-    ]
+def plan_of(two: TwoPass, decisions: Sequence[Decision], names: dict) -> Plan:
+    """The ``Plan`` of the two passes (``decisions``: each pass's): pass 1's (or, without
+    one, pass 2's) with the pairings, what pass 1 stacks and pass 2's plan as ``second``; its
+    ``stops`` are both passes'."""
+    plans = [Plan.from_decision(d, [d.candidate]) for d in decisions]
     second = None
     if len(plans) == 2:
         stops = [PlanStop(s, pass_=2) for s in plans[1].stops]

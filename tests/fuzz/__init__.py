@@ -7,13 +7,12 @@ transformations around it (``stacks.py``); the same stack is applied to the orig
 ``benchmarks/fuzz_campaign.py`` (long random campaigns with a summary of failure classes).
 """
 
-from .runner import FAILURES, MODES, OUTCOMES, Pair, Result, pairs, run_pair, script, shrink
+from .runner import FAILURES, OUTCOMES, Pair, Result, pairs, run_pair, script, shrink
 from .stacks import FAMILIES
 
 __all__ = [
     "FAILURES",
     "FAMILIES",
-    "MODES",
     "OUTCOMES",
     "Pair",
     "Result",

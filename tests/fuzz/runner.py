@@ -54,10 +54,11 @@ os.environ.setdefault("JAXPR_ACCUM_STRICT", "1")
 
 from hypothesis import strategies as st  # noqa: E402
 
+from jaxpr_accum._settings import GRAD_MODES  # noqa: E402
+
 from .programs import Program, programs  # noqa: E402
 from .stacks import DATA, FAMILIES, Layer, arg_states, family_label, stacks  # noqa: E402
 
-MODES = ("auto", "remat", "fused", "native")
 CHUNK_KINDS = ("1", "divisor", "non-divisor", "equal", "larger")
 AXIS_SPECS = ("argnums", "in_axes", "auto")
 OUTCOMES = (
@@ -136,7 +137,7 @@ def pairs(draw: Any, family: str, eager_one_in: int = 8, idiom: str | None = Non
     eager = eager_one_in > 0 and draw(st.integers(0, eager_one_in - 1)) == 0
     if (not layers or layers[-1].kind != "jit") and not eager:
         layers = (*layers, Layer("jit"))
-    mode = draw(st.sampled_from(MODES))
+    mode = draw(st.sampled_from(GRAD_MODES))
     chunk_kind = draw(st.sampled_from(CHUNK_KINDS))
     chunk = chunk_for(program.n, chunk_kind, draw(st.integers(0, 5)))
     axis_spec = draw(st.sampled_from(("argnums", "argnums", "argnums", "in_axes", "auto")))

@@ -97,7 +97,13 @@ def _impl(*flat: Any, jaxpr: Any, **_: Any) -> list:
 
 
 def _jvp(
-    primals: list, tangents: list, *, region: Region, linearizing: bool, used_outputs: Any, **_: Any
+    primals: list,
+    tangents: list,
+    *,
+    region: Region,
+    linearizing: bool,
+    used_outputs: tuple | None,
+    **_: Any,
 ) -> tuple:
     avals = [_compat.aval_of(p) for p in primals]
     reached = region.tangent_flags(avals, [not _compat.is_zero(t) for t in tangents]).flat()
@@ -120,6 +126,8 @@ def _primal_of_vjp(fun: Callable) -> Callable:
 
 
 def _batch(axis: Any, args: list, dims: list, *, region: Region, jaxpr: Any, **p: Any) -> tuple:
+    # JAX batches the checkpointed loop's jaxpr: outputs no batched argument reaches stay
+    # unbatched (dim None), as the original's do
     closed = region.forward_jaxpr(jaxpr.in_avals, checkpoint=True)
     if p["used_outputs"] is not None:
         closed = _compat.dce(closed, p["used_outputs"])
@@ -133,10 +141,11 @@ def _dce(used: list[bool], eqn: Any) -> tuple[list[bool], Any]:
         return [False] * len(eqn.invars), None
     if all(used):
         return [True] * len(eqn.invars), eqn
+    # keep every input (the region's signature has them all), prune the forward jaxpr
     p = eqn.params
     jaxpr = _compat.dce(p["jaxpr"], used)
     returned = iter(used)
-    before = p["used_outputs"] or [True] * len(eqn.outvars)
+    before = [True] * len(eqn.outvars) if p["used_outputs"] is None else p["used_outputs"]
     params = {**p, "jaxpr": jaxpr, "used_outputs": tuple(b and next(returned) for b in before)}
     outvars = [v for v, u in zip(eqn.outvars, used, strict=True) if u]
     return [True] * len(eqn.invars), eqn.replace(

@@ -210,7 +210,7 @@ def logged(kind):
     return f
 
 
-F12 = ("io_ordered", "unchunked", "fused")  # the default tier's case: the repro's
+F12 = ("io_ordered", "unchunked", "fused", "vjp")  # the default tier's case: the repro's
 CALLBACK_AXES = {"chunked": ((None, 0, None), 1), "unchunked": ((None, None, 0), 2)}
 
 
@@ -244,30 +244,28 @@ def _callback_outcome(run, f, args):
 
 
 @pytest.mark.parametrize(
-    "kind, axis, grad",
+    "kind, axis, grad, what",
     [
-        pytest.param(
-            k, a, g, marks=() if (k, a, g) == ("io_ordered", "unchunked", "fused") else slow
-        )
+        pytest.param(k, a, g, w, marks=() if (k, a, g, w) == F12 else slow)
         for k in CALLBACKS
         for a in CALLBACK_AXES
         for g in MODES
+        for w in ("values", "vjp", "grad")
     ],
 )
-def test_f12_callbacks_under_vmap(kind, axis, grad):
+def test_f12_callbacks_under_vmap(kind, axis, grad, what):
     in_axes, batched = CALLBACK_AXES[axis]
     args = list(batched_args((None, None, None)))
     args[batched] = jnp.stack([args[batched] * s for s in (1.0, 0.5, -0.75)])
     f = logged(kind)
-    sf = _serialized(f, grad)
-    for what, run in _callback_runs(in_axes).items():
-        expected, seen, printed = _callback_outcome(run, f, args)
-        got, got_seen, got_printed = _callback_outcome(run, sf, args)
-        if isinstance(expected, Exception):
-            assert type(got) is type(expected), (what, got)
-            assert str(got).splitlines()[0] == str(expected).splitlines()[0], what
-        else:
-            assert not isinstance(got, Exception), (what, got)
-            assert_tree_close(got, expected, what=f"{what} of vmap over the {axis} argument")
-        assert (got_seen, got_printed) == (seen, printed), what
-        assert seen["values"] + printed > 0 or isinstance(expected, Exception), what
+    run = _callback_runs(in_axes)[what]
+    expected, seen, printed = _callback_outcome(run, f, args)
+    got, got_seen, got_printed = _callback_outcome(run, _serialized(f, grad), args)
+    if isinstance(expected, Exception):
+        assert type(got) is type(expected), got
+        assert str(got).splitlines()[0] == str(expected).splitlines()[0]
+    else:
+        assert not isinstance(got, Exception), got
+        assert_tree_close(got, expected, what=f"{what} of vmap over the {axis} argument")
+    assert (got_seen, got_printed) == (seen, printed)
+    assert seen["values"] + printed > 0 or isinstance(expected, Exception)

@@ -205,15 +205,17 @@ class Region:
         return sums, inputs.placed(diff, j_inv, j_ch)
 
     # -- as a traced program -------------------------------------------------------------
-    def forward_jaxpr(self, avals: Sequence[Any]) -> Any:
-        """The forward pass as a ``ClosedJaxpr`` at the flat input ``avals`` (cached per avals
-        and context mesh)."""
-        key = (tuple(avals), _compat.context_mesh_key())
+    def forward_jaxpr(self, avals: Sequence[Any], checkpoint: bool = False) -> Any:
+        """The forward pass as a ``ClosedJaxpr`` at the flat input ``avals`` (cached per avals,
+        context mesh and ``checkpoint``, as in ``forward``)."""
+        key = (tuple(avals), _compat.context_mesh_key(), checkpoint)
         if key not in self._jaxprs:
             sig = self.signature
-            self._jaxprs[key] = jax.make_jaxpr(lambda *flat: self.forward(sig.inputs(flat)).flat())(
-                *avals
-            )
+
+            def flat_forward(*flat: Any) -> list:
+                return self.forward(sig.inputs(flat), checkpoint).flat()
+
+            self._jaxprs[key] = jax.make_jaxpr(flat_forward)(*avals)
         return self._jaxprs[key]
 
     def tangent_flags(self, avals: Sequence[Any], perturbed: Sequence[bool]) -> Outputs:

@@ -1,8 +1,10 @@
 """The region as one JAX primitive, ``serialized_region``, whose rules run it in chunks.
 
 ``call(region, mode, inputs)`` binds the primitive on the region's flat inputs. Its
-parameters are the ``Region`` (``_region``), the gradient ``Mode`` and the forward pass as a
-jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop). Its rules:
+parameters are the ``Region`` (``_region``), the gradient ``Mode``, the forward pass as a
+jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop) and ``used_outputs``:
+which of the region's outputs the equation returns (None: all; the forward jaxpr returns
+those only). Its rules:
 
 - evaluation and lowering: the forward pass, the chunk loop without checkpoints;
 - **linearization** (``jax.grad``, ``jax.vjp``, ``jax.linearize``): the mode's own rule
@@ -18,12 +20,18 @@ jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop). Its rules
   the original's: a custom VJP runs its forward rule there, a custom JVP its rule's primal;
   and linearized again (reverse over reverse), a region with a custom rule takes JAX's
   linearization of that JVP;
-- **batching** (``jax.vmap`` over any argument): ``jax.vmap`` of that same checkpointed
-  forward pass.
+- **batching** (``jax.vmap`` over any argument, through JAX's batching table): that same
+  checkpointed forward pass as a jaxpr, batched by JAX over the vmapped axis; an output that
+  no batched argument reaches stays unbatched, as in the original (an ordered callback on it
+  runs as in the original, f12); with no argument batched, the primitive itself;
+- **dead-code elimination** (``jax.jit``, ``jax.vjp``, ``pe.dce_jaxpr``): the equation keeps
+  the used outputs only, its forward jaxpr is pruned to them (so the unused ones are not
+  computed); its inputs all stay (the region's signature has them all) and so do its effects.
+  Every other rule computes the whole region and returns the used outputs.
 
-Why this is exact by construction: the JVP and batching rules are JAX's own transformations
-of a plain JAX program (the chunk loop), which computes the original's values; JAX then
-differentiates or batches further whatever it gets. Only the linearization rules are
+Why this is exact by construction: the JVP, batching and dead-code rules are JAX's own
+transformations of a plain JAX program (the chunk loop), which computes the original's values;
+JAX then differentiates or batches further whatever it gets. Only the linearization rules are
 hand-written, and they are only used where the region's inputs are linearized directly.
 """
 
@@ -67,9 +75,23 @@ NATIVE = Mode("native")
 def call(region: Region, mode: Mode, inputs: Inputs) -> Outputs:
     """The region's outputs on ``inputs``, through the primitive."""
     flat = inputs.flat()
-    jaxpr = region.forward_jaxpr([_compat.aval_of(x) for x in flat])
-    outs = region_p.bind(*flat, region=region, mode=mode, jaxpr=jaxpr, linearizing=False)
+    outs = _bind(region, mode, flat, linearizing=False)
     return region.signature.outputs(outs)
+
+
+def _bind(region: Region, mode: Mode, flat: list, linearizing: bool) -> list:
+    """The primitive bound on ``flat``, every output used."""
+    jaxpr = region.forward_jaxpr([_compat.aval_of(x) for x in flat])
+    return region_p.bind(
+        *flat, region=region, mode=mode, jaxpr=jaxpr, linearizing=linearizing, used_outputs=None
+    )
+
+
+def _used(values: list, used_outputs: tuple | None) -> list:
+    """The ``values`` (one per output of the region) of the outputs the equation returns."""
+    if used_outputs is None:
+        return list(values)
+    return [v for v, u in zip(values, used_outputs, strict=True) if u]
 
 
 def _checkpointed(region: Region) -> Callable:
@@ -87,7 +109,15 @@ def _impl(*flat: Any, jaxpr: Any, **_: Any) -> list:
     return jax.extend.core.jaxpr_as_fun(jaxpr)(*flat)
 
 
-def _jvp(primals: list, tangents: list, *, region: Region, linearizing: bool, **_: Any) -> tuple:
+def _jvp(
+    primals: list,
+    tangents: list,
+    *,
+    region: Region,
+    linearizing: bool,
+    used_outputs: tuple | None,
+    **_: Any,
+) -> tuple:
     avals = [_compat.aval_of(p) for p in primals]
     reached = region.tangent_flags(avals, [not _compat.is_zero(t) for t in tangents]).flat()
     tangents = [_compat.instantiate(t) for t in tangents]
@@ -97,7 +127,8 @@ def _jvp(primals: list, tangents: list, *, region: Region, linearizing: bool, **
     outs, dots = jax.jvp(forward, tuple(primals), tuple(tangents))
     # symbolic zeros where no perturbed input reaches (``stop_gradient``), as JAX gives them
     zeros = [_compat.zero_tangent(_compat.aval_of(o)) for o in outs]
-    return outs, [t if r else z for t, r, z in zip(dots, reached, zeros, strict=True)]
+    dots = [t if r else z for t, r, z in zip(dots, reached, zeros, strict=True)]
+    return _used(outs, used_outputs), _used(dots, used_outputs)
 
 
 def _primal_of_vjp(fun: Callable) -> Callable:
@@ -107,9 +138,32 @@ def _primal_of_vjp(fun: Callable) -> Callable:
     return lambda *args: jax.vjp(fun, *args)[0]
 
 
-def _batch(args: list, dims: list, *, region: Region, **_: Any) -> tuple:
-    outs = jax.vmap(_checkpointed(region), in_axes=tuple(dims))(*args)
-    return outs, [0] * len(outs)
+def _batch(axis: Any, args: list, dims: list, *, region: Region, jaxpr: Any, **p: Any) -> tuple:
+    # JAX batches the checkpointed loop's jaxpr: outputs no batched argument reaches stay
+    # unbatched (dim None), as the original's do
+    closed = region.forward_jaxpr(jaxpr.in_avals, checkpoint=True)
+    if p["used_outputs"] is not None:
+        closed = _compat.dce(closed, p["used_outputs"])
+    batched, out_batched = _compat.batch_jaxpr(closed, axis, dims)
+    outs = jax.extend.core.jaxpr_as_fun(batched)(*args)
+    return outs, [0 if b else None for b in out_batched]
+
+
+def _dce(used: list[bool], eqn: Any) -> tuple[list[bool], Any]:
+    if not any(used) and not _compat.has_effects(eqn):
+        return [False] * len(eqn.invars), None
+    if all(used):
+        return [True] * len(eqn.invars), eqn
+    # keep every input (the region's signature has them all), prune the forward jaxpr
+    p = eqn.params
+    jaxpr = _compat.dce(p["jaxpr"], used)
+    returned = iter(used)
+    before = [True] * len(eqn.outvars) if p["used_outputs"] is None else p["used_outputs"]
+    params = {**p, "jaxpr": jaxpr, "used_outputs": tuple(b and next(returned) for b in before)}
+    outvars = [v for v, u in zip(eqn.outvars, used, strict=True) if u]
+    return [True] * len(eqn.invars), eqn.replace(
+        outvars=outvars, params=params, effects=jaxpr.effects
+    )
 
 
 def _linearize(
@@ -123,9 +177,19 @@ def _linearize(
         return _compat.linearize_from_jvp(region_p, is_vjp, nonzeros, primals, params)
 
     def outputs_of(flat: list) -> list:
-        return region_p.bind(*flat, region=region, mode=mode, jaxpr=p["jaxpr"], linearizing=True)
+        return _bind(region, mode, flat, linearizing=True)
 
-    return mode.linearize(region, is_vjp, list(nonzeros), list(primals), outputs_of)
+    outs, nz, res, linearized = mode.linearize(
+        region, is_vjp, list(nonzeros), list(primals), outputs_of
+    )
+    used = p["used_outputs"]
+    if used is None:
+        return outs, nz, res, linearized
+
+    def linearized_used(residuals: list, *tangents: Any) -> list:
+        return _used(linearized(residuals, *tangents), used)
+
+    return _used(outs, used), _used(nz, used), res, linearized_used
 
 
 region_p = _compat.define_primitive(
@@ -135,6 +199,7 @@ region_p = _compat.define_primitive(
     jvp=_jvp,
     batch=_batch,
     linearize=_linearize,
+    dce=_dce,
 )
 
 # An outer ``serialize_axis`` does not enter an inner one's region: its loop is already chunked.

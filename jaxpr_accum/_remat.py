@@ -109,7 +109,7 @@ def _jvp(primals: list, tangents: list, *, region: Region, perturbed: tuple) -> 
     return jax.jvp(fn, tuple(primals), tuple(tangents))
 
 
-def _batch(args: list, dims: list, *, region: Region, perturbed: tuple) -> tuple:
+def _batch(axis: Any, args: list, dims: list, *, region: Region, perturbed: tuple) -> tuple:
     def fn(*a: Any) -> list:
         return _tangents(*a, region=region, perturbed=perturbed)
 

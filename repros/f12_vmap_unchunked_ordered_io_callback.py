@@ -1,9 +1,11 @@
 """f12: an ordered ``io_callback`` on a per-example value (through ``stop_gradient``), under
 ``jax.vmap`` over an argument that is not chunked (the temperature ``t``) inside ``jax.vjp``:
 ``grad="fused"`` raises "Cannot `vmap` ordered IO callback" where the original runs (found by
-the fuzzer's io_per_example idiom). Open: the region's batching batches the callback
-although its operand does not depend on the vmapped argument. Exits 1 (an uncaught error)
-while the defect is there, 0 once fixed. The fuzzer's script, as it printed it:
+the fuzzer's io_per_example idiom): the region's batching rule batched every output, the
+callback's operand included, although it does not depend on the vmapped argument. Fixed: the
+rule batches the forward pass's jaxpr with JAX, which leaves such outputs unbatched. Exits 1
+(an uncaught error) while the defect is there, 0 once fixed. The fuzzer's script, as it
+printed it:
 """
 
 import os

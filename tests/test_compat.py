@@ -349,8 +349,15 @@ def test_varying_axes_inside_shard_map():
 
 
 def test_a_primitive_of_our_own():
-    """``define_primitive``: JAX's impl, abstract-eval, lowering, JVP, batching and transpose
-    tables filled through the private lookups."""
+    """``define_primitive``: JAX's impl, abstract-eval, lowering, JVP, batching (JAX's own
+    table: the rule is called only with a batched argument), transpose and dead-code tables
+    filled through the private lookups."""
+    batched, pruned = [], []
+
+    def dce(used, eqn):
+        pruned.append(list(used))
+        return [any(used)], eqn if any(used) else None
+
     twice = _compat.define_primitive(
         "jaxpr_accum_test_twice",
         abstract_eval=lambda a: ([a], set()),
@@ -361,12 +368,13 @@ def test_a_primitive_of_our_own():
             if _compat.is_zero(tangents[0])
             else twice.bind(*tangents),
         ),
-        batch=lambda args, dims: (twice.bind(*args), list(dims)),
+        batch=lambda axis, args, dims: batched.append(dims) or (twice.bind(*args), list(dims)),
         transpose=lambda cts, x: (
             [None if _compat.is_zero(cts[0]) else 2 * cts[0]]
             if _compat.is_undefined_primal(x)
             else [None]
         ),
+        dce=dce,
     )
     x = jnp.arange(3.0)
     (y,) = twice.bind(x)
@@ -374,3 +382,9 @@ def test_a_primitive_of_our_own():
     np.testing.assert_allclose(jax.jit(lambda v: twice.bind(v)[0])(x), 2 * x)
     np.testing.assert_allclose(jax.vmap(lambda v: twice.bind(v)[0])(x[:, None]), 2 * x[:, None])
     np.testing.assert_allclose(jax.grad(lambda v: jnp.sum(twice.bind(v)[0]))(x), [2.0] * 3)
+    np.testing.assert_allclose(jax.vmap(lambda v: twice.bind(x)[0] + v)(x), 2 * x + x[:, None])
+    assert [list(d) for d in batched] == [
+        [0]
+    ]  # the unbatched bind (under the second vmap) is not the rule's
+    unused = _compat.dce(jax.make_jaxpr(lambda v: (twice.bind(v), v)[1])(x))
+    assert pruned[-1] == [False] and not unused.eqns

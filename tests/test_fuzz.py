@@ -71,14 +71,7 @@ EAGER_ONE_IN = {"plain": 4}
 
 #: open defect classes, each with its standalone repro in ``repros/``: still drawn, and printed
 #: by the slow tier, but not failures there until fixed (then delete the entry); none is open
-KNOWN_OPEN: dict[str, Callable[[Result], bool]] = {
-    # an ordered io_callback on a per-example value, vmap over an unchunked argument, fused
-    "f12_vmap_unchunked_ordered_io_callback": lambda r: (
-        r.outcome in ("CRASH", "FALLBACK")
-        and "Cannot `vmap` ordered IO callback" in r.cls
-        and (r.pair.program.callback or "").startswith("io_")
-    ),
-}
+KNOWN_OPEN: dict[str, Callable[[Result], bool]] = {}
 
 
 @pytest.mark.slow

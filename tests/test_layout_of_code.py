@@ -277,6 +277,7 @@ GOLDEN = """
       linearizing=False
       mode=remat
       region=Region(axis=10, chunk=4)
+      used_outputs=None
     ] a b
     bb:f32[] = div c 20.0:f32[]
   in (bb,) }

@@ -1,5 +1,6 @@
 """The rewritten program has the promised shape: a scan over chunks, a remat'd body, no
-full-size buffers. Sub-jaxprs are found generically (``oracle.iter_eqns``)."""
+full-size buffers; dead-code elimination prunes a region output that nothing reads. Sub-jaxprs
+are found generically (``oracle.iter_eqns``)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,18 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
+from jaxpr_accum import _compat
 from jaxpr_accum.testing import assert_tree_close
 
 from . import models
-from .oracle import assert_matches_original, eqn_sub_jaxprs, find_eqns, iter_eqns, modes
+from .oracle import (
+    NOT_WORTH_IT,
+    assert_matches_original,
+    eqn_sub_jaxprs,
+    find_eqns,
+    iter_eqns,
+    modes,
+)
 
 # The checkpoint primitive is called "checkpoint" in older JAX and "remat2" in jax 0.10.
 REMAT_NAMES = ("checkpoint", "remat", "remat2")
@@ -197,3 +206,50 @@ def test_dropout_bits_generated_per_chunk(grad):
     assert not full, f"full-size values {full} in:\n{jaxpr}"
     assert find_eqns(jaxpr, "random_bits", "threefry2x32"), jaxpr
     assert_matches_original(sf, w, x, key, vmap=False)
+
+
+def two_sums(w, x):
+    h = jnp.tanh(x @ w)
+    return {"value": jnp.sum(h**2), "metric": jnp.sum(jnp.cos(3 * h) * jnp.sin(h))}
+
+
+def only_value(w, x):
+    return two_sums(w, x)["value"]
+
+
+@pytest.mark.filterwarnings(NOT_WORTH_IT)  # a chunk holding the whole axis
+@pytest.mark.parametrize("grad", modes("remat", slow=("fused",)))
+@pytest.mark.parametrize(
+    "n, chunk",
+    [(10, 4), *(pytest.param(*c, marks=pytest.mark.slow) for c in [(8, 8), (7, 1), (8, 9)])],
+)
+def test_dce_drops_an_unused_region_output(grad, n, chunk):
+    """A program that reads only the value of a region that also computes a metric: JAX's
+    dead-code elimination leaves the region the equations of a region built for the value
+    alone, and the pruned program's values, gradients, JVP and ``vmap`` are the original's."""
+    x = _x(n)
+    sf = ja.serialize_axis(two_sums, chunk=chunk, argnums=1, grad=grad)
+    program = jax.make_jaxpr(lambda w, x: sf(w, x)["value"])(W, x)
+    pruned = _compat.dce(program)
+    alone = ja.serialize_axis(only_value, chunk=chunk, argnums=1, grad=grad).jaxpr(W, x)
+
+    def inner(jaxpr):
+        [region] = find_eqns(jaxpr, REGION)
+        return len(region.outvars), len(list(iter_eqns(region.params["jaxpr"])))
+
+    (outs, full), (kept, dced), (_, wanted) = inner(program), inner(pruned), inner(alone)
+    assert (outs, kept) == (2, 1)
+    assert dced == wanted < full, (dced, wanted, full)
+
+    f = jax.extend.core.jaxpr_as_fun(pruned)
+
+    def run(g):
+        xs = jnp.stack([x, -0.5 * x])
+        return (
+            g(W, x),
+            jax.grad(g, argnums=(0, 1))(W, x),
+            jax.jvp(g, (W, x), (jnp.ones_like(W), jnp.cos(x))),
+            jax.vmap(g, in_axes=(None, 0))(W, xs),
+        )
+
+    assert_tree_close(run(lambda w, x: f(w, x)[0]), run(only_value), what="pruned program")

@@ -5,16 +5,26 @@ argument and one that does not had gradients about 2x the original's. Checked he
 ``jax.grad``, ``jax.vjp`` and ``jvp``-of-``grad``, in every mode, over each argument alone,
 over several at once, with ``None`` on the data, nested, and with ``grad`` and ``vmap`` in
 both orders.
+
+The class of f12: a callback on a per-example value (ordered or unordered ``io_callback``,
+``debug.callback``, ``debug.print``) under ``jax.vmap`` over a chunked or an unchunked
+argument, in values, ``jax.vjp`` and ``jax.grad``, in every mode, runs as the original does:
+the same values and the same calls (the callback's operand is batched exactly where the
+original's is), or the original's own error where the original raises (an ordered
+``io_callback`` on a batched value).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import io_callback
 
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
@@ -171,3 +181,91 @@ def test_transformation_orders(grad, order):
         return f
 
     assert_tree_close(build(sf)(W, X, T), build(mixed)(W, X, T), what=" then ".join(order))
+
+
+SEEN = {"calls": 0, "values": 0}
+
+
+def _record(v):
+    SEEN["calls"] += 1
+    SEEN["values"] += int(np.size(v))
+
+
+CALLBACKS = {
+    "io_ordered": lambda v: io_callback(_record, None, v, ordered=True),
+    "io_unordered": lambda v: io_callback(_record, None, v, ordered=False),
+    "debug_callback": lambda v: jax.debug.callback(_record, v),
+    "debug_print": lambda v: jax.debug.print("seen {v}", v=v),
+}
+
+
+def logged(kind):
+    """``mixed`` with a callback on a per-example value that does not depend on ``t``."""
+
+    def f(w, x, t):
+        h = jnp.tanh(x @ w)
+        CALLBACKS[kind](jax.lax.stop_gradient(h[:, 0]))
+        return jnp.sum(jnp.tanh(h)) + jnp.sum(jnp.tanh(t * h))
+
+    return f
+
+
+F12 = ("io_ordered", "unchunked", "fused", "vjp")  # the default tier's case: the repro's
+CALLBACK_AXES = {"chunked": ((None, 0, None), 1), "unchunked": ((None, None, 0), 2)}
+
+
+def _callback_runs(in_axes):
+    def values(g, *a):
+        return jax.jit(jax.vmap(g, in_axes=in_axes))(*a)
+
+    def vjp(g, *a):  # as f12 found it: vjp of vmap of jit
+        out, pull = jax.vjp(jax.vmap(jax.jit(g), in_axes=in_axes), *a)
+        return out, pull(jnp.cos(out))
+
+    def grad(g, *a):
+        return jax.grad(lambda *b: jnp.sum(jax.vmap(g, in_axes=in_axes)(*b)), (0, 1, 2))(*a)
+
+    return {"values": values, "vjp": vjp, "grad": grad}
+
+
+def _callback_outcome(run, f, args):
+    """``(the value or the exception raised, what the callbacks saw, lines printed)``."""
+    SEEN.update(calls=0, values=0)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        try:
+            value = run(f, *args)
+            jax.effects_barrier()
+        except Exception as e:  # the original's error, compared below
+            value = e
+            with contextlib.suppress(Exception):
+                jax.effects_barrier()
+    return value, dict(SEEN), printed.getvalue().count("seen ")
+
+
+@pytest.mark.parametrize(
+    "kind, axis, grad, what",
+    [
+        pytest.param(k, a, g, w, marks=() if (k, a, g, w) == F12 else slow)
+        for k in CALLBACKS
+        for a in CALLBACK_AXES
+        for g in MODES
+        for w in ("values", "vjp", "grad")
+    ],
+)
+def test_f12_callbacks_under_vmap(kind, axis, grad, what):
+    in_axes, batched = CALLBACK_AXES[axis]
+    args = list(batched_args((None, None, None)))
+    args[batched] = jnp.stack([args[batched] * s for s in (1.0, 0.5, -0.75)])
+    f = logged(kind)
+    run = _callback_runs(in_axes)[what]
+    expected, seen, printed = _callback_outcome(run, f, args)
+    got, got_seen, got_printed = _callback_outcome(run, _serialized(f, grad), args)
+    if isinstance(expected, Exception):
+        assert type(got) is type(expected), got
+        assert str(got).splitlines()[0] == str(expected).splitlines()[0]
+    else:
+        assert not isinstance(got, Exception), got
+        assert_tree_close(got, expected, what=f"{what} of vmap over the {axis} argument")
+    assert (got_seen, got_printed) == (seen, printed)
+    assert seen["values"] + printed > 0 or isinstance(expected, Exception)

@@ -58,8 +58,10 @@ from jaxpr_accum._compat._random import (  # noqa: F401 (re-exported)
 from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     abstract_like,
     aval_of,
+    batch_jaxpr,
     define_primitive,
     differentiated,
+    has_effects,
     instantiate,
     is_undefined_primal,
     is_zero,
@@ -223,10 +225,12 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[tuple, ClosedJaxpr | Ja
                     yield (key, i), item
 
 
-def dce(closed: ClosedJaxpr) -> ClosedJaxpr:
-    """Drop equations whose results are unused (keeps effects, inputs and outputs)."""
+def dce(closed: ClosedJaxpr, used: Sequence[bool] | None = None) -> ClosedJaxpr:
+    """Drop equations whose results are unused (keeps effects and inputs), and the outputs
+    not flagged in ``used`` (default: keeps every output)."""
     dce_jaxpr = _jax("jax._src.interpreters.partial_eval.dce_jaxpr")
-    jaxpr, _ = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    used = [True] * len(closed.jaxpr.outvars) if used is None else list(used)
+    jaxpr, _ = dce_jaxpr(closed.jaxpr, used, instantiate=True)
     return ClosedJaxpr(jaxpr, closed.consts)
 
 

@@ -5,7 +5,7 @@ they need, looked up through ``internal`` (a moved piece is a ``MissingInternal`
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -18,7 +18,10 @@ from jaxpr_accum._compat._lookup import internal
 # JAX's rule tables for a primitive of our own (``_region_p``, ``_remat``). The linearization
 # rule (``is_vjp, nonzeros, *primals -> (out, out_nonzeros, residuals, linearized)``) is what
 # ``jax.grad`` / ``jax.linearize`` use (direct linearization); every other transformation
-# uses the JVP, batching and transpose rules.
+# uses the JVP, batching and transpose rules. Batching goes through JAX's own table
+# (``fancy_primitive_batchers``: the rule sees the vmapped axis, its name included), not the
+# backwards-compatibility ``primitive_batchers``; dead-code elimination through
+# ``partial_eval.dce_rules``.
 
 
 def define_primitive(
@@ -30,11 +33,15 @@ def define_primitive(
     batch: Callable,
     transpose: Callable | None = None,
     linearize: Callable | None = None,
+    dce: Callable | None = None,
 ) -> Any:
     """A multiple-results primitive: ``abstract_eval(*avals, **params) -> (avals, effects)``,
     ``impl(*args, **params) -> outs`` (lowered through JAX, so any traceable function),
-    ``jvp(primals, tangents, **params)``, ``batch(args, dims, **params) -> (outs, dims)``,
-    ``transpose(cts, *args, **params)``, ``linearize(is_vjp, nonzeros, *primals, **params)``."""
+    ``jvp(primals, tangents, **params)``, ``batch(axis, args, dims, **params) -> (outs,
+    dims)`` (``axis``: JAX's description of the vmapped axis, for ``batch_jaxpr``; called
+    only when some argument is batched, an output dim of None is an unbatched output),
+    ``transpose(cts, *args, **params)``, ``linearize(is_vjp, nonzeros, *primals, **params)``,
+    ``dce(used_outputs, eqn) -> (used_inputs, eqn or None)``."""
     p = jax.extend.core.Primitive(name)
     p.multiple_results = True
     p.def_impl(functools.partial(internal("jax._src.dispatch.apply_primitive"), p))
@@ -44,12 +51,43 @@ def define_primitive(
         p, lower_fun(impl, multiple_results=True)
     )
     internal("jax._src.interpreters.ad.primitive_jvps")[p] = jvp
-    internal("jax._src.interpreters.batching.primitive_batchers")[p] = batch
+    internal("jax._src.interpreters.batching.fancy_primitive_batchers")[p] = _batcher(p, batch)
     if transpose is not None:
         internal("jax._src.interpreters.ad.primitive_transposes")[p] = transpose
     if linearize is not None:
         internal("jax._src.interpreters.ad.primitive_linearizations")[p] = linearize
+    if dce is not None:
+        internal("jax._src.interpreters.partial_eval.dce_rules")[p] = dce
     return p
+
+
+def _batcher(p: Any, rule: Callable) -> Callable:
+    """``rule`` as JAX's batching table calls it (for every argument dims, under any
+    ``jax.vmap``): where no argument is batched, the primitive itself, unbatched."""
+
+    def batch(axis: Any, args: list, dims: list, **params: Any) -> tuple:
+        if all(d is None for d in dims):
+            outs = p.bind(*args, **params)
+            return outs, [None] * len(outs)
+        return rule(axis, args, dims, **params)
+
+    return batch
+
+
+def batch_jaxpr(closed: Any, axis: Any, dims: Sequence[int | None]) -> tuple[Any, list[bool]]:
+    """``(the closed jaxpr batched over the vmapped axis at the input dims, which outputs are
+    batched)``: an output is batched (at dimension 0) only where a batched input reaches it,
+    so what does not depend on the vmapped arguments (an ordered callback's operand, say)
+    stays unbatched, as in the original under ``jax.vmap``."""
+    batching = "jax._src.interpreters.batching."
+    outs = [internal(batching + "zero_if_mapped")] * len(closed.out_avals)
+    batched, out_batched = internal(batching + "batch_jaxpr_axes")(closed, axis, dims, outs)
+    return batched, list(out_batched)
+
+
+def has_effects(eqn: Any) -> bool:
+    """Whether the equation has effects that dead-code elimination must keep."""
+    return internal("jax._src.interpreters.partial_eval.has_effects")(eqn)
 
 
 def linearize_from_jvp(p: Any, is_vjp: bool, nonzeros: list, primals: Any, params: dict) -> Any:

@@ -157,7 +157,7 @@ class Planner:
             run, plan, estimate = two
         original = functools.partial(run_as_written, traced.jaxpr)
         with stage("tracing the forward and backward passes"):
-            _fallback.validate(run, inputs, original)
+            _fallback.validate(run, inputs, original, measure.diff)
         with stage("weighing the plan against the function as written"):
             why = _worth.as_written_instead(estimate, requested, run, original, measure)
             if pairs:

@@ -143,23 +143,24 @@ def ready(jitted: Any, inputs: Sequence, done: set[bool], original: Callable) ->
     return True
 
 
-def validate(run: Callable, inputs: Sequence, original: Callable) -> None:
-    """Trace ``run``'s forward pass and its VJP with respect to every floating input,
-    abstractly; a failure is raised unless the ``original`` fails there too."""
+def validate(run: Callable, inputs: Sequence, original: Callable, diff: Sequence[int]) -> None:
+    """Trace ``run``'s forward pass and its VJP with respect to the floating inputs ``diff``
+    (what the plan is for: the inputs its caller differentiates, every floating input where
+    that is not known), abstractly; a failure is raised unless the ``original`` fails there
+    too. The call then traces the same linearization, and JAX's caches serve both."""
     avals = [_compat.abstract_like(x) for x in inputs]
+    diff = [i for i in diff if is_float(avals[i])]
     try:
-        jax.eval_shape(_backward_of(run, avals), *avals)
+        jax.eval_shape(_backward_of(run, avals, diff), *avals)
     except Exception:
         try:
-            jax.eval_shape(_backward_of(original, avals), *avals)
+            jax.eval_shape(_backward_of(original, avals, diff), *avals)
         except Exception:
             return  # not reverse-differentiable as written: not ours to fix
         raise
 
 
-def _backward_of(fun: Callable, avals: Sequence) -> Callable:
-    diff = [i for i, a in enumerate(avals) if is_float(a)]
-
+def _backward_of(fun: Callable, avals: Sequence, diff: Sequence[int]) -> Callable:
     def backward(*xs: Any) -> Any:
         def of_floats(*d: Any) -> list:
             full = list(xs)

@@ -247,7 +247,7 @@ class Planner:
         traced, run, plan, requested = call.traced, built.run, built.plan, attempt.requested
         original = functools.partial(run_as_written, traced.jaxpr)
         with _fallback.stage("tracing the forward and backward passes"):
-            _fallback.validate(run, call.inputs, original)
+            _fallback.validate(run, call.inputs, original, call.measure.diff)
         with _fallback.stage("weighing the plan against the function as written"):
             programs = _worth.Programs(run, original, call.measure)
             why = _worth.as_written_instead(built.estimate, requested, programs)

@@ -201,8 +201,24 @@ class Region:
                 [spec(with_row_dim(sig.chunk_locs[i])) for i in diff.chunked],
             ),
         )
-        sums, j_inv, j_ch = fn(*inputs)
+        key = ("jacobians", tuple(perturbed.flat()))
+        sums, j_inv, j_ch = self._traced_once(key, fn, tuple(inputs))
         return sums, inputs.placed(diff, j_inv, j_ch)
+
+    def _traced_once(self, key: Any, fn: Callable, args: tuple) -> Any:
+        """``fn(*args)``, traced once per ``key``, input types and context mesh, and replayed
+        after: planning's validation and the call linearize the region alike, and the
+        replay binds the traced equations instead of running the rules again."""
+        leaves, tree = jax.tree.flatten(args)
+        avals = tuple(_compat.aval_of(x) for x in leaves)
+        full_key = (key, tree, avals, _compat.context_mesh_key())
+        if full_key not in self._jaxprs:
+            closed, shape = jax.make_jaxpr(
+                lambda *flat: fn(*jax.tree.unflatten(tree, flat)), return_shape=True
+            )(*avals)
+            self._jaxprs[full_key] = (closed, jax.tree.structure(shape))
+        closed, out_tree = self._jaxprs[full_key]
+        return jax.tree.unflatten(out_tree, jax.extend.core.jaxpr_as_fun(closed)(*leaves))
 
     # -- as a traced program -------------------------------------------------------------
     def forward_jaxpr(self, avals: Sequence[Any], checkpoint: bool = False) -> Any:

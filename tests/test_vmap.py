@@ -249,7 +249,7 @@ def _callback_outcome(run, f, args):
         pytest.param(k, a, g, w, marks=() if (k, a, g, w) == F12 else slow)
         for k in CALLBACKS
         for a in CALLBACK_AXES
-        for g in MODES
+        for g in GRAD_MODES
         for w in ("values", "vjp", "grad")
     ],
 )

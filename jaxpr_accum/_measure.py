@@ -13,6 +13,7 @@ from typing import Any
 import jax
 
 from jaxpr_accum._budget import scalar_of
+from jaxpr_accum._compare import tree_difference
 
 
 def compile_value_and_grad(
@@ -31,8 +32,6 @@ def compile_value_and_grad(
 def difference(got: Any, ref: Any) -> float:
     """The largest per-leaf relative difference of ``got`` from ``ref`` (``inf`` where the trees
     differ in structure, shapes or dtypes)."""
-    from jaxpr_accum.testing import tree_difference
-
     try:
         return float(tree_difference(got, ref).max_rel)
     except AssertionError:  # the trees differ in structure, shapes or dtypes

@@ -43,7 +43,7 @@ from jaxpr_accum._dtypes import is_float
 from jaxpr_accum._errors import SerializeError
 from jaxpr_accum._rules.control_flow import link_call
 from jaxpr_accum._rules.rule_check import RESIDUAL, check_rule
-from jaxpr_accum._table import Rule, register, rule_for
+from jaxpr_accum._table import Rule, register
 
 _ACTIVE: set = set()  # identities of the custom functions whose rules are being analysed
 
@@ -56,10 +56,6 @@ def _zero_tangent(x: Any) -> Any:
     if is_float(x):
         return jnp.zeros_like(x)
     return _compat.zeros_float0(x.shape)
-
-
-def is_custom_vjp(eqn: Any) -> bool:
-    return rule_for(eqn.primitive) is CUSTOM_VJP
 
 
 def function_name(eqn: Any) -> str:

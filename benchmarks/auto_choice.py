@@ -12,7 +12,7 @@ adds over the other and (a) its memory is within 10% of the smaller of the two m
 (b) among the modes within that 10%, its time is within 10% of the fastest. Target: the rule
 holds on at least 95% of the cases, the misses named.
 
-Cases: every model of the real-model zoo (``tests/real_models.py``, at its chunk ``N // 8``,
+Cases: every model of the real-model zoo (``benchmarks/zoo/``, at its chunk ``N // 8``,
 serialized as the zoo does); the peers' dense MLP (``benchmarks/models.py``, 2048 rows,
 ``argnums=(1, 2)``, chunk 256); the Monte-Carlo encoder-decoder (16 samples, automatic
 axis, chunk 4); the dropout transformer (``argnums=1``, chunk 4); a classifier returning its
@@ -80,6 +80,7 @@ import harness  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import zoo as rm  # noqa: E402
 from harness import md_table, tree_rel_error  # noqa: E402
 from jax import lax  # noqa: E402
 from models import (  # noqa: E402
@@ -93,7 +94,6 @@ from models import (  # noqa: E402
 )
 
 import jaxpr_accum as ja  # noqa: E402
-from tests import real_models as rm  # noqa: E402
 
 SECTION = "auto_choice"
 SLACK = 0.10  # the rule's 10%, for memory and for time

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 from harness import benchmark_options, fmt_bytes, print_table, write_doc_section  # noqa: E402
+from measuring import float_argnums  # noqa: E402
 from models import (  # noqa: E402
     MLPConfig,
     Seed1Config,
@@ -47,7 +48,6 @@ from models import (  # noqa: E402
 )
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum import _budget, _dtypes  # noqa: E402
 
 RATIO_TARGET, SLACK_S = 6.0, 2.0
 
@@ -70,23 +70,9 @@ def problems(quick: bool) -> list[tuple[str, Any, tuple, dict, int]]:
     return out
 
 
-def float_argnums(args: tuple) -> tuple[int, ...]:
-    return tuple(
-        i
-        for i, a in enumerate(args)
-        if all(_dtypes.is_float(x) for x in jax.tree.leaves(a)) and jax.tree.leaves(a)
-    )
-
-
 def memory_at(loss: Any, args: tuple, **settings: Any) -> int:
-    sf = ja.serialize_axis(loss, **settings) if settings else loss
-    flat, tree = jax.tree.flatten(args)
-    diff = [i for i, x in enumerate(flat) if _dtypes.is_float(x)]
-
-    def run(*leaves: Any) -> list:
-        return jax.tree.leaves(sf(*jax.tree.unflatten(tree, leaves)))
-
-    return _budget.temp_bytes(run, flat, diff)
+    """What ``memory=`` bounds (``ja.temp_bytes``), serialized with ``settings`` or not."""
+    return ja.temp_bytes(ja.serialize_axis(loss, **settings) if settings else loss, *args)
 
 
 def first_call(loss: Any, args: tuple, **settings: Any) -> float:

@@ -34,11 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 from harness import fmt_bytes, print_table  # noqa: E402
+from measuring import EXACT_RTOL, compare_exact, compile_value_and_grad, temp_bytes_of  # noqa: E402
 from models import MLPConfig, Seed1Config, mlp_peers, mlp_problem, seed1_peers, seed1_problem  # noqa: E402
-
-from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
-from jaxpr_accum._demo import EXACT_RTOL  # noqa: E402
-from jaxpr_accum._measure import compare_exact, compile_value_and_grad  # noqa: E402
 
 SEED1_TARGETS = {4: 0.40, 1: 0.20}
 MLP_CHUNK = 128

@@ -17,6 +17,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,9 +26,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxpr_accum._demo import example
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # the checkout's examples/ (installed: jaxpr_accum.examples)
+    sys.path.insert(0, ROOT)
 
-_mc_vae = example("mc_vae")
+from examples import mc_vae as _mc_vae  # noqa: E402
+
 Seed1Config = _mc_vae.Sizes
 QUICK_SEED1 = _mc_vae.SMALL
 log_likelihood = _mc_vae.log_likelihood

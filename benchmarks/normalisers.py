@@ -70,9 +70,9 @@ from harness import (  # noqa: E402
     write_doc_section,
 )
 from jax import lax  # noqa: E402
+from measuring import temp_bytes_of  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "normalisers"

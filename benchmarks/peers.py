@@ -53,6 +53,7 @@ from harness import (  # noqa: E402
     tree_rel_error,
     write_doc_section,
 )
+from measuring import temp_bytes_of  # noqa: E402
 from models import (  # noqa: E402
     QUICK_SEED1,
     MLPConfig,
@@ -65,7 +66,6 @@ from models import (  # noqa: E402
 )
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
 
 PEERS = ("scan+checkpoint", "lax.map", "lax.map+checkpoint")
 MODES = ("fused", "remat", "native")

@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 from harness import benchmark_options, fmt_bytes, print_table, write_doc_section  # noqa: E402
+from measuring import compile_value_and_grad, temp_bytes_of  # noqa: E402
 from models import (  # noqa: E402
     QUICK_SEED1,
     Seed1Config,
@@ -47,8 +48,6 @@ from models import (  # noqa: E402
 )
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
-from jaxpr_accum._measure import compile_value_and_grad  # noqa: E402
 
 CHUNK = 4
 RATIO_TOL = 1.1

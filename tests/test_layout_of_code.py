@@ -142,9 +142,17 @@ def test_the_engine_imports_no_rule():
         assert not any(d.startswith("jaxpr_accum._rules") for d in deps), (engine, deps)
 
 
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def _sources() -> list[Path]:
+    """The package's modules and the benchmarks' (which live by the same size rules)."""
+    return sorted([*PACKAGE.rglob("*.py"), *BENCHMARKS.rglob("*.py")])
+
+
 def test_no_module_is_over_300_lines():
     sizes = {
-        str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")
+        str(p.relative_to(PACKAGE.parent)): len(p.read_text().splitlines()) for p in _sources()
     }
     too_big = {n: s for n, s in sizes.items() if s > 300}
     assert not too_big, too_big
@@ -153,7 +161,7 @@ def test_no_module_is_over_300_lines():
 def test_no_function_is_much_over_60_lines():
     """Lines of code: a docstring (Args, Returns, Raises, Example) does not count."""
     long = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
@@ -161,8 +169,30 @@ def test_no_function_is_much_over_60_lines():
                     doc = node.body[0]
                     n -= doc.end_lineno - doc.lineno + 1
                 if n > 65:
-                    long[f"{path.relative_to(PACKAGE)}:{node.name}"] = n
+                    long[f"{path.relative_to(PACKAGE.parent)}:{node.name}"] = n
     assert not long, long
+
+
+def test_the_benchmarks_import_only_the_public_api_and_their_own_modules():
+    """``jaxpr_accum`` and ``jaxpr_accum.testing``, never a private module nor the tests
+    (``examples/``, where the demo's model is written once, is public too)."""
+    bad = []
+    for path in BENCHMARKS.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+                if node.module == "jaxpr_accum":
+                    names += [f"jaxpr_accum.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                top, *rest = name.split(".")
+                private = top == "jaxpr_accum" and any(part.startswith("_") for part in rest)
+                if top == "tests" or private:
+                    bad.append(f"{path.relative_to(BENCHMARKS)}:{node.lineno} imports {name}")
+    assert not bad, "\n".join(bad)
 
 
 def test_rules_are_keyed_by_the_primitive_objects_of_this_jax():

@@ -239,6 +239,11 @@ benchmarks/pairwise.py --write`. Memory is XLA's own accounting of the compiled
 interleaved repeats (every round runs the original and each variant back to back, the ratio is
 taken per round, then the median over rounds), so that drift on a shared machine affects both
 sides of every ratio alike.
+
+The scripts use the public API only (`jaxpr_accum`, `ja.temp_bytes`, `jaxpr_accum.testing`)
+and their own modules (`harness.py`, `measuring.py`, the models of `models.py`, `transformer.py`
+and `zoo/`, which the real-model tests share); what measures the package's internals (the cost
+model against XLA, the conv trap, the fuzz campaign) lives beside the tests.
 """
 
 

@@ -51,22 +51,9 @@ def global_rel_error(got, ref) -> float:
     return num / den
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts = benchmark_options(__doc__, "512 rows in chunks of 4", argv)
-    doc = opts.doc
-    t_start = time.perf_counter()
-
-    rows, chunk = (512, 4) if opts.quick else (2048, 16)
-    cfg = MLPConfig(rows=rows, width=384, depth=6, dtype="bfloat16")
-    loss, args = mlp_problem(cfg)
-    n_chunks = rows // chunk
-    args32 = jax.tree.map(lambda a: a.astype(jnp.float32), args)
-    print(
-        f"jax {jax.__version__}, backend {jax.default_backend()}: MLP {rows} rows, width "
-        f"{cfg.width}, {cfg.depth} hidden layers, bf16 parameters and data; chunk {chunk} "
-        f"({n_chunks} chunks)"
-    )
-
+def _gradients(loss, args: tuple, args32: tuple, chunk: int) -> tuple[dict, dict, dict, dict]:
+    """The variants, and per variant its gradient's error against the float32 gradient
+    ``g_ref``, its gradient dtypes and (serialized) the mode its plan took."""
     with jax.default_matmul_precision("highest"):
         g_ref = jax.jit(jax.grad(loss))(*args32)
 
@@ -96,6 +83,53 @@ def main(argv: list[str] | None = None) -> int:
         errors[name] = global_rel_error(g, g_ref)
         if isinstance(f, ja.SerializedFunction):
             modes[name] = f.explain(*args).grad
+    return variants, errors, dtypes, modes
+
+
+def _markdown(rows, cfg, chunk, elapsed, headers, table, errors, graded) -> list[str]:
+    """The lines of this script's section of docs/benchmarks.md."""
+    n_chunks = rows // chunk
+    base = errors["unchunked bf16"]
+    return [
+        "## Accuracy of 16-bit accumulation (`benchmarks/accuracy.py`)",
+        "",
+        f"Dense MLP, {rows} rows, width {cfg.width}, {cfg.depth} hidden layers, bf16 "
+        f"parameters and data, microbatched in chunks of {chunk} ({n_chunks} chunks). Error "
+        "= max|g - g_ref| / max|g_ref| over all gradient leaves, against the float32 "
+        "gradient of the same computation; every gradient is returned in bfloat16. Target: "
+        f"default (float32) accumulation within {TARGET}x the unchunked bf16 error. "
+        f"Run time {elapsed:.0f} s.",
+        "",
+        "| " + " | ".join(headers[:-1]) + " | verdict |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- |",
+        *("| " + " | ".join(r) + " |" for r in table),
+        "",
+        f"Accumulating {n_chunks} chunk gradients in float32 (the default for 16-bit "
+        f"cotangents) gives {max(errors[n] for n in graded) / base:.2f}x the error of the "
+        "unchunked bf16 gradient; a bfloat16 accumulator (`accum_dtype=jnp.bfloat16`) "
+        "rounds every partial sum to 8 bits of mantissa and gives "
+        f"{errors['serialize_axis auto, accum_dtype=bfloat16'] / base:.2f}x.",
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = benchmark_options(__doc__, "512 rows in chunks of 4", argv)
+    doc = opts.doc
+    t_start = time.perf_counter()
+
+    rows, chunk = (512, 4) if opts.quick else (2048, 16)
+    cfg = MLPConfig(rows=rows, width=384, depth=6, dtype="bfloat16")
+    loss, args = mlp_problem(cfg)
+    n_chunks = rows // chunk
+    args32 = jax.tree.map(lambda a: a.astype(jnp.float32), args)
+    print(
+        f"jax {jax.__version__}, backend {jax.default_backend()}: MLP {rows} rows, width "
+        f"{cfg.width}, {cfg.depth} hidden layers, bf16 parameters and data; chunk {chunk} "
+        f"({n_chunks} chunks)"
+    )
+
+    variants, errors, dtypes, modes = _gradients(loss, args, args32, chunk)
 
     base = errors["unchunked bf16"]
     graded = [n for n in variants if "default accumulation" in n]
@@ -134,27 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run time {elapsed:.0f} s")
 
     if doc:
-        md = [
-            "## Accuracy of 16-bit accumulation (`benchmarks/accuracy.py`)",
-            "",
-            f"Dense MLP, {rows} rows, width {cfg.width}, {cfg.depth} hidden layers, bf16 "
-            f"parameters and data, microbatched in chunks of {chunk} ({n_chunks} chunks). Error "
-            "= max|g - g_ref| / max|g_ref| over all gradient leaves, against the float32 "
-            "gradient of the same computation; every gradient is returned in bfloat16. Target: "
-            f"default (float32) accumulation within {TARGET}x the unchunked bf16 error. "
-            f"Run time {elapsed:.0f} s.",
-            "",
-            "| " + " | ".join(headers[:-1]) + " | verdict |",
-            "| --- | --- | --- | ---: | ---: | ---: | --- |",
-            *("| " + " | ".join(r) + " |" for r in table),
-            "",
-            f"Accumulating {n_chunks} chunk gradients in float32 (the default for 16-bit "
-            f"cotangents) gives {max(errors[n] for n in graded) / base:.2f}x the error of the "
-            "unchunked bf16 gradient; a bfloat16 accumulator (`accum_dtype=jnp.bfloat16`) "
-            "rounds every partial sum to 8 bits of mantissa and gives "
-            f"{errors['serialize_axis auto, accum_dtype=bfloat16'] / base:.2f}x.",
-            "",
-        ]
+        md = _markdown(rows, cfg, chunk, elapsed, headers, table, errors, graded)
         write_doc_section(doc, "accuracy", "\n".join(md))
     return 0 if ok else 1
 

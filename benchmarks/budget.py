@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 from harness import benchmark_options, fmt_bytes, print_table, write_doc_section  # noqa: E402
+from measuring import float_argnums  # noqa: E402
 from models import (  # noqa: E402
     MLPConfig,
     Seed1Config,
@@ -47,7 +48,6 @@ from models import (  # noqa: E402
 )
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum import _budget, _dtypes  # noqa: E402
 
 RATIO_TARGET, SLACK_S = 6.0, 2.0
 
@@ -70,23 +70,9 @@ def problems(quick: bool) -> list[tuple[str, Any, tuple, dict, int]]:
     return out
 
 
-def float_argnums(args: tuple) -> tuple[int, ...]:
-    return tuple(
-        i
-        for i, a in enumerate(args)
-        if all(_dtypes.is_float(x) for x in jax.tree.leaves(a)) and jax.tree.leaves(a)
-    )
-
-
 def memory_at(loss: Any, args: tuple, **settings: Any) -> int:
-    sf = ja.serialize_axis(loss, **settings) if settings else loss
-    flat, tree = jax.tree.flatten(args)
-    diff = [i for i, x in enumerate(flat) if _dtypes.is_float(x)]
-
-    def run(*leaves: Any) -> list:
-        return jax.tree.leaves(sf(*jax.tree.unflatten(tree, leaves)))
-
-    return _budget.temp_bytes(run, flat, diff)
+    """What ``memory=`` bounds (``ja.temp_bytes``), serialized with ``settings`` or not."""
+    return ja.temp_bytes(ja.serialize_axis(loss, **settings) if settings else loss, *args)
 
 
 def first_call(loss: Any, args: tuple, **settings: Any) -> float:
@@ -96,51 +82,58 @@ def first_call(loss: Any, args: tuple, **settings: Any) -> float:
     return time.perf_counter() - t0
 
 
+def _one(name: str, loss: Any, args: tuple, axis: dict, n: int, failures: list[str]) -> list[str]:
+    """One model: the brute force, the budget's choice, the first calls; its table cells (a
+    failed target appended to ``failures``)."""
+    print(f"{name}: brute force ...", flush=True)
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    brute = {k: memory_at(loss, args, chunk=k, **axis) for k in divisors}
+    original = memory_at(loss, args)
+    lo, hi = brute[1], brute[n]
+    budget = int(lo * (hi / lo) ** 0.25) if hi > lo else hi
+    best = max((k for k in divisors if brute[k] <= budget), default=None)
+    sf = ja.serialize_axis(loss, memory=budget, **axis)
+    sf(*args)
+    plan = sf.explain(*args)
+    info = plan.budget
+    fixed, searched = [], []
+    for _ in range(2):
+        fixed.append(first_call(loss, args, chunk=plan.chunk, **axis))
+        searched.append(first_call(loss, args, memory=budget, **axis))
+    t_fixed, t_search = min(fixed), min(searched)
+    ratio = t_search / t_fixed
+    ok_fit = info.measured <= budget
+    ok_best = best is not None and 2 * plan.chunk > best
+    ok_time = t_search <= RATIO_TARGET * t_fixed + SLACK_S
+    for ok, what in ((ok_fit, "fits"), (ok_best, "near best"), (ok_time, "first call")):
+        if not ok:
+            failures.append(f"{name}: {what}")
+    cells = [
+        name,
+        fmt_bytes(budget),
+        f"{plan.chunk} ({plan.grad})",
+        str(best),
+        fmt_bytes(info.measured),
+        fmt_bytes(brute.get(best)) if best else "-",
+        fmt_bytes(original),
+        f"{len(info.tried)} / {info.seconds:.1f} s",
+        f"{t_fixed:.1f} s",
+        f"{t_search:.1f} s",
+        f"{ratio:.1f}x" + ("" if ok_time else " FAIL"),
+    ]
+    print("  brute force: " + ", ".join(f"{k}: {fmt_bytes(m)}" for k, m in brute.items()))
+    print("  tried: " + ", ".join(f"{k} ({g}): {fmt_bytes(m)}" for g, k, m in info.tried))
+    return cells
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = benchmark_options(__doc__, "smaller models", argv)
     warnings.filterwarnings("ignore", message=".*not expected to save memory")  # one chunk
     rows, md_rows, failures = [], [], []
     for name, loss, args, axis, n in problems(opts.quick):
-        print(f"{name}: brute force ...", flush=True)
-        divisors = [d for d in range(1, n + 1) if n % d == 0]
-        brute = {k: memory_at(loss, args, chunk=k, **axis) for k in divisors}
-        original = memory_at(loss, args)
-        lo, hi = brute[1], brute[n]
-        budget = int(lo * (hi / lo) ** 0.25) if hi > lo else hi
-        best = max((k for k in divisors if brute[k] <= budget), default=None)
-        sf = ja.serialize_axis(loss, memory=budget, **axis)
-        sf(*args)
-        plan = sf.explain(*args)
-        info = plan.budget
-        fixed, searched = [], []
-        for _ in range(2):
-            fixed.append(first_call(loss, args, chunk=plan.chunk, **axis))
-            searched.append(first_call(loss, args, memory=budget, **axis))
-        t_fixed, t_search = min(fixed), min(searched)
-        ratio = t_search / t_fixed
-        ok_fit = info.measured <= budget
-        ok_best = best is not None and 2 * plan.chunk > best
-        ok_time = t_search <= RATIO_TARGET * t_fixed + SLACK_S
-        for ok, what in ((ok_fit, "fits"), (ok_best, "near best"), (ok_time, "first call")):
-            if not ok:
-                failures.append(f"{name}: {what}")
-        cells = [
-            name,
-            fmt_bytes(budget),
-            f"{plan.chunk} ({plan.grad})",
-            str(best),
-            fmt_bytes(info.measured),
-            fmt_bytes(brute.get(best)) if best else "-",
-            fmt_bytes(original),
-            f"{len(info.tried)} / {info.seconds:.1f} s",
-            f"{t_fixed:.1f} s",
-            f"{t_search:.1f} s",
-            f"{ratio:.1f}x" + ("" if ok_time else " FAIL"),
-        ]
+        cells = _one(name, loss, args, axis, n, failures)
         rows.append(cells)
         md_rows.append(cells)
-        print("  brute force: " + ", ".join(f"{k}: {fmt_bytes(m)}" for k, m in brute.items()))
-        print("  tried: " + ", ".join(f"{k} ({g}): {fmt_bytes(m)}" for g, k, m in info.tried))
     headers = [
         "model",
         "budget",

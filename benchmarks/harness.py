@@ -3,15 +3,15 @@
 - ``compile_all``: ``jit(value_and_grad(f))`` of several functions, compiled two at a time;
 - ``time_paired``: interleaved rounds, per-round time ratios against a reference, medians of
   those (``PairedTimes``);
-- ``tree_rel_error``: the largest per-leaf relative difference of two pytrees of arrays;
-- ``fmt_bytes`` (the package's ``format_bytes``, ``n/a`` for None), ``print_table`` (plain
-  text) and ``md_table`` (Markdown);
+- ``tree_rel_error``: the largest per-leaf relative difference of two pytrees of arrays
+  (``jaxpr_accum.testing.tree_difference``);
+- ``fmt_bytes`` (bytes in B, KiB, MiB or GiB, as the package prints them; ``n/a`` for None),
+  ``print_table`` (plain text) and ``md_table`` (Markdown);
 - ``benchmark_options`` (``--quick``, ``--doc``) and ``write_doc_section`` (each script owns
   one marked section of ``docs/benchmarks.md``).
 
-The measurements themselves are the package's: ``jaxpr_accum._measure`` (compiling a
-``value_and_grad``, its exactness against the original) and ``jaxpr_accum._budget``
-(``temp_bytes_of``, XLA's temp bytes of a compiled program).
+The measurements of a compiled program are in ``measuring.py``. The benchmarks import the
+public API (``jaxpr_accum``, ``jaxpr_accum.testing``) and this folder's modules only.
 """
 
 from __future__ import annotations
@@ -30,12 +30,18 @@ from typing import Any
 
 import jax
 
-from jaxpr_accum._cost import format_bytes
+from jaxpr_accum.testing import tree_difference
 
 
 def fmt_bytes(n: float | None) -> str:
-    """``n`` bytes in the package's format (``_cost.format_bytes``); ``n/a`` for None."""
-    return "n/a" if n is None else format_bytes(n)
+    """``n`` bytes as the package prints them (``1.5 MiB``); ``n/a`` for None."""
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 def print_table(
@@ -197,31 +203,15 @@ def time_paired(
     return out
 
 
-def tree_rel_error(got: Any, ref: Any, *, floor: float = 1e-3) -> float:
-    """Largest per-leaf ``max|got - ref| / scale`` over two pytrees of arrays.
-
-    ``scale`` is the leaf's own ``max|ref|``, floored at ``floor`` times the largest over all
-    leaves: a leaf that is zero in exact arithmetic (attention's key bias) is compared at the
-    scale of the whole gradient instead of dividing rounding noise by zero.
-    """
-    import jax
-    import numpy as np
-
-    pairs = [
-        (np.asarray(g, np.float64), np.asarray(r, np.float64))
-        for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True)
-    ]
-    top = max((float(np.abs(r).max()) for _, r in pairs if r.size), default=0.0)
-    worst = 0.0
-    for g, r in pairs:
-        if g.shape != r.shape:
-            return float("inf")
-        if not r.size:
-            continue
-        d = float(np.abs(g - r).max())
-        scale = max(float(np.abs(r).max()), floor * top, 1e-30)
-        worst = max(worst, d / scale)
-    return worst
+def tree_rel_error(got: Any, ref: Any) -> float:
+    """Largest per-leaf ``max|got - ref| / scale`` over two pytrees of arrays, by
+    ``jaxpr_accum.testing.tree_difference``'s rule: ``scale`` is the leaf's own ``max|ref|``,
+    floored at 1e-3 of the largest over all leaves (a leaf that is zero in exact arithmetic is
+    compared at the scale of the whole gradient); ``inf`` where the trees differ in shape."""
+    try:
+        return float(tree_difference(got, ref).max_rel)
+    except AssertionError:
+        return float("inf")
 
 
 #: The sections of ``docs/benchmarks.md``, in order; each script rewrites its own.
@@ -249,6 +239,11 @@ benchmarks/pairwise.py --write`. Memory is XLA's own accounting of the compiled
 interleaved repeats (every round runs the original and each variant back to back, the ratio is
 taken per round, then the median over rounds), so that drift on a shared machine affects both
 sides of every ratio alike.
+
+The scripts use the public API only (`jaxpr_accum`, `ja.temp_bytes`, `jaxpr_accum.testing`)
+and their own modules (`harness.py`, `measuring.py`, the models of `models.py`, `transformer.py`
+and `zoo/`, which the real-model tests share); what measures the package's internals (the cost
+model against XLA, the conv trap, the fuzz campaign) lives beside the tests.
 """
 
 

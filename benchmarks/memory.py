@@ -34,11 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 from harness import fmt_bytes, print_table  # noqa: E402
+from measuring import EXACT_RTOL, compare_exact, compile_value_and_grad, temp_bytes_of  # noqa: E402
 from models import MLPConfig, Seed1Config, mlp_peers, mlp_problem, seed1_peers, seed1_problem  # noqa: E402
 
-from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
-from jaxpr_accum._demo import EXACT_RTOL  # noqa: E402
-from jaxpr_accum._measure import compare_exact, compile_value_and_grad  # noqa: E402
+import jaxpr_accum as ja  # noqa: E402
 
 SEED1_TARGETS = {4: 0.40, 1: 0.20}
 MLP_CHUNK = 128
@@ -122,19 +121,8 @@ def _original(res, case, loss, args):
     res.add(case, "original", res.base, res.base, graded=False)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-peers", action="store_true", help="skip the hand-written rows")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    parser.add_argument("-v", "--verbose", action="store_true", help="print tracebacks")
-    opts = parser.parse_args(argv)
-
-    import jaxpr_accum as ja
-
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}")
-    res = Results()
-
-    # (a) Monte-Carlo encoder-decoder, automatic axis.
+def _seed1(res: Results, opts: argparse.Namespace) -> None:
+    """(a) Monte-Carlo encoder-decoder, automatic axis."""
     cfg = Seed1Config()
     loss, args = seed1_problem(cfg)
     case = f"MC encoder-decoder (N={cfg.n_samples})"
@@ -155,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, f in seed1_peers(cfg, k).items():
                 _measure(res, case, f"{name} (k={k})", loss, args, lambda f=f: f, graded=False)
 
-    # (b) MLP over rows, argnums microbatching.
+
+def _mlp(res: Results, opts: argparse.Namespace) -> None:
+    """(b) MLP over rows, argnums microbatching."""
     mcfg = MLPConfig()
     loss, args = mlp_problem(mcfg)
     case = f"MLP ({mcfg.rows} rows, w={mcfg.width})"
@@ -173,6 +163,20 @@ def main(argv: list[str] | None = None) -> int:
     if not opts.no_peers:
         for name, f in mlp_peers(MLP_CHUNK).items():
             _measure(res, case, f"{name} (k={MLP_CHUNK})", loss, args, lambda f=f: f, graded=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-peers", action="store_true", help="skip the hand-written rows")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print tracebacks")
+    opts = parser.parse_args(argv)
+
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}")
+    res = Results()
+
+    _seed1(res, opts)
+    _mlp(res, opts)
 
     graded = [r for r in res.records if r["verdict"] is not None and r["grad_rel_diff"] is not None]
     worst = max((max(r["value_rel_diff"], r["grad_rel_diff"]) for r in graded), default=None)

@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 from harness import benchmark_options, fmt_bytes, print_table, write_doc_section  # noqa: E402
+from measuring import compile_value_and_grad, temp_bytes_of  # noqa: E402
 from models import (  # noqa: E402
     QUICK_SEED1,
     Seed1Config,
@@ -47,8 +48,6 @@ from models import (  # noqa: E402
 )
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
-from jaxpr_accum._measure import compile_value_and_grad  # noqa: E402
 
 CHUNK = 4
 RATIO_TOL = 1.1
@@ -178,6 +177,45 @@ def seed1_structure(quick: bool) -> tuple[list[tuple[str, str, bool]], dict]:
     return checks, {"cfg": cfg, "noise": noise, "largest": largest}
 
 
+def _markdown(rows, checks, info, seed_info, headers, elapsed) -> list[str]:
+    """The lines of this script's section of docs/benchmarks.md."""
+    cfg, scfg = info["cfg"], seed_info["cfg"]
+    t = info["temps"]
+    return [
+        "## Random draws cost no memory (`benchmarks/random_memory.py`)",
+        "",
+        f"(a) Flax linen transformer (batch {cfg.batch}, seq {cfg.seq}, width {cfg.embed}, "
+        f"{cfg.layers} layers), token batch serialized with `argnums=1`, chunk {CHUNK}; "
+        "built with dropout 0.1 (residual, MLP and attention dropout) and without dropout. "
+        "*ratio*: XLA temp memory of `value_and_grad`, serialized / original. Target: the "
+        f"ratio with dropout at most {RATIO_TOL}x the ratio without.",
+        "",
+        "| " + " | ".join(headers[:-1]) + " | verdict |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+        "Dropout costs the original "
+        f"{fmt_bytes(t[('with dropout', 'original')] - t[('without dropout', 'original')])}"
+        " of temp memory (its `u32[batch, ...]` random bits and masks, kept for the "
+        "backward pass); it costs the serialized program "
+        f"{fmt_bytes(t[('with dropout', 'auto')] - t[('without dropout', 'auto')])} "
+        f"(auto) and "
+        f"{fmt_bytes(t[('with dropout', 'remat')] - t[('without dropout', 'remat')])} "
+        "(remat).",
+        "",
+        f"(b) Structure (chunk {CHUNK}): MC encoder-decoder ({scfg.n_samples} samples, "
+        f"{scfg.height}x{scfg.width}, automatic axis; full noise "
+        f"`u32{list(seed_info['noise'])}`) and the dropout transformer above.",
+        "",
+        "| check | measured | verdict |",
+        "| --- | --- | --- |",
+        *(f"| {c} | {m} | {'PASS' if k else '**FAIL**'} |" for c, m, k in checks),
+        "",
+        f"Run time {elapsed:.0f} s.",
+        "",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = benchmark_options(__doc__, "smaller models", argv)
     doc = opts.doc
@@ -229,41 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(c[2] for c in checks)
 
     if doc:
-        scfg = seed_info["cfg"]
-        t = info["temps"]
-        md = [
-            "## Random draws cost no memory (`benchmarks/random_memory.py`)",
-            "",
-            f"(a) Flax linen transformer (batch {cfg.batch}, seq {cfg.seq}, width {cfg.embed}, "
-            f"{cfg.layers} layers), token batch serialized with `argnums=1`, chunk {CHUNK}; "
-            "built with dropout 0.1 (residual, MLP and attention dropout) and without dropout. "
-            "*ratio*: XLA temp memory of `value_and_grad`, serialized / original. Target: the "
-            f"ratio with dropout at most {RATIO_TOL}x the ratio without.",
-            "",
-            "| " + " | ".join(headers[:-1]) + " | verdict |",
-            "| --- | --- | ---: | ---: | ---: | ---: | --- |",
-            *("| " + " | ".join(r) + " |" for r in rows),
-            "",
-            "Dropout costs the original "
-            f"{fmt_bytes(t[('with dropout', 'original')] - t[('without dropout', 'original')])}"
-            " of temp memory (its `u32[batch, ...]` random bits and masks, kept for the "
-            "backward pass); it costs the serialized program "
-            f"{fmt_bytes(t[('with dropout', 'auto')] - t[('without dropout', 'auto')])} "
-            f"(auto) and "
-            f"{fmt_bytes(t[('with dropout', 'remat')] - t[('without dropout', 'remat')])} "
-            "(remat).",
-            "",
-            f"(b) Structure (chunk {CHUNK}): MC encoder-decoder ({scfg.n_samples} samples, "
-            f"{scfg.height}x{scfg.width}, automatic axis; full noise "
-            f"`u32{list(seed_info['noise'])}`) and the dropout transformer above.",
-            "",
-            "| check | measured | verdict |",
-            "| --- | --- | --- |",
-            *(f"| {c} | {m} | {'PASS' if k else '**FAIL**'} |" for c, m, k in checks),
-            "",
-            f"Run time {elapsed:.0f} s.",
-            "",
-        ]
+        md = _markdown(rows, checks, info, seed_info, headers, elapsed)
         write_doc_section(doc, "random_memory", "\n".join(md))
     return 0 if ok else 1
 

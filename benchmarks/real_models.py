@@ -1,4 +1,4 @@
-"""The real-model table of ``docs/real-models.md``: every case of ``tests/real_models.py``.
+"""The real-model table of ``docs/real-models.md``: every case of ``benchmarks/zoo/``.
 
 Run from the repository root (CPU is fine; needs the ``models`` extra)::
 
@@ -27,8 +27,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import zoo as rm  # noqa: E402
+
 from jaxpr_accum.testing import assert_matches_original  # noqa: E402
-from tests import real_models as rm  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "real-models.md")
 BEGIN, END = "<!-- real-models:begin -->", "<!-- real-models:end -->"
@@ -113,7 +114,7 @@ def main() -> int:
             fh.write(text)
         print(f"wrote {os.path.relpath(DOC)}")
     if failed:
-        print("differs from tests/real_models.py's expectations: " + ", ".join(failed))
+        print("differs from the zoo's expectations: " + ", ".join(failed))
     return 1 if failed else 0
 
 

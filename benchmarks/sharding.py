@@ -40,12 +40,12 @@ from typing import Any  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from harness import fmt_bytes  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from measuring import temp_bytes_of  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._budget import temp_bytes_of  # noqa: E402
-from jaxpr_accum._cost import format_bytes  # noqa: E402
 
 N_DEVICES = 8
 
@@ -171,8 +171,8 @@ def main() -> None:
     for r in rows:
         cells = [
             r["grad"],
-            format_bytes(r["temp_sharded"]),
-            format_bytes(r["temp_one"]),
+            fmt_bytes(r["temp_sharded"]),
+            fmt_bytes(r["temp_one"]),
             f"{r['temp_sharded'] / r['temp_one']:.3f}",
             f"{r['time_sharded'] * 1e3:.1f} ms",
             f"{r['time_one'] * 1e3:.1f} ms",

@@ -54,25 +54,9 @@ def n_eqns(jaxpr) -> int:
     return total
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts = benchmark_options(
-        __doc__,
-        "4 layers, 2 repeats",
-        argv,
-        lambda parser: parser.add_argument(
-            "--repeats", type=int, default=None, help="fresh traces of each (3)"
-        ),
-    )
-    doc = opts.doc
-    repeats = opts.repeats or (2 if opts.quick else 3)
-    t_start = time.perf_counter()
-
-    cfg = TransformerConfig(layers=4 if opts.quick else 12)
-    _, args = transformer_problem(cfg)
-    print(
-        f"jax {jax.__version__}: {cfg.layers}-layer Flax linen transformer with dropout "
-        f"(batch {cfg.batch}, seq {cfg.seq}, width {cfg.embed}); best of {repeats} fresh traces"
-    )
+def _traces(cfg: TransformerConfig, args: tuple, repeats: int) -> tuple[dict, dict, dict, dict]:
+    """Fresh traces of the loss, plain and serialized, interleaved: the cases, and per case
+    the wall and CPU seconds of each repeat and the equations of its jaxpr."""
 
     def trace_only():
         return jax.make_jaxpr(make_transformer_loss(cfg))(*args)
@@ -98,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
             wall[name].append(time.perf_counter() - w0)
             cpu[name].append(time.process_time() - c0)
             sizes[name] = n_eqns(jaxpr.jaxpr)
+    return cases, wall, cpu, sizes
 
-    sf = ja.serialize_axis(make_transformer_loss(cfg), chunk=4)
-    plan = sf.explain(*args)
-    auto_axis = f"size {plan.axis_size} born at {plan.born}"
 
+def _rows(cases: dict, wall: dict, cpu: dict, sizes: dict) -> tuple[list[list[str]], bool]:
+    """The table's rows (the serialized ones graded against plain tracing), and the verdict."""
     base = min(wall["jax.make_jaxpr(loss)"])
     base_cpu = min(cpu["jax.make_jaxpr(loss)"])
     rows, ok = [], True
@@ -125,6 +109,58 @@ def main(argv: list[str] | None = None) -> int:
                 verdict,
             ]
         )
+    return rows, ok
+
+
+def _markdown(cfg, repeats, elapsed, headers, rows, auto_axis) -> list[str]:
+    """The lines of this script's section of docs/benchmarks.md."""
+    return [
+        "## Tracing and rewriting cost (`benchmarks/tracing.py`)",
+        "",
+        f"A {cfg.layers}-layer Flax linen transformer loss with dropout (batch {cfg.batch}, "
+        f"seq {cfg.seq}, width {cfg.embed}). Best of {repeats} traces, each of a fresh "
+        "function object (new module, new closure: no trace cache hit), interleaved; "
+        "`.jaxpr(...)` includes tracing, axis analysis, planning, resizing and tracing the "
+        "rewritten program. *eqns*: equations of the resulting jaxpr, sub-jaxprs included. "
+        f"Target: less than {TARGET_S:.0f} s more than plain tracing (wall clock; CPU time "
+        f"of the process shown too, the machine being shared). Run time {elapsed:.0f} s.",
+        "",
+        "| " + " | ".join(headers) + " |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+        f"The automatic axis found: {auto_axis}.",
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = benchmark_options(
+        __doc__,
+        "4 layers, 2 repeats",
+        argv,
+        lambda parser: parser.add_argument(
+            "--repeats", type=int, default=None, help="fresh traces of each (3)"
+        ),
+    )
+    doc = opts.doc
+    repeats = opts.repeats or (2 if opts.quick else 3)
+    t_start = time.perf_counter()
+
+    cfg = TransformerConfig(layers=4 if opts.quick else 12)
+    _, args = transformer_problem(cfg)
+    print(
+        f"jax {jax.__version__}: {cfg.layers}-layer Flax linen transformer with dropout "
+        f"(batch {cfg.batch}, seq {cfg.seq}, width {cfg.embed}); best of {repeats} fresh traces"
+    )
+
+    cases, wall, cpu, sizes = _traces(cfg, args, repeats)
+
+    sf = ja.serialize_axis(make_transformer_loss(cfg), chunk=4)
+    plan = sf.explain(*args)
+    auto_axis = f"size {plan.axis_size} born at {plan.born}"
+
+    rows, ok = _rows(cases, wall, cpu, sizes)
     headers = [
         "what",
         "eqns",
@@ -147,24 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run time {elapsed:.0f} s")
 
     if doc:
-        md = [
-            "## Tracing and rewriting cost (`benchmarks/tracing.py`)",
-            "",
-            f"A {cfg.layers}-layer Flax linen transformer loss with dropout (batch {cfg.batch}, "
-            f"seq {cfg.seq}, width {cfg.embed}). Best of {repeats} traces, each of a fresh "
-            "function object (new module, new closure: no trace cache hit), interleaved; "
-            "`.jaxpr(...)` includes tracing, axis analysis, planning, resizing and tracing the "
-            "rewritten program. *eqns*: equations of the resulting jaxpr, sub-jaxprs included. "
-            f"Target: less than {TARGET_S:.0f} s more than plain tracing (wall clock; CPU time "
-            f"of the process shown too, the machine being shared). Run time {elapsed:.0f} s.",
-            "",
-            "| " + " | ".join(headers) + " |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-            *("| " + " | ".join(r) + " |" for r in rows),
-            "",
-            f"The automatic axis found: {auto_axis}.",
-            "",
-        ]
+        md = _markdown(cfg, repeats, elapsed, headers, rows, auto_axis)
         write_doc_section(doc, "tracing", "\n".join(md))
     return 0 if ok else 1
 

@@ -17,6 +17,7 @@ from jaxpr_accum import _compat
 from jaxpr_accum._api import SerializedFunction, serialize_axis
 from jaxpr_accum._compat import JaxVersionWarning, MissingInternal
 from jaxpr_accum._errors import ArgumentError, PlanWarning, SerializeError
+from jaxpr_accum._measure import temp_bytes
 from jaxpr_accum._report import Plan
 from jaxpr_accum._rules import register_rule
 from jaxpr_accum._sweep import Sweep
@@ -32,6 +33,7 @@ __all__ = [
     "Sweep",
     "register_rule",
     "serialize_axis",
+    "temp_bytes",
 ]
 # The one version source: the distribution's metadata reads it (pyproject.toml's
 # ``[tool.setuptools.dynamic]``); tests/test_installed.py checks that the two agree.

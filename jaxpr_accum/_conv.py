@@ -7,7 +7,7 @@ non-canonical convolutions for the gradients of an NHWC/HWIO conv (weight gradie
 ``f01b_i01o->01bf``, input gradient ``b01f_01oi->b01f``). At top level XLA's
 ``ConvCanonicalization`` pass wraps them in transposes, but that pass only visits the entry
 computation, so inside a ``while`` body (our scan over chunks) they stay slow: measured
-25-55x slower for the weight gradient (benchmarks/conv_trap/).
+25-55x slower for the weight gradient (tests/conv_trap.py).
 
 ``canonicalize(fun)`` re-emits every convolution of ``fun`` (inlining nested ``jit``) as
 ``canonical_conv``: transpose the operands to canonical order, convolve with canonical

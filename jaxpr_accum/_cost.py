@@ -19,7 +19,7 @@ dimension (a layer's width) cost memory rather than save it.
 ``net_saving = held * (1 - chunk / N) - stacked - accumulators - invariant cotangents``
 (``Candidate``: a split at a chunk size).
 
-The estimate is checked against XLA's own accounting by ``benchmarks/cost_model.py``
+The estimate is checked against XLA's own accounting by ``tests/cost_model.py``
 (its summary: ``docs/real-models.md#the-cost-model``).
 """
 

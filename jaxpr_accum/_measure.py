@@ -1,7 +1,8 @@
 """Measuring a function's compiled ``value_and_grad`` at some arguments: compiling it (at a
 matmul precision, if asked), its value and gradients against a reference's (the largest
 per-leaf relative difference, by ``jaxpr_accum.testing.tree_difference``'s rule) and its
-wall time. What ``sweep`` and the demo measure; the benchmarks import it too."""
+wall time. What ``sweep`` and the demo measure. ``temp_bytes`` (public) is the measure that
+``memory=`` bounds, of any function at any arguments."""
 
 from __future__ import annotations
 
@@ -11,8 +12,48 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
+from jaxpr_accum import _budget
 from jaxpr_accum._budget import scalar_of
+from jaxpr_accum._compare import tree_difference
+from jaxpr_accum._dtypes import is_float
+
+
+def temp_bytes(f: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """XLA's temp bytes of ``f``'s gradient program at these arguments: what ``memory=`` bounds.
+
+    The program is ``jax.jit(jax.value_and_grad(g))``, compiled (not run) at the arguments,
+    where ``g`` reduces ``f``'s floating outputs to one scalar (the one real scalar output
+    itself, else the float32 sum of every floating output) and is differentiated with respect
+    to every floating array leaf of the arguments; other leaves are held fixed.
+
+    Args:
+        f: Any function: a ``SerializedFunction`` or its original.
+        *args: Its positional arguments.
+        **kwargs: Its keyword arguments.
+
+    Returns:
+        ``memory_analysis().temp_size_in_bytes`` of that compiled program.
+
+    Raises:
+        SerializeError: The backend does not report compiled memory.
+
+    Examples:
+        >>> ja.temp_bytes(sf, w, x) / ja.temp_bytes(sf.original, w, x)
+    """
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    arrays = [i for i, x in enumerate(leaves) if isinstance(x, (jax.Array, np.ndarray))]
+
+    def run(*xs: Any) -> list:
+        full = list(leaves)
+        for i, x in zip(arrays, xs, strict=True):
+            full[i] = x
+        a, k = jax.tree.unflatten(tree, full)
+        return jax.tree.leaves(f(*a, **k))
+
+    inputs = [leaves[i] for i in arrays]
+    return _budget.temp_bytes(run, inputs, [j for j, x in enumerate(inputs) if is_float(x)])
 
 
 def compile_value_and_grad(
@@ -31,8 +72,6 @@ def compile_value_and_grad(
 def difference(got: Any, ref: Any) -> float:
     """The largest per-leaf relative difference of ``got`` from ``ref`` (``inf`` where the trees
     differ in structure, shapes or dtypes)."""
-    from jaxpr_accum.testing import tree_difference
-
     try:
         return float(tree_difference(got, ref).max_rel)
     except AssertionError:  # the trees differ in structure, shapes or dtypes

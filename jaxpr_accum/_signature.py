@@ -94,9 +94,6 @@ class Signature:
         assert len(flat) == self.n_inputs, (len(flat), self.n_inputs)
         return Inputs(list(flat[:n]), list(flat[n:]))
 
-    def input_vars(self) -> Inputs:
-        return Inputs(list(self.invariants), [v for v, _ in self.chunked])
-
     # -- outputs -------------------------------------------------------------------------
     def sizes(self) -> tuple[int, int, int, int, int]:
         """The length of every output group, in the order of ``Outputs``."""

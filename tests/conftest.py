@@ -11,6 +11,11 @@ is in exactly one tier: marking it both ``slow`` and ``integration`` is an error
 running the three tiers runs every test once. In the default tier a
 ``jaxpr_accum.PlanWarning`` that the test neither asserts nor filters is an error.
 
+Workers: ``-n 2 --dist loadgroup`` (``addopts``). A module whose tests must share one worker
+(a module fixture that starts subprocesses) is marked ``xdist_group``. pytest-xdist 3.8
+groups by a suffix of the node id that pytest 9 no longer reads, so it would split each
+group over the workers: the ``test`` extra pins ``pytest<9``, where it works.
+
 Profiles (select with ``HYPOTHESIS_PROFILE=<name>``; default ``ci``):
 
 * ``ci``: few examples, derandomized (the same examples on every run), no example database.
@@ -71,34 +76,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "a test is in one tier: marked both 'slow' and 'integration': " + ", ".join(both)
         )
-
-
-class _XdistGroups:
-    """``--dist loadgroup`` on pytest 9: pytest-xdist (3.8) sends the tests of one
-    ``xdist_group`` to one worker by suffixing their node ids with ``@<group>`` through
-    ``item._nodeid``, which pytest 9 no longer reads (it reads ``item._id``), so every group
-    was split over the workers (and a module fixture that starts a subprocess ran on both).
-    The same suffix, where it is missing; nothing where xdist's own took effect."""
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, config: pytest.Config, items: list) -> None:
-        try:
-            from _pytest.nodeid import coerce_node_id  # pytest 9
-        except ImportError:  # pytest 8: xdist's suffix works
-            return
-        if not getattr(config.option, "loadgroup", False):
-            return
-
-        for item in items:
-            groups = sorted(
-                {
-                    str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                    for m in item.iter_markers("xdist_group")
-                }
-            )
-            if groups and "@" not in item.nodeid and hasattr(item, "_id"):
-                item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(_XdistGroups(), "jaxpr_accum_xdist_groups")

@@ -30,7 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SUFFIXES = (".md", ".py", ".toml", ".yml", ".yaml")
 #: Markdown files that the project's tools write (outputs, not documents it cites).
-WRITTEN = {"summary.md"}  # benchmarks/fuzz_campaign.py's per-campaign summary
+WRITTEN = {"summary.md"}  # tests/fuzz/campaign.py's per-campaign summary
 
 _URL = re.compile(r"(?:https?|mailto|ftp):[^\s)>\]'\"`]*")
 _LINK = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")

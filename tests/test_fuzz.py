@@ -24,7 +24,7 @@ Tiers:
   the value wrong, raises, raises under ``JAXPR_ACCUM_STRICT=1`` only, or runs the user's
   callbacks twice; a fuzzer that cannot fail is a defect.
 
-Longer random campaigns: ``python benchmarks/fuzz_campaign.py --pairs 5000 --seed N``.
+Longer random campaigns: ``python tests/fuzz/campaign.py --pairs 5000 --seed N``.
 """
 
 from __future__ import annotations

@@ -22,20 +22,24 @@ from jaxpr_accum._table import RULES
 PACKAGE = Path(ja.__file__).parent
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> package modules it imports (at any depth in the file, lazily too)."""
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> package modules it imports: every ``import`` and ``from`` node of the file's
+    syntax tree, at module level or inside a function, absolute or relative, the package's
+    root (its ``__init__``) included."""
+    modules = {_module_name(p, package): p for p in package.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
         for node in ast.walk(ast.parse(path.read_text())):
             targets: list[str] = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                base = node.module
+            if isinstance(node, ast.ImportFrom):
+                up = here[: len(here) - node.level + 1] if node.level else []
+                base = ".".join(up + ([node.module] if node.module else []))
                 targets = [
                     f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
                     for a in node.names
@@ -46,28 +50,47 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_the_import_graph_has_no_cycle():
-    graph = import_graph()
-    graph.pop("jaxpr_accum")  # the package's public names import everything, by design
-    for deps in graph.values():
-        deps.discard("jaxpr_accum")
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (its modules in order, the first repeated last), or None."""
     state: dict[str, int] = {}
     path: list[str] = []
 
-    def visit(m: str) -> None:
+    def visit(m: str) -> list[str] | None:
         state[m] = 1
         path.append(m)
         for d in sorted(graph.get(m, ())):
             if state.get(d) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d) :] + [d]))
-            if d not in state:
-                visit(d)
+                return path[path.index(d) :] + [d]
+            if d not in state and (found := visit(d)):
+                return found
         path.pop()
         state[m] = 2
+        return None
 
     for m in sorted(graph):
-        if m not in state:
-            visit(m)
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    """The package root and the imports made inside functions included."""
+    cycle = import_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_import_graph_sees_function_level_and_relative_imports(tmp_path):
+    """The cycle test finds a loop closed by a function-level import, and one through the
+    package root by a relative import (what the package had: the root, the API, then a
+    function-level import of the test kit, which imported the root)."""
+    pkg = tmp_path / "pkg"
+    (pkg / "kit").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pkg._api import f\n")
+    (pkg / "_api.py").write_text("def f():\n    from pkg.kit import g\n    return g\n")
+    (pkg / "kit" / "__init__.py").write_text("from .. import f as g\n")
+    graph = import_graph(pkg)
+    assert graph == {"pkg": {"pkg._api"}, "pkg._api": {"pkg.kit"}, "pkg.kit": {"pkg"}}
+    assert import_cycle(graph) == ["pkg", "pkg._api", "pkg.kit", "pkg"]
 
 
 DOC = PACKAGE.parent / "docs" / "how-it-works.md"
@@ -101,7 +124,7 @@ def test_every_module_imports_only_its_own_layer_and_those_above():
         f"{m} ({names[layer[m]]}) imports {d} ({names[layer[d]]})"
         for m, deps in import_graph().items()
         for d in deps
-        if layer[d] > layer[m] and not (m == "jaxpr_accum" or d == "jaxpr_accum")
+        if layer[d] > layer[m]
     ]
     assert not bad, "\n".join(bad)
 
@@ -119,9 +142,17 @@ def test_the_engine_imports_no_rule():
         assert not any(d.startswith("jaxpr_accum._rules") for d in deps), (engine, deps)
 
 
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def _sources() -> list[Path]:
+    """The package's modules and the benchmarks' (which live by the same size rules)."""
+    return sorted([*PACKAGE.rglob("*.py"), *BENCHMARKS.rglob("*.py")])
+
+
 def test_no_module_is_over_300_lines():
     sizes = {
-        str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")
+        str(p.relative_to(PACKAGE.parent)): len(p.read_text().splitlines()) for p in _sources()
     }
     too_big = {n: s for n, s in sizes.items() if s > 300}
     assert not too_big, too_big
@@ -163,7 +194,7 @@ def test_planning_passes_named_values_not_positional_ones():
 def test_no_function_is_much_over_60_lines():
     """Lines of code: a docstring (Args, Returns, Raises, Example) does not count."""
     long = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
@@ -171,8 +202,30 @@ def test_no_function_is_much_over_60_lines():
                     doc = node.body[0]
                     n -= doc.end_lineno - doc.lineno + 1
                 if n > 65:
-                    long[f"{path.relative_to(PACKAGE)}:{node.name}"] = n
+                    long[f"{path.relative_to(PACKAGE.parent)}:{node.name}"] = n
     assert not long, long
+
+
+def test_the_benchmarks_import_only_the_public_api_and_their_own_modules():
+    """``jaxpr_accum`` and ``jaxpr_accum.testing``, never a private module nor the tests
+    (``examples/``, where the demo's model is written once, is public too)."""
+    bad = []
+    for path in BENCHMARKS.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+                if node.module == "jaxpr_accum":
+                    names += [f"jaxpr_accum.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                top, *rest = name.split(".")
+                private = top == "jaxpr_accum" and any(part.startswith("_") for part in rest)
+                if top == "tests" or private:
+                    bad.append(f"{path.relative_to(BENCHMARKS)}:{node.lineno} imports {name}")
+    assert not bad, "\n".join(bad)
 
 
 def test_rules_are_keyed_by_the_primitive_objects_of_this_jax():

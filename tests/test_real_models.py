@@ -1,5 +1,5 @@
-"""The real-model tier: public example models (``tests/real_models.py``), serialized at
-``chunk = N // 8`` the way a user would, each with three checks:
+"""The real-model tier: public example models (``benchmarks/zoo/``, shared with the
+benchmarks), serialized at ``chunk = N // 8`` the way a user would, each with three checks:
 
 (a) ``chunked``: the rewritten program has more loops (scan / while equations, recursively)
     than the original, the plan's chunked body is not empty, and the region stops nowhere
@@ -20,7 +20,8 @@ import functools
 
 import pytest
 
-from . import real_models as rm
+from benchmarks import zoo as rm
+
 from .oracle import assert_matches_original
 
 pytestmark = pytest.mark.integration

@@ -70,7 +70,6 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     runs_now,
     trace_aval,
     typed_carry,
-    undefined_aval,
     union_varying,
     vary,
     varying_axes,

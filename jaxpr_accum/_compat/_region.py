@@ -125,10 +125,6 @@ def is_undefined_primal(x: Any) -> bool:
     return internal("jax._src.interpreters.ad.is_undefined_primal")(x)
 
 
-def undefined_aval(x: Any) -> Any:
-    return x.aval
-
-
 def varying_axes(x: Any) -> frozenset:
     """The manual mesh axes ``x`` (an array, a tracer or an abstract value) varies over
     inside ``shard_map`` (empty elsewhere)."""

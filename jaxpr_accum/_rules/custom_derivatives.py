@@ -45,7 +45,7 @@ from jaxpr_accum._errors import SerializeError
 from jaxpr_accum._lattice import AxisLoc
 from jaxpr_accum._rules.control_flow import link_call
 from jaxpr_accum._rules.rule_check import RESIDUAL, CheckedRule, Problem, Residual, check_rule
-from jaxpr_accum._table import Rule, register, rule_for
+from jaxpr_accum._table import Rule, register
 from jaxpr_accum._view import EqnKey, EqnResize, View
 
 Identity: TypeAlias = tuple[str, tuple[str, ...]]  # where the function is defined, operand types
@@ -68,10 +68,6 @@ def _zero_tangent(x: Array) -> Array | Float0Array:
     if is_float(x):
         return jnp.zeros_like(x)
     return _compat.zeros_float0(x.shape)
-
-
-def is_custom_vjp(eqn: JaxprEqn) -> bool:
-    return rule_for(eqn.primitive) is CUSTOM_VJP
 
 
 def function_name(eqn: JaxprEqn) -> str:

@@ -15,16 +15,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpr_accum.testing._compare import (
+from jaxpr_accum._compare import (
     Tolerance,
-    _argument_label,
     _as_f64,
     _is_array,
     _is_key,
     _real_dtype,
 )
 from jaxpr_accum.testing._oracle import _assert_one, _check_serialized, assert_in_contexts
-from jaxpr_accum.testing._runner import _Reference
+from jaxpr_accum.testing._runner import _argument_label, _Reference
 from jaxpr_accum.testing._variants import _variant
 
 #: Every gradient mode that ``check`` tries by default.

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_accum import _compat, _interpret, _trace
-from jaxpr_accum.testing._compare import _is_float, _real_dtype
+from jaxpr_accum._compare import _is_float, _real_dtype
 
 
 def _jitter(x: Any, seed: Any, site: int) -> Any:

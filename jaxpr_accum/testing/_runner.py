@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -15,8 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_accum import _nnx
-from jaxpr_accum.testing._compare import _argument_label, _as_f64, _is_array, _is_float, _is_key
+from jaxpr_accum._compare import _as_f64, _is_array, _is_float, _is_key, _label
 from jaxpr_accum.testing._noise import with_rounding_noise
+
+
+def _argument_label(path: Sequence[Any]) -> str:
+    """``args[0]['w']`` or ``kwargs['x']`` for a path into ``(args, kwargs)``."""
+    head, rest = path[0], path[1:]
+    return _label("args" if getattr(head, "idx", 0) == 0 else "kwargs", rest)
 
 
 class _Split(NamedTuple):

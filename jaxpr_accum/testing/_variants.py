@@ -7,6 +7,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from jaxpr_accum import serialize_axis
+
 
 def _settings(sf: Any, axis_size: int) -> dict:
     """The settings of ``sf`` that a copy with another mode or chunk keeps.
@@ -36,8 +38,6 @@ def _is_variant(sf: Any) -> bool:
 
 def _variant(sf: Any, grad: str, chunk: int, axis_size: int) -> Any:
     """``sf`` in gradient mode ``grad`` at ``chunk`` (``sf`` itself if it is that)."""
-    import jaxpr_accum
-
     if sf.grad == grad and sf.chunk == chunk:
         return sf
     try:
@@ -46,7 +46,5 @@ def _variant(sf: Any, grad: str, chunk: int, axis_size: int) -> Any:
         cache = {}
     key = (grad, chunk, axis_size)
     if key not in cache:
-        cache[key] = jaxpr_accum.serialize_axis(
-            sf.original, chunk=chunk, grad=grad, **_settings(sf, axis_size)
-        )
+        cache[key] = serialize_axis(sf.original, chunk=chunk, grad=grad, **_settings(sf, axis_size))
     return cache[key]

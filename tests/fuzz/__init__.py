@@ -4,7 +4,7 @@ Hypothesis draws a program (``programs.py``: the idioms users write) and a stack
 transformations around it (``stacks.py``); the same stack is applied to the original and to
 ``ja.serialize_axis(f, chunk=k, grad=mode)``, and the results must agree leaf by leaf
 (``runner.py``). Entry points: ``tests/test_fuzz.py`` (CI, derandomized) and
-``benchmarks/fuzz_campaign.py`` (long random campaigns with a summary of failure classes).
+``tests/fuzz/campaign.py`` (long random campaigns with a summary of failure classes).
 """
 
 from .runner import FAILURES, OUTCOMES, Pair, Result, pairs, run_pair, script, shrink

@@ -9,7 +9,9 @@ images [64, 32, 32, 16] (16 -> 16 channels):
                 jaxpr_accum does), plain lax convs; "rewrite" passes the pullback through
                 jaxpr_accum._conv.canonicalize (what the library does on CPU)
 
-Usage: python measure.py [--stride 2] [--reps 7] [--hlo /tmp/trap.hlo]
+Beside the tests, not the benchmarks: it calls the package's private ``_conv``.
+
+Usage: python tests/conv_trap.py [--stride 2] [--reps 7] [--hlo /tmp/trap.hlo]
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jaxpr_accum._conv import canonicalize as canonicalize_convs  # noqa: E402
 
 DN = ("NHWC", "HWIO", "NHWC")

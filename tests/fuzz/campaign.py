@@ -2,9 +2,9 @@
 
 Run from the repository root (CPU, one process; about 2-5 s per pair on 2 cores)::
 
-    python benchmarks/fuzz_campaign.py --pairs 5000 --seed 7
-    python benchmarks/fuzz_campaign.py --pairs 200 --families vmap reverse --shrink-seconds 0
-    python benchmarks/fuzz_campaign.py --pairs 100000 --minutes 40 --seed 7
+    python tests/fuzz/campaign.py --pairs 5000 --seed 7
+    python tests/fuzz/campaign.py --pairs 200 --families vmap reverse --shrink-seconds 0
+    python tests/fuzz/campaign.py --pairs 100000 --minutes 40 --seed 7
 
 Hypothesis draws ``--pairs`` program-and-stack pairs at random (seeded by ``--seed``; not
 derandomized), from every stack family (``plain``, ``reverse``, ``vmap``, ``forward``,
@@ -45,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DB_KEY = b"jaxpr_accum.fuzz_campaign.findings"
 
 

@@ -1,11 +1,13 @@
-"""The cost model against XLA: every candidate axis of every real model (``tests/real_models.py``),
+"""The cost model against XLA: every candidate axis of every real model (``benchmarks/zoo/``),
 its estimate (``Plan.candidates``) against the temp bytes it saves when forced.
+
+Beside the tests, not the benchmarks: it replaces a private step of planning.
 
 Run from the repository root (CPU is fine; needs the ``models`` extra; about 5 minutes)::
 
-    python benchmarks/cost_model.py                   # print the summary and the misses
-    python benchmarks/cost_model.py --write           # and replace it in docs/real-models.md
-    python benchmarks/cost_model.py hk-lstm eqx-gru   # only these cases
+    python tests/cost_model.py                   # print the summary and the misses
+    python tests/cost_model.py --write           # and replace it in docs/real-models.md
+    python tests/cost_model.py hk-lstm eqx-gru   # only these cases
 
 Each case is serialized in automatic mode at any position (``axis=None``) at its chunk; each
 of its first eight candidates is then forced (this script replaces the choice, an internal
@@ -34,8 +36,8 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jaxpr_accum as ja  # noqa: E402
+from benchmarks import zoo as rm  # noqa: E402
 from jaxpr_accum import _candidates  # noqa: E402
-from tests import real_models as rm  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "real-models.md")
 BEGIN, END = "<!-- cost-model:begin -->", "<!-- cost-model:end -->"

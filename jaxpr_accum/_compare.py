@@ -1,5 +1,6 @@
 """The comparison: per-leaf tolerances keyed by dtype, relative to each leaf's own magnitude
-(floored at a share of the largest leaf); integer, boolean and key leaves bit-identical."""
+(floored at a share of the largest leaf); integer, boolean and key leaves bit-identical.
+A base module (JAX and NumPy only): ``testing`` re-exports it, ``sweep`` measures by it."""
 
 from __future__ import annotations
 
@@ -66,12 +67,6 @@ def _rtol_for(dtype: Any, rtol: Tolerance) -> float:
 
 def _label(prefix: str, path: Sequence[Any]) -> str:
     return prefix + jax.tree_util.keystr(tuple(path))
-
-
-def _argument_label(path: Sequence[Any]) -> str:
-    """``args[0]['w']`` or ``kwargs['x']`` for a path into ``(args, kwargs)``."""
-    head, rest = path[0], path[1:]
-    return _label("args" if getattr(head, "idx", 0) == 0 else "kwargs", rest)
 
 
 def _fmt_index(index: tuple) -> str:

@@ -49,7 +49,6 @@ from harness import (  # noqa: E402
 )
 
 import jaxpr_accum as ja  # noqa: E402
-from jaxpr_accum._settings import GRAD_MODES  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,7 +99,7 @@ def forward_mode(quick: bool) -> dict:
         return lambda ws, x: jax.jvp(f, (ws, x), tangents)
 
     fns = {"original": loss}
-    fns.update({m: ja.serialize_axis(loss, chunk=chunk, argnums=1, grad=m) for m in GRAD_MODES})
+    fns.update({m: ja.serialize_axis(loss, chunk=chunk, argnums=1, grad=m) for m in ja.GRAD_MODES})
     rows_out, thunks, ref = {}, {}, None
     for name, f in fns.items():
         compiled, temp = temp_of(jvp_of(f), *args)

@@ -28,7 +28,7 @@ from models import (
 import jaxpr_accum as ja
 
 PEERS = ("scan+checkpoint", "lax.map", "lax.map+checkpoint")
-MODES = ("fused", "remat", "native")
+MODES = tuple(m for m in ja.GRAD_MODES if m != "auto")  # the modes that run
 METHODS = (*PEERS, *MODES)
 
 

@@ -199,7 +199,7 @@ def rows(loss: Callable, one: Callable, args: tuple, where: dict, n: int, chunks
         fns[f"peer scan fwd k={k}"] = jax.jit(peers(one, n, k)["peer scan, no checkpoint"])
         head = (args[0], jax.tree.map(lambda x, k=k: x[:k], args[1]))
         fns[f"original fwd on k rows (x{n // k}) k={k}"] = (jax.jit(loss), head)
-        for mode in ("auto", "remat", "fused", "native"):
+        for mode in ja.GRAD_MODES:
             sf = ja.serialize_axis(loss, chunk=k, grad=mode, **where)
             fns[f"ja {mode} k={k}"] = vg(sf)
             if mode == "remat":

@@ -20,9 +20,11 @@ from jaxpr_accum._errors import ArgumentError, PlanWarning, SerializeError
 from jaxpr_accum._measure import temp_bytes
 from jaxpr_accum._report import Plan
 from jaxpr_accum._rules import register_rule
+from jaxpr_accum._settings import GRAD_MODES
 from jaxpr_accum._sweep import Sweep
 
 __all__ = [
+    "GRAD_MODES",
     "ArgumentError",
     "JaxVersionWarning",
     "MissingInternal",
@@ -40,7 +42,8 @@ __all__ = [
 __version__ = "0.1.0"
 
 for _name in __all__:  # tracebacks and help() name the public module, not a private one
-    globals()[_name].__module__ = __name__
+    if _name != "GRAD_MODES":  # a tuple of names has no module of its own
+        globals()[_name].__module__ = __name__
 del _name
 
 # Once every rule table is built: on a JAX outside the tested series, the one warning, with

@@ -22,12 +22,14 @@ from jaxpr_accum._compare import (
     _is_key,
     _real_dtype,
 )
+from jaxpr_accum._settings import GRAD_MODES
 from jaxpr_accum.testing._oracle import _assert_one, _check_serialized, assert_in_contexts
 from jaxpr_accum.testing._runner import _argument_label, _Reference
 from jaxpr_accum.testing._variants import _variant
 
-#: Every gradient mode that ``check`` tries by default.
-MODES = ("remat", "fused", "native")
+#: Every gradient mode that ``check`` tries by default: each mode that runs (``"auto"``
+#: resolves to one of them).
+MODES = tuple(m for m in GRAD_MODES if m != "auto")
 
 # -- Hypothesis ------------------------------------------------------------------------------------
 

@@ -27,8 +27,7 @@ from jaxpr_accum.testing._oracle import _assert_one, _check_serialized, assert_i
 from jaxpr_accum.testing._runner import _argument_label, _Reference
 from jaxpr_accum.testing._variants import _variant
 
-#: Every gradient mode that ``check`` tries by default: each mode that runs (``"auto"``
-#: resolves to one of them).
+#: Every gradient mode that ``check`` tries by default: those that run (auto picks one).
 MODES = tuple(m for m in GRAD_MODES if m != "auto")
 
 # -- Hypothesis ------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
-from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict, canonical, is_mapped, positions
+from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict, canonical, fits, is_mapped
 from jaxpr_accum._table import passed_through, reduced_inside, refusal, rule_for
 from jaxpr_accum._view import Context, Ctx, EqnKey, Ref, View, order, parent
 
@@ -140,10 +140,10 @@ class Analysis:
         if ref in self.conflicts:
             return
         shape = v.aval.shape
-        loc = canonical(loc, self.size)
-        rows = loc.outer * positions(loc, self.size) * loc.inner
+        ok_dim = 0 <= loc.dim < len(shape)
+        loc = canonical(loc, self.size, shape[loc.dim]) if ok_dim else loc
         bad = is_mapped(loc) and loc.outer > 1  # a row map of a middle factor: not modelled
-        if bad or not (0 <= loc.dim < len(shape)) or shape[loc.dim] != rows:
+        if bad or not ok_dim or not fits(loc, self.size, shape[loc.dim]):
             self.mark_barrier(key, f"the axis cannot sit at dimension {loc.dim} of {v.aval}")
             return
         old = self.locs.get(ref)

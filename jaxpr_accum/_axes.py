@@ -71,9 +71,10 @@ from jaxpr_accum._view import Context, Ctx, EqnKey, Ref, View, order, parent
 class Analysis:
     """Locations of one axis of size ``size`` throughout a jaxpr and its sub-jaxprs."""
 
-    def __init__(self, jaxpr: Jaxpr, size: int):
+    def __init__(self, jaxpr: Jaxpr, size: int, stop_slices: bool = False):
         self.jaxpr = jaxpr
         self.size = size
+        self.stop_slices = stop_slices  # a slice of part of the axis is a barrier (``_fanout``)
         # The lattice: a value is unknown (in neither), at ``locs[ref]``, or ``CONFLICT``
         # (in ``conflicts``, with the two locations that met; never also in ``locs``).
         self.locs: dict[Ref, AxisLoc] = {}

@@ -20,8 +20,11 @@ no such conflict is left, the same conflicts come back (a copy cannot help), or
 ``MAX_ROUNDS`` rounds. Copies that leave at least as many conflicts as there were (both parts
 of a concatenation carrying the same rows) are dropped: they would only compute the same
 values more times; so are copies with a root that no row map reaches (the seed was an input
-that every copy now reads through a root: nothing says which rows they are). A conflict on
-a value with effects stays: the region stops there, as before.
+that every copy now reads through a root: nothing says which rows they are) or whose rows
+are positions no chunk holds (two views of one batch joined: the copy would run after the
+loop, not in it). Where conflicts remain, the slices that take part of the axis stop the
+region instead if that leaves fewer (``Analysis.stop_slices``: the pairwise planner then sees
+a rolled root as columns). A conflict on a value with effects stays: the region stops there.
 
 The copies compute the same values (a random draw too: same key, same counters), so the
 program means what it meant: per chunk each copy computes the window its own reader needs.
@@ -39,7 +42,7 @@ from jax import lax
 from jaxpr_accum import _compat
 from jaxpr_accum._axes import Analysis
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
-from jaxpr_accum._lattice import AxisLoc, is_mapped
+from jaxpr_accum._lattice import AxisLoc, is_mapped, positions
 from jaxpr_accum._rules.rows import keeps_all
 
 MAX_ROUNDS = 16
@@ -67,7 +70,11 @@ def analyse(jaxpr: Jaxpr, size: int, seeds: Iterable[tuple[Var, AxisLoc]]) -> tu
     # every copy conflicts again) would only compute the same values more times; a root that
     # no row map reaches lost the seed's anchor (its copy would run before the loop): dropped
     if first and (_count(jaxpr, analysis) >= first or _unanchored(jaxpr, analysis)):
-        return unchanged
+        jaxpr, analysis = unchanged
+    if _count(jaxpr, analysis):  # what no copy resolves: the slices stop, if that leaves fewer
+        stopped = Analysis(unchanged[0], size, stop_slices=True).run(seeds)
+        if _count(unchanged[0], stopped) < _count(jaxpr, analysis):
+            return unchanged[0], stopped
     return jaxpr, analysis
 
 
@@ -89,15 +96,22 @@ def _row_maps(pair: tuple | None) -> bool:
 
 
 def _unanchored(jaxpr: Jaxpr, analysis: Analysis) -> bool:
-    """Whether a root carries no fact (nothing tells which rows its readers need)."""
+    """Whether a root carries no fact (nothing tells which rows its readers need), or rows
+    at positions outside the axis (a part of a concatenation longer than the axis, which no
+    chunk holds: two views of one batch)."""
     inputs = set(jaxpr.invars)
-    return any(
-        eqn.primitive.name == "slice"
-        and keeps_all(eqn)
-        and eqn.invars[0] in inputs
-        and analysis.fact((), eqn.outvars[0]) is None
-        for eqn in jaxpr.eqns
-    )
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name != "slice" or not keeps_all(eqn) or eqn.invars[0] not in inputs:
+            continue
+        fact = analysis.fact((), eqn.outvars[0])
+        if fact is None:
+            return True
+        outside = isinstance(fact, AxisLoc) and (
+            fact.lo < 0 or fact.lo + positions(fact, analysis.size) > analysis.size
+        )
+        if outside:
+            return True
+    return False
 
 
 def _roots_for_readers(jaxpr: Jaxpr, inputs: list[Var]) -> Jaxpr:

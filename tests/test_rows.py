@@ -172,7 +172,7 @@ def test_row_maps_every_mode_under_jit_and_vmap(name, grad):
 @pytest.mark.slow
 @settings(deadline=None, max_examples=12)
 @given(
-    lengths=st.lists(st.integers(1, 6), min_size=2, max_size=3),
+    lengths=st.lists(st.integers(2, 6), min_size=2, max_size=3),  # one row: see row_trees
     chunk=st.integers(1, 20),
     shift=st.integers(-25, 25),
     flip=st.booleans(),
@@ -309,9 +309,11 @@ def test_aligned_chunks_draw_bit_identical_noise():
 def row_trees(draw, depth: int = 3):
     """``(tree, rows)``: a tree of concatenations, slices (start/stop windows), reversals,
     rolls and negations over leaves that are row-independent (``draw``: a random draw,
-    ``input``: a function of an input's rows, ``const``: a broadcast), of drawn lengths."""
+    ``input``: a function of an input's rows, ``const``: a broadcast), of drawn lengths. A
+    leaf has two rows at least: a one-row draw's size-1 constants meet the axis and the
+    region stops there (exactly; ``docs/limitations.md``)."""
     if depth == 0 or draw(st.integers(0, 3)) == 0:
-        m = draw(st.integers(1, 6))
+        m = draw(st.integers(2, 6))
         return (draw(st.sampled_from(["draw", "input", "const"])), m), m
     op = draw(st.sampled_from(["concat", "slice", "rev", "roll", "neg"]))
     if op == "concat":
@@ -384,4 +386,10 @@ def test_random_trees_of_row_maps(tree, chunk, grad, seed):
         KEY,
         *[_w(seed + 2 + i, m, D) for i, m in enumerate(rows)],
     )
-    check_chunked(f, args, n, k, grad=grad)
+    if k < n:
+        check_chunked(f, args, n, k, grad=grad)
+        return
+    sf = ja.serialize_axis(f, chunk=k, size=n, grad=grad)  # nothing to save: may stop where
+    with warnings.catch_warnings():  # an input is read in part (the input's own candidate)
+        warnings.simplefilter("ignore", ja.PlanWarning)
+        assert_matches_original(sf, *args, vmap=False)

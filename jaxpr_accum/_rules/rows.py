@@ -46,13 +46,18 @@ from jaxpr_accum._table import register
 DEAD_LO = -1
 
 
+def dead(dim: int) -> AxisLoc:
+    """The map of a part none of whose rows is read: one row, at ``DEAD_LO``."""
+    return AxisLoc(dim, 1, 1, DEAD_LO, 1)
+
+
 def sub_loc(loc: AxisLoc, size: int, a: int, b: int) -> AxisLoc:
     """Where the axis sits in rows ``[a, b)`` (along ``loc.dim``) of a value at ``loc``: its
     live rows among them, or (none) one dead row."""
     n = positions(loc, size)
     first, last = max(a, loc.skip), min(b, loc.skip + n)
     if first >= last:
-        return AxisLoc(loc.dim, 1, 1, DEAD_LO, 1)
+        return dead(loc.dim)
     lo = loc.lo + loc.skip + n - last if loc.rev else loc.lo + first - loc.skip
     return AxisLoc(loc.dim, 1, 1, lo, last - first, loc.rev, first - a)
 
@@ -77,6 +82,10 @@ def reversed_loc(loc: AxisLoc, size: int, length: int) -> AxisLoc:
     if not loc.skip and n == length:
         return loc._replace(rev=not loc.rev)
     return loc._replace(span=n, rev=not loc.rev, skip=length - loc.skip - n)
+
+
+def _all_live(loc: AxisLoc | None, size: int, length: int) -> bool:
+    return loc is not None and not loc.skip and positions(loc, size) == length
 
 
 def _concat_allowed(eqn: Any, d: int) -> bool:
@@ -129,9 +138,14 @@ class Concatenate(SameShape):
         if _unmappable(view, eqn):
             return
         total, bounds = eqn.outvars[0].aval.shape[d], self._bounds(eqn)
-        for i, (a, _) in enumerate(bounds):
-            loc = view.in_loc(i)
-            if loc is not None:
+        for i, (a, b) in enumerate(bounds):
+            # a part all of whose rows live tells the result's map, unless the result is read
+            # in part (then its parts live in part); a dead part, or one read in part, tells
+            # nothing
+            loc, out = view.in_loc(i), view.out_loc(0)
+            if _all_live(loc, view.size, b - a) and (
+                out is None or _all_live(out, view.size, total)
+            ):
                 view.set_out(0, super_loc(loc, view.size, total, a))
         out = view.out_loc(0)
         if out is not None:
@@ -190,8 +204,8 @@ class Slice(SameShape):
         if is_root(eqn, view):
             if view.out_loc(0) is not None:
                 view.hoist(
-                    "a copy of an input read at other rows (`_fanout`): computed before the "
-                    "loop, each chunk reads its window"
+                    "an input whose rows a copy reads at other positions: taken whole before "
+                    "the loop, each chunk reads its window"
                 )
             return
         in_loc, out_loc = view.in_loc(0), view.out_loc(0)
@@ -207,6 +221,9 @@ class Slice(SameShape):
             view.barrier("operands of `slice` carry the axis at different places")
             return
         a, b = eqn.params["start_indices"][d], eqn.params["limit_indices"][d]
+        if view.analysis.stop_slices and (a, b) != (0, eqn.invars[0].aval.shape[d]):
+            view.barrier("`slice` takes part of the axis of a value read at two row maps")
+            return
         if in_loc is not None:
             view.set_out(0, sub_loc(in_loc, view.size, a, b))
         out_loc = view.out_loc(0)

@@ -63,7 +63,7 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
-from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict, canonical, is_mapped, positions
+from jaxpr_accum._lattice import CONFLICT, AxisLoc, Conflict, canonical, fits, is_mapped
 from jaxpr_accum._table import passed_through, reduced_inside, refusal, rule_for
 from jaxpr_accum._view import Context, Ctx, EqnKey, Ref, View, order, parent
 
@@ -71,9 +71,10 @@ from jaxpr_accum._view import Context, Ctx, EqnKey, Ref, View, order, parent
 class Analysis:
     """Locations of one axis of size ``size`` throughout a jaxpr and its sub-jaxprs."""
 
-    def __init__(self, jaxpr: Jaxpr, size: int):
+    def __init__(self, jaxpr: Jaxpr, size: int, stop_slices: bool = False):
         self.jaxpr = jaxpr
         self.size = size
+        self.stop_slices = stop_slices  # a slice of part of the axis is a barrier (``_fanout``)
         # The lattice: a value is unknown (in neither), at ``locs[ref]``, or ``CONFLICT``
         # (in ``conflicts``, with the two locations that met; never also in ``locs``).
         self.locs: dict[Ref, AxisLoc] = {}
@@ -140,10 +141,10 @@ class Analysis:
         if ref in self.conflicts:
             return
         shape = v.aval.shape
-        loc = canonical(loc, self.size)
-        rows = loc.outer * positions(loc, self.size) * loc.inner
+        ok_dim = 0 <= loc.dim < len(shape)
+        loc = canonical(loc, self.size, shape[loc.dim]) if ok_dim else loc
         bad = is_mapped(loc) and loc.outer > 1  # a row map of a middle factor: not modelled
-        if bad or not (0 <= loc.dim < len(shape)) or shape[loc.dim] != rows:
+        if bad or not ok_dim or not fits(loc, self.size, shape[loc.dim]):
             self.mark_barrier(key, f"the axis cannot sit at dimension {loc.dim} of {v.aval}")
             return
         old = self.locs.get(ref)

@@ -155,7 +155,18 @@ def find_candidates(
                 continue
             fanned, analysis = _fanout.analyse(jaxpr, n, [(v, AxisLoc(d))])
             reached = [(u, loc) for (ctx, u), loc in analysis.locs.items() if ctx == ()]
-            covered.update((u, loc.dim) for u, loc in reached if loc == AxisLoc(loc.dim))
+            # past a conflict from this seed on, a later seed may reach values otherwise (a
+            # copy per reader of what this one fixes): only the values before it are covered
+            at = order[v]
+            stop = min(
+                (order[u] for c, u in analysis.conflicts if c == () and order.get(u, -1) >= at),
+                default=None,
+            )
+            covered.update(
+                (u, loc.dim)
+                for u, loc in reached
+                if loc == AxisLoc(loc.dim) and (stop is None or order.get(u, stop) < stop)
+            )
             whole = [(u, loc) for u, loc in reached if not is_mapped(loc)] or reached
             first, first_loc = min(whole, key=lambda p: order.get(p[0], len(order)))
             if axis is not None and first_loc != AxisLoc(d):

@@ -100,7 +100,7 @@ class ChunkLoop:
         """The region's equations on chunk ``[start, start + k)`` (``inputs.chunked`` holds
         the chunk's slices), in the cell of the row maps that holds it (``_resize.by_cell``)."""
         at = shifted(start, self.offset)
-        return by_cell(self.cells, at, lambda cell: self.in_cell(k, at, cell, inputs))
+        return by_cell(self.cells, at, k, lambda cell: self.in_cell(k, at, cell, inputs))
 
     def in_cell(self, k: int, at: Any, cell: Any, inputs: Inputs) -> ChunkOut:
         sig, split = self.signature, self.split

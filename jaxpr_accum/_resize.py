@@ -80,14 +80,16 @@ def cells(analysis: Analysis, offset: Any, size: int, k: int) -> list[tuple[int,
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def by_cell(found: list | None, start: Any, run: Callable[[Any], Any]) -> Any:
-    """``run(cell)`` for the cell (of ``found``, ``cells``) that holds the chunk at ``start``:
-    chosen in Python for a static ``start``, else by ``lax.switch`` (each branch computes the
-    row-mapped values of its own cell only); ``run(None)`` without cells."""
+def by_cell(found: list | None, start: Any, k: int, run: Callable[[Any], Any]) -> Any:
+    """``run(cell)`` for the cell (of ``found``, ``cells``) that holds the chunk of ``k`` at
+    ``start``: chosen in Python for a static ``start``, else by ``lax.switch`` over the cells
+    that can hold ``k`` positions (a shorter one, the last, holds only the remainder; each
+    branch computes the row-mapped values of its own cell only); ``run(None)`` without cells."""
     if found is None:
         return run(None)
     if isinstance(start, int):
         return run(next(c for c in found if c[0] <= start < c[1]))
+    found = [c for c in found if c[1] - c[0] >= k]
     index = sum((start >= a).astype("int32") for a, _ in found[1:])
     return lax.switch(index, [lambda c=c: run(c) for c in found])
 

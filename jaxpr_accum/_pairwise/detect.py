@@ -211,7 +211,8 @@ def find(split: Split) -> Pairing | None:
     jaxpr = split.jaxpr
     substituted = permute.substituted(jaxpr, split.analysis)
     if substituted is not None:
-        found = _pairing(jaxpr, Analysis(substituted, split.size).run(_seeds(split)))
+        analysis = Analysis(substituted, split.size, split.analysis.stop_slices)
+        found = _pairing(jaxpr, analysis.run(_seeds(split)))
         if found is not None:
             return found
     found = _pairing(jaxpr, split.analysis)

@@ -120,7 +120,7 @@ def plan(single: Candidate, names: dict, stream: bool = True) -> TwoPass | None:
         facts = [
             (v, loc) for (ctx, v), loc in split.analysis.locs.items() if ctx == () and v in values
         ]
-        analysis = Analysis(program, split.size).run(facts)
+        analysis = Analysis(program, split.size, split.analysis.stop_slices).run(facts)
         first = Candidate(make_split(program, analysis, split.born, stream), single.chunk)
         if not first.split.has_body:
             return None

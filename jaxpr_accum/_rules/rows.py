@@ -1,27 +1,34 @@
 """Row maps along the axis: ``concatenate``, ``slice`` and ``rev`` along it (``jnp.roll``).
 
-For now a ``slice`` that takes part of the axis is a barrier: where slices of one value met
-again in a concatenation, their windows gave wrong values (``tests/test_rows.py``); the
-window arithmetic below stays for the whole-axis slice and for the fix.
-
 Each row of a concatenation along the axis comes from one row of one part, each row of a
 slice from one row of its operand, each row of a reversal from one row of its operand: the
-operands carry the axis as a *row map* (``AxisLoc.lo / span / rev``, ``_lattice``), which
-these rules derive in both directions. ``sub_loc`` is the map of rows ``[a, b)`` of a value,
-``super_loc`` its inverse.
+operands carry the axis as a *row map* (``AxisLoc.lo / span / rev / skip``, ``_lattice``),
+which these rules derive in both directions:
 
-Per chunk every mapped value holds its *window* (``EqnResize.window``). Windows nest: the
-window of rows ``[a, b)`` of a value is the clamp of the value's window into them, so
+- ``sub_loc``: the map of rows ``[a, b)`` of a value: its live rows among them (a part none
+  of whose rows is read is *dead*: one row of it at a position no chunk holds, ``DEAD_LO``);
+- ``super_loc``: a concatenation's map from one part's, the part's map extended over every
+  row of the result (the other parts' rows at the positions next to it);
+- a slice's operand lives on the slice's rows only (``skip`` more dead rows before them):
+  the same positions as the slice, so it is computed per chunk on the slice's window.
 
-- a slice is the window of its operand's window at offset ``first_out + a - first_in``;
-- a concatenation's window is one contiguous run of its parts' windows joined: the parts
-  before it contribute whole windows, the first part it touches from its window's first row
-  on, so the run starts at ``sum_p clip(first_out - c_p - first_p, 0, rows_p)`` (``c_p`` the
-  part's first row in the result);
-- a reversal reverses its operand's window (windows are in the value's own row order).
+Per chunk every mapped value holds its *window* (``EqnResize.window``). Windows of
+sub-segments do not nest in their parent's (a window is clamped into its own positions), so
+a value is never sliced from a window computed for other positions: a slice reads an operand
+with exactly its positions (its window is the operand's, ``skip`` rows on), and where the
+operand is needed whole elsewhere too the analysis meets a conflict, which ``_fanout``
+resolves by copying the operand's equations per reader (recomputing the part from the
+region's roots: a random draw draws any rows, an ``iota`` counts any) or, where it cannot (a
+chunked input read whole and in part), stops the region. A concatenation's window is one
+contiguous run of its parts' windows: each part's window holds the part's rows of the
+result's window (a clamp into a sub-segment contains the sub-segment's share of the clamp into
+the segment), so the run starts at ``sum_p clip(first_out - c_p - first_p, 0, rows_p)``
+(``c_p`` the part's first row in the result; a dead part before the live rows counts its one
+row). A reversal reverses its operand's window (windows are in the value's own row order).
 
 Only ``inner == 1`` (the dimension is the positions themselves) is mapped; along another
-dimension the primitives are positionwise (``SameShape``).
+dimension the primitives are positionwise (``SameShape``). A slice with a stride along the
+axis stops the region (its rows are no segment).
 """
 
 from __future__ import annotations
@@ -35,17 +42,50 @@ from jaxpr_accum._lattice import AxisLoc, positions
 from jaxpr_accum._rules.shape import SameShape, _first, _with
 from jaxpr_accum._table import register
 
+#: the position of a dead part's one row: below every chunk (no cell holds it either)
+DEAD_LO = -1
+
+
+def dead(dim: int) -> AxisLoc:
+    """The map of a part none of whose rows is read: one row, at ``DEAD_LO``."""
+    return AxisLoc(dim, 1, 1, DEAD_LO, 1)
+
 
 def sub_loc(loc: AxisLoc, size: int, a: int, b: int) -> AxisLoc:
-    """Where the axis sits in rows ``[a, b)`` (along ``loc.dim``) of a value at ``loc``."""
-    lo = loc.lo + positions(loc, size) - b if loc.rev else loc.lo + a
-    return AxisLoc(loc.dim, 1, 1, lo, b - a, loc.rev)
+    """Where the axis sits in rows ``[a, b)`` (along ``loc.dim``) of a value at ``loc``: its
+    live rows among them, or (none) one dead row."""
+    n = positions(loc, size)
+    first, last = max(a, loc.skip), min(b, loc.skip + n)
+    if first >= last:
+        return dead(loc.dim)
+    lo = loc.lo + loc.skip + n - last if loc.rev else loc.lo + first - loc.skip
+    return AxisLoc(loc.dim, 1, 1, lo, last - first, loc.rev, first - a)
 
 
-def super_loc(sub: AxisLoc, size: int, total: int, a: int, b: int) -> AxisLoc:
-    """Where the axis sits in a value of ``total`` rows whose rows ``[a, b)`` are at ``sub``."""
-    lo = sub.lo - (total - b) if sub.rev else sub.lo - a
+def super_loc(sub: AxisLoc, size: int, total: int, a: int) -> AxisLoc:
+    """Where the axis sits in a value of ``total`` rows whose rows from ``a`` on are at
+    ``sub``, every row live (the map extended over them)."""
+    n = positions(sub, size)
+    lo = sub.lo + sub.skip + a + n - total if sub.rev else sub.lo - sub.skip - a
     return AxisLoc(sub.dim, 1, 1, lo, total, sub.rev)
+
+
+def slice_operand_loc(out: AxisLoc, size: int, a: int) -> AxisLoc:
+    """Where the axis sits in the operand of a slice from row ``a`` whose result is at
+    ``out``: the same positions, ``a`` more dead rows before them."""
+    return out._replace(span=positions(out, size), skip=out.skip + a)
+
+
+def reversed_loc(loc: AxisLoc, size: int, length: int) -> AxisLoc:
+    """Where the axis sits in the reversal of a dimension of ``length`` at ``loc``."""
+    n = positions(loc, size)
+    if not loc.skip and n == length:
+        return loc._replace(rev=not loc.rev)
+    return loc._replace(span=n, rev=not loc.rev, skip=length - loc.skip - n)
+
+
+def _all_live(loc: AxisLoc | None, size: int, length: int) -> bool:
+    return loc is not None and not loc.skip and positions(loc, size) == length
 
 
 def _concat_allowed(eqn: Any, d: int) -> bool:
@@ -99,9 +139,14 @@ class Concatenate(SameShape):
             return
         total, bounds = eqn.outvars[0].aval.shape[d], self._bounds(eqn)
         for i, (a, b) in enumerate(bounds):
-            loc = view.in_loc(i)
-            if loc is not None:
-                view.set_out(0, super_loc(loc, view.size, total, a, b))
+            # a part all of whose rows live tells the result's map, unless the result is read
+            # in part (then its parts live in part); a dead part, or one read in part, tells
+            # nothing
+            loc, out = view.in_loc(i), view.out_loc(0)
+            if _all_live(loc, view.size, b - a) and (
+                out is None or _all_live(out, view.size, total)
+            ):
+                view.set_out(0, super_loc(loc, view.size, total, a))
         out = view.out_loc(0)
         if out is not None:
             for i, (a, b) in enumerate(bounds):
@@ -122,8 +167,28 @@ class Concatenate(SameShape):
             return [lax.dynamic_slice_in_dim(joined, offset, rows, d)]
 
 
+def keeps_all(eqn: Any) -> bool:
+    """Whether a ``slice`` keeps all of its operand."""
+    v = eqn.invars[0]
+    return (
+        not isinstance(v, _compat.Literal)
+        and not any(eqn.params["start_indices"])
+        and tuple(eqn.params["limit_indices"]) == tuple(v.aval.shape)
+        and all(s == 1 for s in eqn.params.get("strides") or ())
+    )
+
+
+def is_root(eqn: Any, view: Any) -> bool:
+    """Whether ``eqn`` is a *root*: a slice that keeps all of a top-level input (``_fanout``
+    puts one between an input and each copy of the equations that read it at other rows).
+    It carries no fact either way: it runs before the loop on the whole input, and its result
+    takes the row map its readers need (its windows are read per chunk)."""
+    return not view.ctx and keeps_all(eqn) and view.analysis.definition((), eqn.invars[0]) is None
+
+
 class Slice(SameShape):
-    """``slice``: along the axis with unit stride, a segment; elsewhere positionwise."""
+    """``slice``: along the axis with unit stride, a segment of rows whose operand lives on
+    them only; elsewhere positionwise."""
 
     row_map_ok = True
 
@@ -136,6 +201,13 @@ class Slice(SameShape):
         return strides is None or strides[d] == 1
 
     def propagate(self, eqn: Any, view: Any) -> None:
+        if is_root(eqn, view):
+            if view.out_loc(0) is not None:
+                view.hoist(
+                    "an input whose rows a copy reads at other positions: taken whole before "
+                    "the loop, each chunk reads its window"
+                )
+            return
         in_loc, out_loc = view.in_loc(0), view.out_loc(0)
         d = next((loc.dim for loc in (in_loc, out_loc) if loc is not None), None)
         if d is None:
@@ -149,33 +221,26 @@ class Slice(SameShape):
             view.barrier("operands of `slice` carry the axis at different places")
             return
         a, b = eqn.params["start_indices"][d], eqn.params["limit_indices"][d]
-        total = eqn.invars[0].aval.shape[d]
-        if (a, b) != (0, total):  # part of the axis: its windows are wrong where parts of one
-            # value meet again in a concatenation (wrong values found by review): a stop
-            view.barrier("`slice` takes part of the axis (not chunked: a known open defect)")
+        if view.analysis.stop_slices and (a, b) != (0, eqn.invars[0].aval.shape[d]):
+            view.barrier("`slice` takes part of the axis of a value read at two row maps")
             return
         if in_loc is not None:
             view.set_out(0, sub_loc(in_loc, view.size, a, b))
         out_loc = view.out_loc(0)
         if out_loc is not None:
-            view.set_in(0, super_loc(out_loc, view.size, total, a, b))
+            view.set_in(0, slice_operand_loc(out_loc, view.size, a))
 
     def resize(self, eqn: Any, r: Any, invals: list) -> list:
-        in_loc, out_loc = r.in_locs[0], r.out_locs[0]
-        d = in_loc.dim
-        first_in, rows_in = r.window(in_loc)
-        first_out, rows_out = r.window(out_loc)
-        a = eqn.params["start_indices"][d]
+        # the operand lives on the slice's positions (``slice_operand_loc``): its window is
+        # the slice's, so along the axis the chunk keeps all of it
+        d = r.in_locs[0].dim
         params = {
             **eqn.params,
             "start_indices": _with(eqn.params["start_indices"], d, 0),
-            "limit_indices": _with(eqn.params["limit_indices"], d, rows_in),
+            "limit_indices": _with(eqn.params["limit_indices"], d, r.rows(r.in_locs[0])),
         }
         with _compat.user_context(eqn):
-            (whole,) = _compat.bind(eqn, invals, params)
-            if in_loc == out_loc:  # not along the axis (or the whole of it)
-                return [whole]
-            return [lax.dynamic_slice_in_dim(whole, first_out + a - first_in, rows_out, d)]
+            return _compat.bind(eqn, invals, params)
 
 
 class Rev(SameShape):
@@ -195,11 +260,12 @@ class Rev(SameShape):
         if _unmappable(view, eqn):
             return
         loc = view.in_loc(0)
+        length = eqn.invars[0].aval.shape[loc.dim if loc is not None else view.out_loc(0).dim]
         if loc is not None:
-            view.set_out(0, loc._replace(rev=not loc.rev))
+            view.set_out(0, reversed_loc(loc, view.size, length))
         loc = view.out_loc(0)
         if loc is not None:
-            view.set_in(0, loc._replace(rev=not loc.rev))
+            view.set_in(0, reversed_loc(loc, view.size, length))
 
 
 register("concatenate", Concatenate())

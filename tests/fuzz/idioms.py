@@ -10,7 +10,8 @@ definitions (``preamble``):
   gradient tree clipped by its norm, summed over the examples (JAX batches the weight
   gradient as a grouped convolution whose groups are the examples);
 * **along the axis** (:data:`ALONG_AXIS`): antithetic ``concatenate([z, -z])`` with
-  ``noise.T @ fitness`` (OpenAI-ES), ``jnp.roll`` with static shifts, ``[::-1]`` against
+  ``noise.T @ fitness`` (OpenAI-ES), slices of one value rejoined (a roll by hand, halves
+  put back), a roll then a reversal, ``jnp.roll`` with static shifts, ``[::-1]`` against
   position weights, two halves processed differently and joined;
 * **pairwise with index constants** (:data:`PAIRWISE`): labels ``arange(n) % 2`` with ``==``
   (the N x N positive mask) and an ``eye`` mask, positives ``roll(arange(n), n // 2)`` and
@@ -106,6 +107,17 @@ ALONG_AXIS: dict[str, dict[str, Any]] = {
             both{i} = jnp.concatenate([jnp.tanh({S}[:half{i}]), jnp.sin({S}[half{i}:])])
             term{i} = jnp.mean(both{i} ** 2) + jnp.sum(both{i}[:, 0] * {S}[:, -1]) / 16
             """
+    },
+    "rejoined_slices": {
+        "src": """
+            cut{i} = x.shape[0] // 3 + 1
+            back{i} = jnp.concatenate([{S}[cut{i}:], {S}[:cut{i}]])
+            back{i} = back{i} + jnp.concatenate([{S}[:cut{i}], -0.5 * {S}[cut{i}:]])
+            term{i} = jnp.mean(jnp.tanh(back{i}) * {S})
+            """
+    },
+    "roll_then_reverse": {
+        "src": "term{i} = jnp.mean(jnp.tanh(jnp.roll({S}, 2, axis=0)[::-1]) * {S})"
     },
 }
 

@@ -363,7 +363,7 @@ def input_rows(tree) -> list[int]:
 @given(
     tree=row_trees(),
     chunk=st.sampled_from([1, 2, 3, 4, 5, 7, "axis", "more"]),
-    grad=st.sampled_from(MODES),
+    grad=st.sampled_from(GRAD_MODES),
     seed=st.integers(0, 2**16),
 )
 def test_random_trees_of_row_maps(tree, chunk, grad, seed):

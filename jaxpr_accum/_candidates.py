@@ -111,13 +111,15 @@ def _listed(names: list[str], most: int = 3) -> str:
     return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
-def describe_origin(jaxpr: Jaxpr, v: Var, dim: int, arg_names: dict) -> str:
+def describe_origin(jaxpr: Jaxpr, v: Var, dim: int, arg_names: dict) -> str | None:
+    """Where ``v`` is born, as the user wrote it: an argument, or an equation and its source
+    line; None when ``jaxpr`` neither takes nor computes it."""
     if v in arg_names:
         return f"dimension {dim} of {arg_names[v]}"
     for eqn in jaxpr.eqns:
         if v in eqn.outvars:
             return f"dimension {dim} of `{eqn.primitive.name}` at {_compat.source_line(eqn)}"
-    return f"dimension {dim} of {v}"  # pragma: no cover
+    return None
 
 
 def origins(jaxpr: Jaxpr) -> list[Var]:
@@ -171,7 +173,12 @@ def find_candidates(
             first, first_loc = min(whole, key=lambda p: order.get(p[0], len(order)))
             if axis is not None and first_loc != AxisLoc(d):
                 continue
-            born = describe_origin(fanned, first, first_loc.dim, arg_names)
+            # the first value that carries the axis whole, else the seed (of the user's program)
+            born = (
+                describe_origin(fanned, first, first_loc.dim, arg_names)
+                or describe_origin(jaxpr, v, d, arg_names)
+                or f"dimension {d} of a value of shape {shape}"
+            )
             splits.append(make_split(fanned, analysis, born, stream))
     return splits
 

@@ -393,3 +393,18 @@ def test_random_trees_of_row_maps(tree, chunk, grad, seed):
     with warnings.catch_warnings():  # an input is read in part (the input's own candidate)
         warnings.simplefilter("ignore", ja.PlanWarning)
         assert_matches_original(sf, *args, vmap=False)
+
+
+@pytest.mark.slow
+def test_a_program_with_nothing_chunkable_names_where_the_axis_is_born():
+    """A candidate whose first whole value is a copy made for a reader (a roll, then a slice
+    of part of it, reduced) is named by its seed in the user's program, never by a ``Var``."""
+    key, mu, w = jax.random.key(0), jnp.array([0.3, -0.2, 0.5]), jnp.eye(3) / 2
+
+    def roll_slice(mu, w):
+        h = jnp.tanh((jax.random.normal(key, (9, 3)) + mu) @ w)
+        return jnp.mean(jnp.roll(h, -1, 0)[2:] ** 2)
+
+    with pytest.raises(ja.SerializeError) as info:
+        ja.serialize_axis(roll_slice, chunk=2, size=9, grad="remat").explain(mu, w)
+    assert "Var(id=" not in str(info.value) and "`random_bits` at" in str(info.value)

@@ -8,6 +8,7 @@ import platform
 
 import jax
 from harness import (
+    acceptance_table,
     fmt_bytes,
     md_table,
 )
@@ -122,11 +123,7 @@ def markdown(res: dict, cases: list[dict], info: dict, verdicts: list, elapsed: 
         "",
         "### Acceptance",
         "",
-        md_table(
-            ["target", "measured", "verdict"],
-            [[t, m, "PASS" if ok else "FAIL"] for t, m, ok in verdicts],
-            right_from=3,
-        ),
+        acceptance_table(verdicts, fail="FAIL"),
         "",
         f"### `jax.jvp` of a {layers}-layer tanh MLP (width {width}, {rows} rows), "
         f"`argnums=1`, chunk {chunk}",

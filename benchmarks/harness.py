@@ -6,7 +6,8 @@
 - ``tree_rel_error``: the largest per-leaf relative difference of two pytrees of arrays
   (``jaxpr_accum.testing.tree_difference``);
 - ``fmt_bytes`` (bytes in B, KiB, MiB or GiB, as the package prints them; ``n/a`` for None),
-  ``print_table`` (plain text) and ``md_table`` (Markdown);
+  ``print_table`` (plain text), ``md_table`` (Markdown) and ``acceptance_table`` (a
+  benchmark's targets and verdicts);
 - ``benchmark_options`` (``--quick``, ``--doc``) and ``write_doc_section`` (each script owns
   one marked section of ``docs/benchmarks.md``).
 
@@ -141,6 +142,12 @@ def md_table(headers: list[str], rows: list[list[str]], right_from: int = 2) -> 
     return "\n".join(lines)
 
 
+def acceptance_table(checks: list[tuple[str, str, bool]], fail: str = "**FAIL**") -> str:
+    """The acceptance table of a benchmark: per ``(target, measured, ok)``, its verdict."""
+    rows = [[t, m, "PASS" if ok else fail] for t, m, ok in checks]
+    return md_table(["target", "measured", "verdict"], rows, right_from=3)
+
+
 def time_paired(
     groups: dict[Any, dict[str, Callable[[], Any]]],
     *,
@@ -164,8 +171,6 @@ def time_paired(
     budget. Timed rounds continue until ``budget_s`` is spent (at least ``min_rounds``, at
     most ``max_rounds``).
     """
-    import jax
-
     out = {g: PairedTimes({n: {} for n in th}, set(), reference, {}) for g, th in groups.items()}
     t_start = None
     rnd = 0

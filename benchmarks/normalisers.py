@@ -53,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 from harness import (  # noqa: E402
+    acceptance_table,
     md_table,
 )
 from normalisers_cases import (  # noqa: E402
@@ -122,13 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu, load = time.process_time(), os.getloadavg()[0]
     text = markdown(results, checks, elapsed, cpu, load, opts.quick)
     print("\n### Acceptance" + (" (quick sizes)" if opts.quick else "") + "\n")
-    print(
-        md_table(
-            ["target", "measured", "verdict"],
-            [[t, m, "PASS" if ok else "**FAIL**"] for t, m, ok in checks],
-            right_from=3,
-        )
-    )
+    print(acceptance_table(checks))
     print(f"\ntotal run time {elapsed:.0f} s wall, {cpu:.0f} s CPU (load average {load:.1f})")
     if opts.write:
         write_section(opts.doc, text)

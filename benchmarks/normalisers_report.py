@@ -9,6 +9,7 @@ import textwrap
 
 import jax
 from harness import (
+    acceptance_table,
     fmt_bytes,
     md_table,
     write_doc_section,
@@ -193,11 +194,7 @@ def markdown(results, checks, elapsed, cpu, load, quick) -> str:
         "",
         "### Acceptance",
         "",
-        md_table(
-            ["target", "measured", "verdict"],
-            [[t, m, "PASS" if ok else "**FAIL**"] for t, m, ok in checks],
-            right_from=3,
-        ),
+        acceptance_table(checks),
         "",
     ]
     for res in results.values():

@@ -8,6 +8,7 @@ import platform
 
 import jax
 from harness import (
+    acceptance_table,
     md_table,
     write_doc_section,
 )
@@ -86,11 +87,7 @@ def write_docs(results, checks, elapsed, cpu, load, quick, md_path, png_path) ->
         "",
         "### Acceptance",
         "",
-        md_table(
-            ["target", "measured", "verdict"],
-            [[t, m, "PASS" if ok else "**FAIL**"] for t, m, ok in checks],
-            right_from=3,
-        ),
+        acceptance_table(checks),
         "",
     ]
     for res in results.values():

@@ -206,33 +206,35 @@ class Region:
         return sums, inputs.placed(diff, j_inv, j_ch)
 
     def _traced_once(self, key: Any, fn: Callable, args: tuple) -> Any:
-        """``fn(*args)``, traced once per ``key``, input types and context mesh, and replayed
-        after: planning's validation and the call linearize the region alike, and the
-        replay binds the traced equations instead of running the rules again."""
+        """``fn(*args)``, traced once (``_jaxpr_at``) and replayed after: planning's
+        validation and the call linearize the region alike, and the replay binds the traced
+        equations instead of running the rules again."""
         leaves, tree = jax.tree.flatten(args)
-        avals = tuple(_compat.aval_of(x) for x in leaves)
-        full_key = (key, tree, avals, _compat.context_mesh_key())
-        if full_key not in self._jaxprs:
-            closed, shape = jax.make_jaxpr(
-                lambda *flat: fn(*jax.tree.unflatten(tree, flat)), return_shape=True
-            )(*avals)
-            self._jaxprs[full_key] = (closed, jax.tree.structure(shape))
-        closed, out_tree = self._jaxprs[full_key]
+        avals = [_compat.aval_of(x) for x in leaves]
+        closed, out_tree = self._jaxpr_at(
+            (key, tree), lambda *flat: fn(*jax.tree.unflatten(tree, flat)), avals
+        )
         return jax.tree.unflatten(out_tree, jax.extend.core.jaxpr_as_fun(closed)(*leaves))
+
+    def _jaxpr_at(self, key: Any, fn: Callable, avals: Sequence[Any]) -> tuple[Any, Any]:
+        """``(ClosedJaxpr, output tree)`` of ``fn`` at the flat input ``avals``, traced once per
+        ``key``, avals and context mesh (the region's one cache of traced programs)."""
+        full_key = (key, tuple(avals), _compat.context_mesh_key())
+        if full_key not in self._jaxprs:
+            closed, shape = jax.make_jaxpr(fn, return_shape=True)(*avals)
+            self._jaxprs[full_key] = (closed, jax.tree.structure(shape))
+        return self._jaxprs[full_key]
 
     # -- as a traced program -------------------------------------------------------------
     def forward_jaxpr(self, avals: Sequence[Any], checkpoint: bool = False) -> Any:
         """The forward pass as a ``ClosedJaxpr`` at the flat input ``avals`` (cached per avals,
         context mesh and ``checkpoint``, as in ``forward``)."""
-        key = (tuple(avals), _compat.context_mesh_key(), checkpoint)
-        if key not in self._jaxprs:
-            sig = self.signature
+        sig = self.signature
 
-            def flat_forward(*flat: Any) -> list:
-                return self.forward(sig.inputs(flat), checkpoint).flat()
+        def flat_forward(*flat: Any) -> list:
+            return self.forward(sig.inputs(flat), checkpoint).flat()
 
-            self._jaxprs[key] = jax.make_jaxpr(flat_forward)(*avals)
-        return self._jaxprs[key]
+        return self._jaxpr_at(("forward", checkpoint), flat_forward, avals)[0]
 
     def tangent_flags(self, avals: Sequence[Any], perturbed: Sequence[bool]) -> Outputs:
         """Per output, whether its tangent is nonzero when the flagged inputs are perturbed:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxpr_accum._settings import GRAD_MODES
+from jaxpr_accum._base._settings import GRAD_MODES
 
 #: the Monte-Carlo samples of the demo's model (``examples/mc_vae.py``'s ``Sizes.n_samples``,
 #: at both sizes): the axis the demo serializes, so a chunk must be shorter
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "demo":
-        from jaxpr_accum._demo import run_demo
+        from jaxpr_accum._api._demo import run_demo
 
         return run_demo(
             quick=args.quick,

@@ -7,7 +7,7 @@ images [64, 32, 32, 16] (16 -> 16 channels):
   scan/plain  : lax.scan over 4 chunks of 16, body under jax.checkpoint (the trap)
   lib-style/* : custom_vjp over the scan whose backward calls jax.vjp per chunk (as
                 jaxpr_accum does), plain lax convs; "rewrite" passes the pullback through
-                jaxpr_accum._conv.canonicalize (what the library does on CPU)
+                jaxpr_accum._engine._conv.canonicalize (what the library does on CPU)
 
 Beside the tests, not the benchmarks: it calls the package's private ``_conv``.
 
@@ -28,7 +28,7 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jaxpr_accum._conv import canonicalize as canonicalize_convs  # noqa: E402
+from jaxpr_accum._engine._conv import canonicalize as canonicalize_convs  # noqa: E402
 
 DN = ("NHWC", "HWIO", "NHWC")
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special
 
-from jaxpr_accum._demo import example
+from jaxpr_accum._api._demo import example
 
 # --------------------------------------------------------------------------------------
 # (a) The Monte-Carlo encoder-decoder of examples/mc_vae.py

@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
-from jaxpr_accum import _settings, testing
+from jaxpr_accum import testing
+from jaxpr_accum._base import _settings
 
 #: ``pytest.mark.filterwarnings(NOT_WORTH_IT)``: for a test whose toy program the cost model
 #: expects to save no memory, where the first call's ``PlanWarning`` is incidental to what the

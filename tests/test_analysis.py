@@ -17,10 +17,10 @@ import pytest
 from jax import lax
 
 import jaxpr_accum as ja
-from jaxpr_accum._axes import Analysis
-from jaxpr_accum._lattice import CONFLICT, AxisLoc
+from jaxpr_accum._base._lattice import CONFLICT, AxisLoc
+from jaxpr_accum._engine._axes import Analysis
+from jaxpr_accum._engine._table import RULES
 from jaxpr_accum._rules.elementwise import Elementwise
-from jaxpr_accum._table import RULES
 
 from .oracle import NOT_WORTH_IT, assert_matches_original
 

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum import _compat, _table
+from jaxpr_accum import _compat
 from jaxpr_accum._compat import _lookup
+from jaxpr_accum._engine import _table
 
 COMPAT = Path(_compat.__file__).parent
 SERIES = ".".join(jax.__version__.split(".")[:2])

@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 
 import jaxpr_accum as ja
-from jaxpr_accum._conv import canonical_conv, canonicalize
+from jaxpr_accum._engine._conv import canonical_conv, canonicalize
 
 CASES = [
     # lhs shape, rhs shape, strides, padding, lhs_dil, rhs_dil, dimension numbers, groups

@@ -18,7 +18,11 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum import _candidates, _loop, _prepare, _region, _resize, _stream
+from jaxpr_accum import _stream
+from jaxpr_accum._assembly import _prepare
+from jaxpr_accum._build import _loop, _region
+from jaxpr_accum._engine import _resize
+from jaxpr_accum._planning import _candidates
 from jaxpr_accum.testing import assert_tree_close
 
 _rs = np.random.RandomState(0)

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum import _budget, _choice
-from jaxpr_accum._region_p import AUTO
-from jaxpr_accum._settings import GRAD_MODES
+from jaxpr_accum._assembly import _budget
+from jaxpr_accum._base._settings import GRAD_MODES
+from jaxpr_accum._build._region_p import AUTO
+from jaxpr_accum._modes import _choice
 from jaxpr_accum.testing import assert_tree_close
 
 from .oracle import NOT_WORTH_IT, assert_matches_original

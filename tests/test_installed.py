@@ -23,7 +23,7 @@ import pytest
 
 import jaxpr_accum as ja
 from jaxpr_accum._api import _naming
-from jaxpr_accum._settings import SETTING_NAMES
+from jaxpr_accum._base._settings import SETTING_NAMES
 
 PACKAGE = Path(ja.__file__).resolve().parent
 #: Exceptions the package raises and catches itself, never at a user: name -> why.

@@ -15,9 +15,9 @@ import pytest
 
 import jaxpr_accum as ja
 from jaxpr_accum import _compat
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._base._lattice import AxisLoc
+from jaxpr_accum._engine._table import RULES
 from jaxpr_accum._rules.random import chunk_counters
-from jaxpr_accum._table import RULES
 
 PACKAGE = Path(ja.__file__).parent
 
@@ -97,23 +97,27 @@ DOC = PACKAGE.parent / "docs" / "how-it-works.md"
 
 
 def declared_layers() -> list[list[str]]:
-    """The layers ``docs/how-it-works.md`` declares, top first: module names per layer."""
+    """The layers ``docs/how-it-works.md`` declares, top first: the folders of each layer
+    (``jaxpr_accum`` stands for the package's root module)."""
     text = DOC.read_text()
     table = text.split("<!-- layers:begin -->")[1].split("<!-- layers:end -->")[0]
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]  # no header
     return [re.findall(r"`([\w.]+)`", row.split("|")[2]) for row in rows]
 
 
+def folder_of(module: str) -> str:
+    """The folder a package module lives in: its first name under the package (the root's
+    ``__init__`` is ``jaxpr_accum``; ``__main__`` stands for itself)."""
+    return (module.split(".")[1:] or ["jaxpr_accum"])[0]
+
+
 def layer_of() -> dict[str, int]:
-    """Every package module -> its layer's index (a submodule belongs to its package's)."""
-    layers = declared_layers()
-    where = {name: i for i, names in enumerate(layers) for name in names}
+    """Every package module -> the index of its folder's layer."""
+    where = {folder: i for i, folders in enumerate(declared_layers()) for folder in folders}
     found = {}
     for module in import_graph():
-        parts = module.split(".")[1:] or ["jaxpr_accum"]
-        key = next((p for p in (parts[0], ".".join(parts)) if p in where), None)
-        assert key is not None, f"{module} is in no layer of docs/how-it-works.md"
-        found[module] = where[key]
+        assert folder_of(module) in where, f"{module}'s folder is in no layer of {DOC.name}"
+        found[module] = where[folder_of(module)]
     return found
 
 
@@ -129,16 +133,23 @@ def test_every_module_imports_only_its_own_layer_and_those_above():
     assert not bad, "\n".join(bad)
 
 
-def test_the_layers_name_every_module_once():
+def test_the_folders_are_the_layers():
+    """Each layer's folders exist, each folder is in one layer, and no module lies loose in
+    the package's root beside them (only ``__init__`` and ``__main__``)."""
     declared = [n for names in declared_layers() for n in names]
     assert len(declared) == len(set(declared)), declared
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert folders == set(declared) - {"jaxpr_accum", "__main__"}, folders ^ set(declared)
+    loose = {p.name for p in PACKAGE.glob("*.py")} - {"__init__.py", "__main__.py"}
+    assert not loose, f"modules outside every layer's folder: {sorted(loose)}"
     layer_of()  # every module is in one
 
 
 def test_the_engine_imports_no_rule():
     graph = import_graph()
-    for engine in ("_lattice", "_table", "_axes", "_resize", "_interpret", "_compat", "_errors"):
-        deps = graph[f"jaxpr_accum.{engine}"]
+    lower = [m for m in graph if folder_of(m) in ("_base", "_compat", "_engine")]
+    for engine in lower:
+        deps = graph[engine]
         assert not any(d.startswith("jaxpr_accum._rules") for d in deps), (engine, deps)
 
 
@@ -160,9 +171,10 @@ def test_no_module_is_over_300_lines():
 
 #: The modules that plan one call (axis, chunk, mode, build, weigh): they pass named values.
 PLANNING = (
-    "_prepare", "_candidates", "_cost", "_choice", "_decision", "_budget", "_chunk_search",
-    "_assemble", "_worth", "_report", "_fallback", "_pairwise/modes", "_pairwise/build",
-    "_pairwise/report",
+    "_assembly/_prepare", "_planning/_candidates", "_planning/_cost", "_modes/_choice",
+    "_modes/_decision", "_assembly/_budget", "_assembly/_chunk_search", "_assembly/_assemble",
+    "_assembly/_worth", "_assembly/_report", "_assembly/_fallback", "_assembly/_pairwise/modes",
+    "_assembly/_pairwise/build", "_assembly/_pairwise/report",
 )  # fmt: skip
 
 
@@ -358,7 +370,7 @@ def test_no_module_outside_the_rules_imports_a_rule_class():
     import importlib
     import types
 
-    from jaxpr_accum._table import Rule
+    from jaxpr_accum._engine._table import Rule
 
     def is_rule_class(value: object) -> bool:
         return isinstance(value, type) and issubclass(value, Rule)

@@ -476,7 +476,7 @@ def test_counters_of_a_draw_beyond_two_to_the_32_are_exact_in_two_words(full_sha
     """A draw of more than 2**32 elements takes the two-word counters: checked against
     uint64 arithmetic for a chunk at the far end (the full draw is never materialised).
     Draws that fit one word are checked against ``jax.random.bits`` elsewhere."""
-    from jaxpr_accum._lattice import AxisLoc
+    from jaxpr_accum._base._lattice import AxisLoc
     from jaxpr_accum._rules.random import chunk_counters
 
     hi, lo = jax.jit(lambda s: chunk_counters(full_shape, AxisLoc(dim, 1), k, s))(start)

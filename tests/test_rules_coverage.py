@@ -20,7 +20,7 @@ from jax import lax
 
 import jaxpr_accum as ja
 from jaxpr_accum import _compat
-from jaxpr_accum._table import RULES
+from jaxpr_accum._engine._table import RULES
 
 from .oracle import NOT_WORTH_IT
 from .test_rules import _rand, cases, check

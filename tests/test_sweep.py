@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum import _sweep, _sweep_view
+from jaxpr_accum._api import _sweep, _sweep_view
 
 W = jnp.asarray(np.random.RandomState(0).normal(size=(8, 16)) / 3, jnp.float32)
 X = jnp.asarray(np.random.RandomState(1).normal(size=(2, 64, 8)), jnp.float32)  # 2 examples

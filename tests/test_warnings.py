@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum import _errors
+from jaxpr_accum._base import _errors
 
 X = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
 NOT_WORTH_IT = "not expected to save memory"
@@ -133,4 +133,4 @@ def test_every_warning_of_the_package_goes_through_the_helper():
                 and node.func.value.id == "warnings"
             ):
                 calls.append(f"{path.relative_to(package)}:{node.lineno}")
-    assert len(calls) == 1 and calls[0].startswith("_errors.py:"), calls
+    assert len(calls) == 1 and calls[0].startswith("_base/_errors.py:"), calls

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, overload
 
 from jaxpr_accum._api._function import P, R, SerializedFunction
-from jaxpr_accum._settings import Settings
+from jaxpr_accum._base._settings import Settings
 
 __all__ = ["SerializedFunction", "serialize_axis"]
 

@@ -16,21 +16,18 @@ from typing import Any, Generic, NoReturn, ParamSpec, TypeVar
 
 import jax
 
-from jaxpr_accum import _arguments, _budget, _compat, _fallback, _nnx, _trace
+from jaxpr_accum import _compat
 from jaxpr_accum._api._naming import non_defaults, unexpected
+from jaxpr_accum._api._sweep import Sweep, measure_sweep
+from jaxpr_accum._assembly import _budget, _fallback
+from jaxpr_accum._assembly._prepare import CACHE_SIZE, LRU, Planner, Prepared, run_as_written
+from jaxpr_accum._assembly._report import Plan
+from jaxpr_accum._base import _nnx
+from jaxpr_accum._base._errors import warn
+from jaxpr_accum._base._settings import SETTING_NAMES, Settings
+from jaxpr_accum._build._region_p import AUTO
 from jaxpr_accum._compat import ClosedJaxpr
-from jaxpr_accum._errors import warn
-from jaxpr_accum._prepare import (
-    CACHE_SIZE,
-    LRU,
-    Planner,
-    Prepared,
-    run_as_written,
-)
-from jaxpr_accum._region_p import AUTO
-from jaxpr_accum._report import Plan
-from jaxpr_accum._settings import SETTING_NAMES, Settings
-from jaxpr_accum._sweep import Sweep, measure_sweep
+from jaxpr_accum._planning import _arguments, _trace
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxpr_accum._settings import Settings
+from jaxpr_accum._base._settings import Settings
 
 #: The settings in ``serialize_axis``'s order, as the ``repr`` shows them.
 ORDER = (

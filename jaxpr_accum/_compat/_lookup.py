@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from jaxpr_accum._errors import PlanWarning, warn
+from jaxpr_accum._base._errors import PlanWarning, warn
 
 TESTED = ("0.9", "0.10")  # the series of JAX that CI tests
 _TESTED_TEXT = " and ".join(f"{v}.x" for v in TESTED)

@@ -1,6 +1,6 @@
 """Per-primitive rules, one module per primitive family: plugins of the rule table.
 
-Importing this package fills ``jaxpr_accum._table.RULES``. Rules import the engine
+Importing this package fills ``jaxpr_accum._engine._table.RULES``. Rules import the engine
 (``_lattice``, ``_table``, ``_axes``, ``_resize``, ``_compat``); the engine imports no rule.
 ``register_rule`` is the public way to add one.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Literal, Protocol
 
 from jaxpr_accum._compat import Array, ClosedJaxpr, Jaxpr, JaxprEqn, Primitive
+from jaxpr_accum._engine._table import RULES, Rule, resolve
+from jaxpr_accum._engine._view import EqnResize, View
 from jaxpr_accum._rules import (  # noqa: F401  (registration side effects)
     contraction,
     control_flow,
@@ -23,8 +25,6 @@ from jaxpr_accum._rules import (  # noqa: F401  (registration side effects)
     shape,
 )
 from jaxpr_accum._rules.elementwise import Elementwise
-from jaxpr_accum._table import RULES, Rule, resolve
-from jaxpr_accum._view import EqnResize, View
 
 
 class RuleLike(Protocol):

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import jax
 
-from jaxpr_accum import _compat, _conv
+from jaxpr_accum import _compat
+from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Array, JaxprEqn
-from jaxpr_accum._lattice import AxisLoc
-from jaxpr_accum._table import Rule, register
-from jaxpr_accum._view import EqnResize, View
+from jaxpr_accum._engine import _conv
+from jaxpr_accum._engine._table import Rule, register
+from jaxpr_accum._engine._view import EqnResize, View
 
 
 class DotGeneral(Rule):

@@ -20,8 +20,8 @@ import jax
 from jax import lax
 
 from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Jaxpr, JaxprEqn, Var, open_jaxpr
-from jaxpr_accum._table import Rule, passed_through, register
-from jaxpr_accum._view import EqnResize, View
+from jaxpr_accum._engine._table import Rule, passed_through, register
+from jaxpr_accum._engine._view import EqnResize, View
 
 
 def link_call(

@@ -38,15 +38,15 @@ import jax
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._axes import Analysis
+from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._errors import SerializeError
+from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Float0Array, Jaxpr, JaxprEqn, Literal
-from jaxpr_accum._dtypes import is_float
-from jaxpr_accum._errors import SerializeError
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._engine._axes import Analysis
+from jaxpr_accum._engine._table import Rule, register
+from jaxpr_accum._engine._view import EqnKey, EqnResize, View
 from jaxpr_accum._rules.control_flow import link_call
 from jaxpr_accum._rules.rule_check import RESIDUAL, CheckedRule, Problem, Residual, check_rule
-from jaxpr_accum._table import Rule, register
-from jaxpr_accum._view import EqnKey, EqnResize, View
 
 Identity: TypeAlias = tuple[str, tuple[str, ...]]  # where the function is defined, operand types
 _ACTIVE: set[Identity] = set()  # the custom functions whose rules are being analysed

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import Array, JaxprEqn
-from jaxpr_accum._table import Rule, register, shared_loc
-from jaxpr_accum._view import EqnResize, View
+from jaxpr_accum._engine._table import Rule, register, shared_loc
+from jaxpr_accum._engine._view import EqnResize, View
 
 
 class Elementwise(Rule):

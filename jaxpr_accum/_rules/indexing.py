@@ -23,12 +23,12 @@ import numpy as np
 from jax import lax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._axes import Analysis
+from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Array, Atom, JaxprEqn
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._engine._axes import Analysis
+from jaxpr_accum._engine._table import Rule, register
+from jaxpr_accum._engine._view import Ctx, EqnResize, View
 from jaxpr_accum._rules.shape import _with
-from jaxpr_accum._table import Rule, register
-from jaxpr_accum._view import Ctx, EqnResize, View
 
 _IOTA, _CONVERT, _BROADCAST, _SELECT, _LT, _CONCAT = (
     _compat.primitive(n)

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import JaxprEqn
-from jaxpr_accum._table import Rule, register, shared_loc
-from jaxpr_accum._view import View
+from jaxpr_accum._engine._table import Rule, register, shared_loc
+from jaxpr_accum._engine._view import View
 
 
 class BatchedCore(Rule):

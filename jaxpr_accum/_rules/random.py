@@ -29,11 +29,11 @@ import numpy as np
 from jax import lax
 
 from jaxpr_accum import _compat
+from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Array, JaxprEqn
-from jaxpr_accum._lattice import AxisLoc
+from jaxpr_accum._engine._table import Rule, register
+from jaxpr_accum._engine._view import EqnResize, View
 from jaxpr_accum._rules.elementwise import Elementwise
-from jaxpr_accum._table import Rule, register
-from jaxpr_accum._view import EqnResize, View
 
 _MASK16 = np.uint32(0xFFFF)
 

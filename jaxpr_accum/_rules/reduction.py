@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import JaxprEqn
+from jaxpr_accum._engine._table import Rule, agreed, register
+from jaxpr_accum._engine._view import View
 from jaxpr_accum._rules.shape import Allowed, SameShape, _all, _first
-from jaxpr_accum._table import Rule, agreed, register
-from jaxpr_accum._view import View
 
 MONOIDS = {
     "reduce_sum": "sum",

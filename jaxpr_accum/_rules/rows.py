@@ -38,9 +38,9 @@ from typing import Any
 from jax import lax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._lattice import AxisLoc, positions
+from jaxpr_accum._base._lattice import AxisLoc, positions
+from jaxpr_accum._engine._table import register
 from jaxpr_accum._rules.shape import SameShape, _first, _with
-from jaxpr_accum._table import register
 
 #: the position of a dead part's one row: below every chunk (no cell holds it either)
 DEAD_LO = -1

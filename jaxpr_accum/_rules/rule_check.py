@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from typing import TypeAlias
 
 from jaxpr_accum import _compat
-from jaxpr_accum._axes import Analysis
+from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var
-from jaxpr_accum._lattice import AxisLoc
-from jaxpr_accum._resize import Resizer
-from jaxpr_accum._view import EqnResize
+from jaxpr_accum._engine._axes import Analysis
+from jaxpr_accum._engine._resize import Resizer
+from jaxpr_accum._engine._view import EqnResize
 
 # Equations that map a per-chunk partial sum linearly onto another (so the partials of the
 # result still add up to the full result). Binary ones need every operand to be a partial,

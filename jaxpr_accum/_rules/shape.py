@@ -20,11 +20,11 @@ from typing import TypeAlias, TypeVar
 from jax import lax
 
 from jaxpr_accum import _compat
+from jaxpr_accum._base._lattice import AxisLoc, positions
 from jaxpr_accum._compat import Array, JaxprEqn, Params
-from jaxpr_accum._lattice import AxisLoc, positions
-from jaxpr_accum._resize import scaled
-from jaxpr_accum._table import Rule, agreed, register, shared_loc
-from jaxpr_accum._view import EqnResize, View
+from jaxpr_accum._engine._resize import scaled
+from jaxpr_accum._engine._table import Rule, agreed, register, shared_loc
+from jaxpr_accum._engine._view import EqnResize, View
 
 T = TypeVar("T")
 Carriers: TypeAlias = Callable[[JaxprEqn], list[int]]  # the operands that carry the axis

@@ -11,6 +11,8 @@ import numpy as np
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import Array, JaxprEqn, Literal, Params, Var
+from jaxpr_accum._engine._table import rule_for
+from jaxpr_accum._engine._view import EqnResize
 from jaxpr_accum._stream.rules import STREAM_RULES
 from jaxpr_accum._stream.terms import (
     Deferred,
@@ -20,8 +22,6 @@ from jaxpr_accum._stream.terms import (
     Plain,
     Streamed,
 )
-from jaxpr_accum._table import rule_for
-from jaxpr_accum._view import EqnResize
 
 # in the loop's environment: a chunk's array, or a streamed value
 Value: TypeAlias = Array | Streamed

@@ -52,7 +52,7 @@ The examples in the docstrings assume ``from jaxpr_accum import testing``, a ``l
 ``sf = jaxpr_accum.serialize_axis(loss, chunk=4, argnums=1)`` and arguments ``w, x``.
 """
 
-from jaxpr_accum._compare import Difference, Tolerance, assert_tree_close, tree_difference
+from jaxpr_accum._base._compare import Difference, Tolerance, assert_tree_close, tree_difference
 from jaxpr_accum.testing._hypothesis import MODES, arrays_like, check, chunk_sizes
 from jaxpr_accum.testing._oracle import assert_matches_original
 

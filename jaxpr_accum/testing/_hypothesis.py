@@ -15,14 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpr_accum._compare import (
+from jaxpr_accum._base._compare import (
     Tolerance,
     _as_f64,
     _is_array,
     _is_key,
     _real_dtype,
 )
-from jaxpr_accum._settings import GRAD_MODES
+from jaxpr_accum._base._settings import GRAD_MODES
 from jaxpr_accum.testing._oracle import _assert_one, _check_serialized, assert_in_contexts
 from jaxpr_accum.testing._runner import _argument_label, _Reference
 from jaxpr_accum.testing._variants import _variant

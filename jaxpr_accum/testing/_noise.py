@@ -17,8 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpr_accum import _compat, _interpret, _trace
-from jaxpr_accum._compare import _is_float, _real_dtype
+from jaxpr_accum import _compat
+from jaxpr_accum._base._compare import _is_float, _real_dtype
+from jaxpr_accum._engine import _interpret
+from jaxpr_accum._planning import _trace
 
 
 def _jitter(x: Any, seed: Any, site: int) -> Any:

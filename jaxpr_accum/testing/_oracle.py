@@ -8,15 +8,15 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from jaxpr_accum import _nnx
-from jaxpr_accum._compare import (
+from jaxpr_accum._base import _nnx
+from jaxpr_accum._base._compare import (
     Tolerance,
     _compare,
     _compare_leaves,
     _label,
     _Mismatch,
 )
-from jaxpr_accum._errors import PlanWarning
+from jaxpr_accum._base._errors import PlanWarning
 from jaxpr_accum.testing._runner import _argument_label, _Reference, _runner
 from jaxpr_accum.testing._variants import _is_variant, _variant
 from jaxpr_accum.testing._vmap import contexts

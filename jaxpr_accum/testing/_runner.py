@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpr_accum import _nnx
-from jaxpr_accum._compare import _as_f64, _is_array, _is_float, _is_key, _label
+from jaxpr_accum._base import _nnx
+from jaxpr_accum._base._compare import _as_f64, _is_array, _is_float, _is_key, _label
 from jaxpr_accum.testing._noise import with_rounding_noise
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpr_accum._compare import _is_array, _is_float, _is_key
+from jaxpr_accum._base._compare import _is_array, _is_float, _is_key
 
 
 def _second_copy(x: Any) -> Any:

@@ -54,7 +54,7 @@ os.environ.setdefault("JAXPR_ACCUM_STRICT", "1")
 
 from hypothesis import strategies as st  # noqa: E402
 
-from jaxpr_accum._settings import GRAD_MODES  # noqa: E402
+from jaxpr_accum._base._settings import GRAD_MODES  # noqa: E402
 
 from .programs import Program, programs  # noqa: E402
 from .stacks import DATA, FAMILIES, Layer, arg_states, family_label, stacks  # noqa: E402

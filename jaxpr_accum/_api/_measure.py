@@ -1,0 +1,147 @@
+"""Measuring a function's compiled ``value_and_grad`` at some arguments: compiling it (at a
+matmul precision, if asked), its value and gradients against a reference's (the largest
+per-leaf relative difference, by ``jaxpr_accum.testing.tree_difference``'s rule) and its
+wall time. What ``sweep`` and the demo measure. ``temp_bytes`` (public) is the measure that
+``memory=`` bounds, of any function at any arguments."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxpr_accum._assembly import _budget
+from jaxpr_accum._assembly._budget import scalar_of
+from jaxpr_accum._base._compare import tree_difference
+from jaxpr_accum._base._dtypes import is_float
+
+
+def temp_bytes(f: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """XLA's temp bytes of ``f``'s gradient program at these arguments: what ``memory=`` bounds.
+
+    The program is ``jax.jit(jax.value_and_grad(g))``, compiled (not run) at the arguments,
+    where ``g`` reduces ``f``'s floating outputs to one scalar (the one real scalar output
+    itself, else the float32 sum of every floating output) and is differentiated with respect
+    to every floating array leaf of the arguments; other leaves are held fixed.
+
+    Args:
+        f: Any function: a ``SerializedFunction`` or its original.
+        *args: Its positional arguments.
+        **kwargs: Its keyword arguments.
+
+    Returns:
+        ``memory_analysis().temp_size_in_bytes`` of that compiled program.
+
+    Raises:
+        SerializeError: The backend does not report compiled memory.
+
+    Examples:
+        >>> ja.temp_bytes(sf, w, x) / ja.temp_bytes(sf.original, w, x)
+    """
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    arrays = [i for i, x in enumerate(leaves) if isinstance(x, (jax.Array, np.ndarray))]
+
+    def run(*xs: Any) -> list:
+        full = list(leaves)
+        for i, x in zip(arrays, xs, strict=True):
+            full[i] = x
+        a, k = jax.tree.unflatten(tree, full)
+        return jax.tree.leaves(f(*a, **k))
+
+    inputs = [leaves[i] for i in arrays]
+    return _budget.temp_bytes(run, inputs, [j for j, x in enumerate(inputs) if is_float(x)])
+
+
+def compile_value_and_grad(
+    f: Callable[..., Any],
+    args: Sequence[Any],
+    argnums: int | Sequence[int] = 0,
+    precision: str | None = None,
+) -> Any:
+    """AOT-compile ``jax.jit(jax.value_and_grad(f, argnums))`` at ``args`` (call with ``*args``);
+    ``precision``: the default matmul precision to compile at (None: as configured)."""
+    at = contextlib.nullcontext() if precision is None else jax.default_matmul_precision(precision)
+    with at:
+        return jax.jit(jax.value_and_grad(f, argnums=argnums)).lower(*args).compile()
+
+
+def difference(got: Any, ref: Any) -> float:
+    """The largest per-leaf relative difference of ``got`` from ``ref`` (``inf`` where the trees
+    differ in structure, shapes or dtypes)."""
+    try:
+        return float(tree_difference(got, ref).max_rel)
+    except AssertionError:  # the trees differ in structure, shapes or dtypes
+        return float("inf")
+
+
+def compare_exact(
+    original: Callable[..., Any],
+    serialized: Callable[..., Any],
+    args: tuple,
+    argnums: int | Sequence[int] = 0,
+    *,
+    compiled: tuple[Any, Any] | None = None,
+) -> tuple[float, float]:
+    """Return (relative value difference, largest per-leaf relative gradient difference).
+
+    Differences are those of ``jaxpr_accum.testing.tree_difference``: per leaf,
+    ``max|serialized - original|`` relative to the leaf's own magnitude, floored at 1e-3 of
+    the largest leaf's (``inf`` if the trees differ in structure). On accelerators both are
+    recompiled with matmuls and convolutions at "highest" precision, so that TF32 rounding
+    does not drown the reassociation differences being checked; on CPU,
+    ``compiled=(original_compiled, serialized_compiled)`` from ``compile_value_and_grad`` are
+    reused instead of compiling again.
+    """
+    if compiled is not None and jax.default_backend() == "cpu":
+        c0, c1 = compiled
+    else:
+        precision = None if jax.default_backend() == "cpu" else "highest"
+        c0 = compile_value_and_grad(original, args, argnums, precision)
+        c1 = compile_value_and_grad(serialized, args, argnums, precision)
+    v0, g0 = c0(*args)
+    v1, g1 = c1(*args)
+    return difference(v1, v0), difference(g1, g0)
+
+
+class Program:
+    """``jax.jit(jax.value_and_grad(g, argnums))`` of a function at a sweep's arguments, where
+    ``g`` reduces the function's floating outputs to a scalar as the memory budget does
+    (``_budget.scalar_of``); the arguments without array leaves are closed over."""
+
+    def __init__(self, args: tuple, dynamic: list[int], argnums: int | tuple[int, ...]):
+        self.args, self.dynamic, self.argnums = args, dynamic, argnums
+        self.dyn_args = [args[i] for i in dynamic]
+
+    def scalar(self, f: Callable) -> Callable:
+        def g(*dyn: Any) -> Any:
+            full = list(self.args)
+            for i, x in zip(self.dynamic, dyn, strict=True):
+                full[i] = x
+            return scalar_of(jax.tree.leaves(f(*full)))
+
+        return g
+
+    def compile(self, f: Callable) -> Any:
+        return compile_value_and_grad(self.scalar(f), self.dyn_args, self.argnums)
+
+    def time(self, exe: Any) -> float:
+        t0 = time.perf_counter()
+        jax.block_until_ready(exe(*self.dyn_args))
+        return time.perf_counter() - t0
+
+    def compile_and_check(self, f: Any, precision: str | None) -> tuple:
+        """``(compiled, (value, gradients) of its first call, that call's seconds)``; off CPU
+        with a ``precision``, the value and gradients are those of the program compiled again
+        at that matmul precision."""
+        exe = self.compile(f)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(exe(*self.dyn_args))
+        seconds = time.perf_counter() - t0
+        if precision is not None and jax.default_backend() != "cpu":
+            with jax.default_matmul_precision(precision):
+                out = self.compile(f)(*self.dyn_args)
+        return exe, out, seconds

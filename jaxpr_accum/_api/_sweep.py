@@ -1,0 +1,300 @@
+"""``SerializedFunction.sweep``: the original and every ``(chunk, grad)`` pair, side by side.
+
+Each function measured is the original, ``sf.original``, or a copy of ``sf`` with one chunk and
+one gradient mode and the rest of ``sf``'s settings (``Settings`` with ``chunk`` and ``grad``
+replaced, ``memory`` dropped). For each, ``jax.jit(jax.value_and_grad(g, grad_argnums))`` is
+lowered at the arguments and compiled once, where ``g`` reduces the function's floating
+outputs to a scalar as the memory budget does (``_budget.scalar_of``). Then:
+
+- memory: XLA's temp bytes of that compiled program (None where the backend has none);
+- error: its first call (the warm-up) gives value and gradients, compared with the original's
+  leaf by leaf, relative to each leaf's magnitude (``inf`` where the trees differ);
+- time: ``repeats`` rounds, each calling every program once in the same order (so drift and
+  load hit all alike), timed to ``block_until_ready``; the median per function.
+
+Arguments with no array leaves (static Python values) are closed over, not traced. A copy
+that fails to compile or run is a row with its ``error`` and no numbers; the original failing
+is an error of the sweep itself. The copies' own ``PlanWarning`` (a chunk as large as the
+axis is not expected to save memory) is not issued: each row carries its plan's ``warning``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxpr_accum._api import _sweep_view
+from jaxpr_accum._api._measure import Program, difference
+from jaxpr_accum._assembly._budget import temp_bytes_of
+from jaxpr_accum._base._errors import PlanWarning
+from jaxpr_accum._base._settings import GRAD_MODES, Settings
+
+
+@dataclasses.dataclass
+class Sweep:
+    """What ``SerializedFunction.sweep`` measured: one row per function, the original first.
+
+    ``str(sweep)`` is a table, its HTML the same, each with the same notes (failed rows, rows
+    chunking another axis than ``sf``'s, the plans' warnings); ``plot`` draws them by chunk.
+
+    Attributes:
+        rows: Dicts with ``chunk`` and ``grad`` (``None`` for the original), ``mode`` (what
+            ``"auto"`` resolved to), ``temp_bytes``, ``time_s`` (median), ``memory_ratio`` and
+            ``time_ratio`` (to the original's), ``max_rel_err`` (gradients, per leaf) and
+            ``value_rel_err``, ``axis`` (the axis chunked), ``warning`` and ``error``.
+        name: The function's name.
+        axis_size: The length of the serialized axis.
+        grad_argnums: The positional arguments differentiated.
+        repeats: The timing rounds.
+
+    Examples:
+        >>> sweep = sf.sweep(w, x, chunks=(2, 5), repeats=1, progress=False)  # as in the docs
+        >>> [row["chunk"] for row in sweep.rows]
+        [None, 2, 5]
+    """
+
+    rows: list[dict[str, Any]]
+    name: str
+    axis_size: int
+    grad_argnums: tuple[int, ...]
+    repeats: int
+
+    def __str__(self) -> str:
+        return _sweep_view.text(self)
+
+    def _repr_html_(self) -> str:
+        return _sweep_view.html(self)
+
+    def plot(self, path: str | None = None) -> Any:
+        """Draw temp memory and time against the chunk, one line per mode (original: dashed).
+
+        Args:
+            path: Where to write the figure as a PNG too; ``None``: nowhere.
+
+        Returns:
+            The matplotlib ``Figure``.
+
+        Raises:
+            ImportError: matplotlib is missing (``pip install -e '.[plot]'`` from a clone).
+
+        Examples:
+            >>> fig = sweep.plot("sweep.png")
+        """
+        return _sweep_view.plot(self, path)
+
+
+# -- arguments ---------------------------------------------------------------------------------
+
+
+def check_chunks(chunks: Any, axis_size: int) -> list[int]:
+    """The chunks to measure, ascending: ``chunks``, or powers of two up to the axis size and
+    the axis size itself."""
+    if chunks is None:
+        n = max(axis_size, 1)
+        return sorted({*(2**i for i in range(n.bit_length()) if 2**i <= n), n})
+    items = [chunks] if hasattr(chunks, "__index__") else chunks
+    if isinstance(items, str) or not isinstance(items, Iterable):
+        raise TypeError(f"`chunks` must be None, an int or a sequence of ints, got {chunks!r}")
+    out = []
+    for c in items:
+        if isinstance(c, bool) or not hasattr(c, "__index__"):
+            raise TypeError(f"`chunks` must hold positive ints, got {c!r} in {chunks!r}")
+        if operator.index(c) < 1:
+            raise ValueError(f"`chunks` must hold positive ints, got {c!r} in {chunks!r}")
+        out.append(operator.index(c))
+    if not out:
+        raise ValueError("`chunks` is empty: pass at least one chunk size, or None")
+    return sorted(set(out))
+
+
+def check_grads(grads: Any) -> list[str]:
+    items = [grads] if isinstance(grads, str) else grads
+    if not isinstance(items, Iterable):
+        raise TypeError(f"`grads` must be a sequence of gradient modes, got {grads!r}")
+    out = list(dict.fromkeys(items))
+    bad = [g for g in out if g not in GRAD_MODES]
+    if bad:
+        raise ValueError(
+            f"`grads` must hold gradient modes among {', '.join(map(repr, GRAD_MODES))}; got "
+            f"{bad[0]!r}"
+        )
+    if not out:
+        raise ValueError(f"`grads` is empty: pass at least one of {GRAD_MODES}")
+    return out
+
+
+def check_grad_argnums(grad_argnums: Any, args: tuple) -> tuple[int, ...]:
+    nums = grad_argnums if isinstance(grad_argnums, (tuple, list)) else (grad_argnums,)
+    if not nums:
+        raise ValueError("`grad_argnums` must name at least one argument")
+    out = []
+    for a in nums:
+        if isinstance(a, bool) or not isinstance(a, int):
+            raise TypeError(
+                f"`grad_argnums` must be an int or a tuple of ints, got {grad_argnums!r}"
+            )
+        if not -len(args) <= a < len(args):
+            raise ValueError(
+                f"`grad_argnums` {a} is out of range for a sweep with {len(args)} positional "
+                "argument(s)"
+            )
+        out.append(a % len(args))
+    return tuple(out)
+
+
+def _has_arrays(x: Any) -> bool:
+    return any(isinstance(leaf, (jax.Array, np.ndarray, np.generic)) for leaf in jax.tree.leaves(x))
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+
+def measure_sweep(
+    sf: Any,
+    args: tuple,
+    *,
+    chunks: Any = None,
+    grads: Any = ("auto",),
+    grad_argnums: Any = 0,
+    repeats: int = 3,
+    progress: bool | None = None,
+    time_budget_s: float | None = None,
+    check_precision: str | None = None,
+) -> Sweep:
+    """``sf.sweep(*args, ...)``. For the demo: ``time_budget_s``, fewer repeats where that
+    many rounds would take longer than this, judged by the warm-up round; ``check_precision``,
+    off CPU the values and gradients compared are those of programs compiled again at that
+    matmul precision (``"highest"``: no TF32 rounding to drown the differences checked)."""
+    modes, nums, dynamic, progress = _check_call(
+        args, chunks, grads, grad_argnums, repeats, progress
+    )
+    say = _Progress(progress)
+    plan = sf.explain(*args)
+    diff = tuple(dynamic.index(i) for i in nums)
+    program = Program(args, dynamic, diff[0] if isinstance(grad_argnums, int) else diff)
+    entries = [(_row(None, None) | {"axis": _axis(plan)}, sf.original)]
+    fields = {f.name: getattr(sf.settings, f.name) for f in dataclasses.fields(Settings)}
+    for g in modes:
+        for c in check_chunks(chunks, plan.axis_size):
+            settings = Settings.validated(**{**fields, "chunk": c, "grad": g, "memory": None})
+            entries.append((_row(c, g), type(sf)(sf.original, settings)))
+
+    compiled, results, first_calls = [], [], []
+    for step, (row, f) in enumerate(entries):
+        say(f"[{step + 1}/{len(entries)}] compiling and checking {_sweep_view.label(row)}")
+        exe, out, seconds = _compile_and_check(program, row, f, check_precision)
+        row["temp_bytes"] = None if exe is None else temp_bytes_of(exe)
+        compiled.append(exe)
+        results.append(out)
+        first_calls.append(seconds)
+
+    if time_budget_s is not None and sum(first_calls) > 0:
+        repeats = max(1, min(repeats, int(time_budget_s / sum(first_calls))))
+    times = _time_rounds(program, compiled, repeats, say)
+    _fill_rows([row for row, _ in entries], results, times)
+    name = getattr(sf.original, "__name__", repr(sf.original))
+    return Sweep([row for row, _ in entries], name, plan.axis_size, nums, repeats)
+
+
+def _check_call(
+    args: tuple, chunks: Any, grads: Any, grad_argnums: Any, repeats: Any, progress: Any
+) -> tuple[list[str], tuple[int, ...], list[int], bool]:
+    """The sweep's arguments checked before anything is traced: ``(modes, grad_argnums, the
+    positions of the arguments with array leaves, progress on or off)``."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int):
+        raise TypeError(f"`repeats` must be an int >= 1, got {repeats!r}")
+    if repeats < 1:
+        raise ValueError(f"`repeats` must be >= 1, got {repeats}")
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"`progress` must be None, True or False, got {progress!r}")
+    modes = check_grads(grads)
+    nums = check_grad_argnums(grad_argnums, args)
+    if chunks is not None:
+        check_chunks(chunks, 1)  # bad arguments fail before anything is traced
+    dynamic = [i for i, a in enumerate(args) if _has_arrays(a)]
+    if any(i not in dynamic for i in nums):
+        raise ValueError(f"`grad_argnums` {grad_argnums!r} names an argument with no array leaves")
+    if progress is None:
+        progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    return modes, nums, dynamic, progress
+
+
+def _compile_and_check(program: Program, row: dict, f: Any, precision: str | None) -> tuple:
+    """``Program.compile_and_check`` of one row's function; a copy's row gets its plan's mode,
+    axis and warning (the copy's own ``PlanWarning`` is not issued: the row carries it), or
+    its ``error`` and ``(None, None, 0.0)`` where it fails (the original failing is an error
+    of the sweep itself)."""
+    try:
+        with warnings.catch_warnings():
+            if row["chunk"] is not None:
+                warnings.simplefilter("ignore", PlanWarning)
+                plan = f.explain(*program.args)
+                row["mode"], row["warning"], row["axis"] = plan.grad, plan.warning, _axis(plan)
+            return program.compile_and_check(f, precision)
+    except Exception as e:
+        if row["chunk"] is None:
+            raise
+        row["error"] = f"{type(e).__name__}: {e}"
+        return None, None, 0.0
+
+
+def _time_rounds(
+    program: Program, compiled: list, repeats: int, say: Callable[[str], None]
+) -> list[list[float]]:
+    """``repeats`` rounds, each calling every compiled program once in the same order."""
+    times: list[list[float]] = [[] for _ in compiled]
+    for r in range(repeats):
+        say(f"timing round {r + 1}/{repeats} ({len(compiled)} functions)")
+        for exe, ts in zip(compiled, times, strict=True):
+            if exe is not None:
+                ts.append(program.time(exe))
+    return times
+
+
+def _fill_rows(rows: list[dict], results: list, times: list[list[float]]) -> None:
+    """Each row that ran: its median time, its ratios to the original's (the first row) and
+    its differences from the original's value and gradients."""
+    base, (v0, g0) = rows[0], results[0]
+    for row, out, ts in zip(rows, results, times, strict=True):
+        if out is not None:
+            row["time_s"] = statistics.median(ts)
+            row["memory_ratio"] = _div(row["temp_bytes"], base["temp_bytes"])
+            row["time_ratio"] = _div(row["time_s"], base["time_s"])
+            row["value_rel_err"] = difference(out[0], v0)
+            row["max_rel_err"] = difference(out[1], g0)
+
+
+def _row(chunk: int | None, grad: str | None) -> dict[str, Any]:
+    return dict.fromkeys(
+        ("temp_bytes", "time_s", "memory_ratio", "time_ratio", "max_rel_err", "value_rel_err"),
+        None,
+    ) | {"chunk": chunk, "grad": grad, "mode": None, "axis": None, "warning": None, "error": None}
+
+
+def _axis(plan: Any) -> str:
+    return f"size {plan.axis_size} born at {plan.born}"
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+class _Progress:
+    """One line per step on stderr, when on."""
+
+    def __init__(self, on: bool):
+        self.on, self.t0 = on, time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.on:
+            took = time.perf_counter() - self.t0
+            print(f"jaxpr_accum sweep [{took:6.1f} s] {message}", file=sys.stderr, flush=True)

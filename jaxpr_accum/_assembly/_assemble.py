@@ -1,0 +1,88 @@
+"""Assembly: the whole program, the prologue, then the chunked region, then the epilogue.
+
+``build(decision, accum_dtype)`` returns ``run(*flat_inputs) -> flat_outputs`` for a
+``_choice.Decision``, evaluated under the caller's trace: prologue equations run once on the
+full inputs, the region runs in chunks (``NATIVE``: the chunk loop with checkpointed bodies,
+differentiated by JAX; otherwise the region primitive with the mode's linearization,
+``_region_p``), its
+per-chunk monoid partials are combined (so JAX differentiates the combination), streamed sums
+are combined once the deferred values they need are known, and the epilogue runs on what the
+region returned. A split without a body (an empty axis) runs the program as written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from jax import lax
+
+from jaxpr_accum import _stream
+from jaxpr_accum._build._region import Region
+from jaxpr_accum._build._region_p import NATIVE, call
+from jaxpr_accum._build._signature import Inputs, Outputs
+from jaxpr_accum._engine import _interpret
+from jaxpr_accum._modes._decision import Decision
+from jaxpr_accum._planning._plan import EPILOGUE, PROLOGUE
+
+COMBINE: dict[str, Callable] = {
+    "sum": lambda x: lax.reduce_sum(x, (0,)),
+    "max": lambda x: lax.reduce_max(x, (0,)),
+    "min": lambda x: lax.reduce_min(x, (0,)),
+    "prod": lambda x: lax.reduce_prod(x, (0,)),
+    "and": lambda x: lax.reduce_and(x, (0,)),
+    "or": lambda x: lax.reduce_or(x, (0,)),
+    "xor": lambda x: lax.reduce_xor(x, (0,)),
+}
+
+
+def _streamed_sums(region: Region, out: Outputs) -> list[tuple[int, Callable]]:
+    """``(equation index, combine(env))`` of each streamed sum, in program order."""
+    pending = []
+    for sink, accs, shifts in region.signature.streams.by_sink(out.streams, out.finals):
+
+        def combine(env: dict, sink: Any = sink, accs: list = accs, shifts: list = shifts) -> None:
+            env[sink.var] = _stream.combine(sink, accs, shifts, env.__getitem__)
+
+        pending.append((sink.index, combine))
+    return sorted(pending, key=lambda pair: pair[0])
+
+
+def build(decision: Decision, accum_dtype: Any) -> Callable:
+    """``run(*flat_inputs) -> flat outputs`` for the whole program."""
+    split, mode = decision.candidate.split, decision.mode
+    jaxpr = split.jaxpr
+    if not split.has_body:  # an empty axis: the program as written
+
+        def as_written(*flat_inputs: Any) -> list:
+            return _interpret.eval_jaxpr(jaxpr, flat_inputs)
+
+        return as_written
+    region = Region(split, decision.candidate.chunk, decision.layout, accum_dtype)
+    sig = region.signature
+    prologue, epilogue = split.indices(PROLOGUE), split.indices(EPILOGUE)
+
+    def run(*flat_inputs: Any) -> list:
+        env: dict = dict(zip(jaxpr.invars, flat_inputs, strict=True))
+        _interpret.eval_eqns(jaxpr.eqns, env, indices=prologue)
+        inputs = Inputs([env[v] for v in sig.invariants], [env[v] for v, _ in sig.chunked])
+        if mode is NATIVE:
+            out = region.forward(inputs, checkpoint=True)
+        else:
+            out = call(region, mode, inputs)
+        env.update(zip(sig.sums, out.sums, strict=True))
+        for (v, kind), per_chunk in zip(sig.partials, out.partials, strict=True):
+            env[v] = COMBINE[kind](per_chunk)
+        env.update(zip((v for v, _ in sig.stacked), out.stacked, strict=True))
+        pending = _streamed_sums(region, out)
+        for idx in epilogue:
+            # a streamed sum is combined once the deferred values it needs are known: they
+            # are computed by epilogue equations before its own (in program order)
+            while pending and pending[0][0] < idx:
+                pending.pop(0)[1](env)
+            _interpret.eval_eqns(jaxpr.eqns, env, indices=[idx])
+        for _, combine in pending:
+            combine(env)
+        return [_interpret.read(env, v) for v in jaxpr.outvars]
+
+    return run

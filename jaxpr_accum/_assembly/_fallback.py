@@ -1,0 +1,180 @@
+"""Fail-safe: no internal error of this library reaches a user whose original function runs.
+
+A plan is made in *attempts*, from the widest to the narrowest: the plan as chosen, the same
+without streamed normalisers, the same with ``native`` gradients (JAX differentiates the chunk
+loop itself), and finally the original function, unchunked. Each attempt plans, builds, and
+*validates*: it traces the built program's forward pass and its reverse-mode backward pass
+abstractly (``jax.eval_shape`` of a VJP), so that a failure that would only surface when
+``jax.grad`` transposes the region is found now, not in the middle of the user's training
+step. The first attempt that gets through is used; if it is not the first, one
+``PlanWarning`` names the internal error, the stage where it happened and what runs instead.
+
+At call time (``ready``) the built program is traced, and for a call that runs now lowered
+and compiled, before it runs: a failure there is the library's and runs the original for that
+call. The run itself is never caught: nothing of the user's has run before it, everything
+after it is the user's (a callback's exception, ``checkify``, ``jax_debug_nans``), raised as
+it is, and a fallback would run the user's callbacks twice. Planning never runs the program
+either (measurements compile at abstract inputs; validation traces).
+
+What is never caught: a ``SerializeError`` of the first attempt (the documented answer for a
+program with nothing to chunk), and ``ArgumentError`` (a bad argument of the user's); errors
+raised by the user's own function while it is traced run before any attempt. A backward pass
+that fails for the original too (a ``while_loop`` is not reverse-differentiable) is the
+program's, not ours: the plan is kept.
+
+``JAXPR_ACCUM_STRICT=1`` turns every fallback into the error itself; the project's own tests
+run strict, so a fallback never hides a defect from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import jax
+import numpy as np
+
+from jaxpr_accum import _compat
+from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._errors import ArgumentError, SerializeError, warn
+
+STRICT_VARIABLE = "JAXPR_ACCUM_STRICT"
+T = TypeVar("T")
+
+
+def strict() -> bool:
+    """Whether fallbacks are errors (``JAXPR_ACCUM_STRICT`` set to anything but 0/false)."""
+    return os.environ.get(STRICT_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Label an exception raised inside with the stage it was raised in (the innermost)."""
+    try:
+        yield
+    except Exception as error:
+        if not hasattr(error, "_jaxpr_accum_stage"):
+            error._jaxpr_accum_stage = name  # type: ignore[attr-defined]
+        raise
+
+
+def describe(error: BaseException) -> str:
+    where = getattr(error, "_jaxpr_accum_stage", "planning")
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__} while {where}" + (f": {first[:300]}" if first else "")
+
+
+def first_that_works(
+    attempts: Iterable[tuple[str, Callable[[], T | None]]], unchunked: Callable[[str], T]
+) -> T:
+    """The result of the first of ``attempts`` (``(what it runs, attempt)``) that does not
+    raise an internal error; ``unchunked(why)`` when none does. An attempt that returns None
+    does not apply (the two-pass plan of a program that pairs nothing): the next one takes
+    its place, and its name."""
+    failures: list[str] = []
+    instead: str | None = None  # the name of an attempt that did not apply
+    for what, attempt in attempts:
+        what, instead = instead or what, None
+        try:
+            result = attempt()
+        except ArgumentError:
+            raise
+        except SerializeError:
+            if not failures:
+                raise
+            failures.append(f"{what}: nothing to chunk")
+            continue
+        except Exception as error:
+            if strict():
+                raise
+            failures.append(f"{what}: {describe(error)}")
+            continue
+        if result is None:
+            instead = what
+            continue
+        if failures:
+            warn(_message(failures, what))
+        return result
+    why = _message(failures, "the original function, unchunked")
+    warn(why)
+    return unchunked(why)
+
+
+def _message(failures: list[str], instead: str) -> str:
+    return (
+        f"jaxpr_accum hit an internal error ({failures[0]}); running {instead} instead, with "
+        "the original's values and gradients. Please report it with a program that "
+        f"reproduces it; set {STRICT_VARIABLE}=1 to raise it instead."
+        + ("" if len(failures) == 1 else " Narrower plans tried: " + "; ".join(failures[1:]))
+    )
+
+
+def at_call(error: BaseException) -> str:
+    """The warning for a call whose built program failed to trace or compile although it
+    validated."""
+    return _message([describe(error)], "the original function, unchunked, for this call")
+
+
+def ready(jitted: Any, inputs: Sequence, done: set[bool], original: Callable) -> bool:
+    """The library's stages of a call, run ahead of it so that their failures are told from
+    the user's: trace ``jitted`` at ``inputs`` and, for a call that runs now (no enclosing
+    transformation traces it), lower and compile it; JAX's caches hand the call itself what
+    was made here. Once per kind of call (``done``: the kinds already made). False where the
+    ``original`` (a function of the same inputs) does not lower either (a ``checkify.check``
+    outside ``checkify``): not ours, the call runs the function as written."""
+    now = _compat.runs_now() and not any(isinstance(x, jax.core.Tracer) for x in inputs)
+    if now in done:
+        return True
+    with stage("tracing the built program for this call"):
+        traced = jitted.trace(*inputs)
+    if now:
+        try:
+            with stage("compiling the built program for this call"):
+                traced.lower().compile()
+        except Exception:
+            try:
+                jax.jit(original).trace(*inputs).lower()
+            except Exception:
+                return False
+            raise
+    done.add(now)
+    return True
+
+
+def validate(run: Callable, inputs: Sequence, original: Callable, diff: Sequence[int]) -> None:
+    """Trace ``run``'s forward pass and its VJP with respect to the floating inputs ``diff``
+    (what the plan is for: the inputs its caller differentiates, every floating input where
+    that is not known), abstractly; a failure is raised unless the ``original`` fails there
+    too. The call then traces the same linearization, and JAX's caches serve both."""
+    avals = [_compat.abstract_like(x) for x in inputs]
+    diff = [i for i in diff if is_float(avals[i])]
+    try:
+        jax.eval_shape(_backward_of(run, avals, diff), *avals)
+    except Exception:
+        try:
+            jax.eval_shape(_backward_of(original, avals, diff), *avals)
+        except Exception:
+            return  # not reverse-differentiable as written: not ours to fix
+        raise
+
+
+def _backward_of(fun: Callable, avals: Sequence, diff: Sequence[int]) -> Callable:
+    def backward(*xs: Any) -> Any:
+        def of_floats(*d: Any) -> list:
+            full = list(xs)
+            for i, x in zip(diff, d, strict=True):
+                full[i] = x
+            return list(fun(*full))
+
+        outs, pullback = jax.vjp(of_floats, *(xs[i] for i in diff))
+        return pullback([_zero_cotangent(o) for o in outs])
+
+    return backward
+
+
+def _zero_cotangent(x: Any) -> Any:
+    if is_float(x):
+        return jax.numpy.zeros_like(x)  # with ``x``'s varying manual axes, inside shard_map
+    return np.zeros(x.shape, jax.dtypes.float0)

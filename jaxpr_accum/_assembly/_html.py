@@ -1,0 +1,138 @@
+"""HTML for notebooks: ``Plan._repr_html_``, and the pieces ``Sweep._repr_html_`` uses.
+
+Plain tables with inline styles only (no scripts, no external CSS), so they render the same in
+Jupyter, VS Code and exported HTML. Every piece of text that comes from the program (source
+lines, shapes, reasons, names) goes through ``html.escape``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from html import escape
+from typing import Any
+
+from jaxpr_accum._planning._cost import format_bytes
+from jaxpr_accum._planning._plan import BODY, EPILOGUE, PROLOGUE
+
+TABLE = 'style="border-collapse: collapse; text-align: left; font-size: 0.9em"'
+_CELL = 'style="padding: 2px 8px; vertical-align: top; text-align: {align}"'
+_NOTE = (
+    'style="padding: 4px 8px; margin: 4px 0; border-left: 4px solid #d9a400; '
+    'background: rgba(217, 164, 0, 0.12)"'
+)
+
+
+def cell(text: Any, tag: str = "td", align: str = "left") -> str:
+    return f"<{tag} {_CELL.format(align=align)}>{escape(str(text))}</{tag}>"
+
+
+def items(title: str, items: list[str]) -> str:
+    if not items:
+        return ""
+    lis = "".join(f"<li><code>{escape(s)}</code></li>" for s in items)
+    summary = f"<summary>{escape(title)} ({len(items)})</summary>"
+    return f"<details open>{summary}<ul>{lis}</ul></details>"
+
+
+def _saved(n: int) -> str:
+    return format_bytes(n) if n >= 0 else f"-{format_bytes(-n)} (costs memory)"
+
+
+def other_candidates(candidates: list, most: int = 5) -> tuple[list, str | None]:
+    """The candidate axes a report lists besides the chosen one: those estimated to save
+    memory, the best first, at most ``most``; and a count of the others (None: no other)."""
+    ranked = sorted((c for c in candidates if not c[3]), key=lambda c: -c[2])
+    shown = [c for c in ranked if c[2] > 0][:most]
+    costly = sum(c[2] <= 0 for c in ranked)
+    less = len(ranked) - len(shown) - costly
+    parts = [f"{less} more that would save less"] * bool(less)
+    parts += [f"{costly}{'' if less else ' more'} that would not save memory"] * bool(costly)
+    return shown, ("and " + ", ".join(parts)) if parts else None
+
+
+def plan_html(plan: Any) -> str:
+    """The plan at a glance (``_one_plan``); a program that pairs the axis with itself shows
+    the pairings, what pass 1 stacks for pass 2, and then each pass."""
+    if not plan.pairs:
+        return _one_plan(plan, "jaxpr_accum plan")
+    two = plan.second is not None
+    rows = [("passes", "two: the per-example part, then the pairs by rows" if two else
+             "one, by rows: the paired values are inputs, whole on the column side")]  # fmt: skip
+    if plan.savings is not None:
+        rows.append(
+            ("estimated saving", f"{_saved(plan.savings[0])} (one pass, with the pairs after "
+             f"the loop: {_saved(plan.savings[1])})")
+        )  # fmt: skip
+    if plan.between:
+        total = sum(n for _, n in plan.between)
+        rows.append(("stacked between the passes", f"{format_bytes(total)} in all"))
+    body = "".join(f"<tr>{cell(k, 'th')}{cell(v)}</tr>" for k, v in rows)
+    note = "" if plan.warning is None else f"<div {_NOTE}>note: {escape(plan.warning)}</div>"
+    head = "pass 1: the per-example part" if two else "the pairs by rows"
+    return "".join(
+        [
+            "<div><strong>jaxpr_accum plan: the program pairs the axis with itself</strong>",
+            note,
+            f"<table {TABLE}>{body}</table>",
+            items("pairs the axis with itself at", plan.pairs),
+            items(
+                "stacked by pass 1 for pass 2",
+                [f"{a}: {format_bytes(n)}" for a, n in plan.between],
+            ),
+            _one_plan(dataclasses.replace(plan, warning=None), head),
+            "" if plan.second is None else _one_plan(plan.second, "pass 2: the pairs by rows", 2),
+            "</div>",
+        ]
+    )
+
+
+def _one_plan(plan: Any, title: str, pass_: int = 1) -> str:
+    """One region at a glance: axis, chunks, gradient mode and why, equation counts, the
+    estimated saving, the warning; then the stops of pass ``pass_`` (with their source
+    lines) and the rest."""
+    counts = [plan.counts[s] for s in (PROLOGUE, BODY, EPILOGUE)]
+    chunks = f"{plan.chunk} ({plan.n_chunks} chunk{'s' if plan.n_chunks != 1 else ''}" + (
+        f", the last of {plan.remainder})" if plan.remainder else ")"
+    )
+    chosen = next((c for c in plan.candidates if c[3]), None)
+    rows = [
+        ("axis", f"size {plan.axis_size}, born at {plan.born}"),
+        ("chunk", chunks),
+        ("gradient mode", f"{plan.grad}: {plan.grad_reason}"),
+        ("equations", f"{counts[0]} hoisted, {counts[1]} chunked, {counts[2]} after the loop"),
+        ("layout", plan.layout),
+    ]
+    if chosen is not None:
+        rows.append(("estimated saving", f"{_saved(chosen[2])} (cost model, bytes saved)"))
+    if plan.budget is not None:
+        b = plan.budget
+        rows.append(
+            ("memory budget", f"{format_bytes(b.limit)}: chunk {b.chunk} ({b.grad}) measured "
+             f"{format_bytes(b.measured)}")
+        )  # fmt: skip
+    if plan.stacked:
+        total = sum(n for _, n in plan.stacked)
+        rows.append(("stacked outputs", f"{len(plan.stacked)}, {format_bytes(total)} in all"))
+    body = "".join(f"<tr>{cell(k, 'th')}{cell(v)}</tr>" for k, v in rows)
+    note = "" if plan.warning is None else f"<div {_NOTE}>note: {escape(plan.warning)}</div>"
+    others, left_out = other_candidates(plan.candidates)
+    stops = [s for s in plan.stops if getattr(s, "pass_", 1) == pass_]  # a plain string: 1
+    return "".join(
+        [
+            f"<div><strong>{escape(title)}</strong>",
+            note,
+            f"<table {TABLE}>{body}</table>",
+            items("the region stopped at", stops),
+            items("reduced at", plan.reduced_at),
+            items("streamed normalisers", plan.streamed),
+            items("accumulated across chunks", plan.accumulated),
+            items("stacked outputs", [f"{a}: {format_bytes(n)}" for a, n in plan.stacked]),
+            items("computed before the loop on the full axis", plan.hoisted),
+            items(
+                "other candidate axes (estimated bytes saved)",
+                [f"size {n} at {b}: {_saved(e)}" for n, b, e, _ in others]
+                + ([left_out] if left_out else []),
+            ),
+            "</div>",
+        ]
+    )

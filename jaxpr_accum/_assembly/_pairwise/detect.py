@@ -1,0 +1,225 @@
+"""Finding the equations that pair the axis with itself, and the values they pair.
+
+A *pairing* is a top-level equation whose two operands both carry the axis, at places that
+would put it twice in its result (the analysis makes it a barrier):
+
+- ``dot_general`` with the axis a free dimension of both operands (``z @ z.T``, an
+  ``einsum('id,jd->ij')``); the lhs is the *row* side, the rhs the *column* side;
+- an elementwise equation with two operands that carry the axis at different dimensions
+  (``z[:, None] - z[None]``, ``y[:, None] == y[None]``); the operand with the axis at the
+  lower dimension is the row side.
+
+Each side's *root* is the value the operand is a layout of: walking back through
+``broadcast_in_dim``, ``transpose``, ``reshape``, ``squeeze``, ``expand_dims`` and
+``convert_element_type`` (``z`` for ``z.T`` and for ``z[None]`` broadcast to ``[N, N, d]``).
+The roots are what pass 1 stacks: the embeddings, a few values per example; the *chain* of
+layout equations from a column root to its operand is what pass 2 re-emits on the full
+stacked value.
+
+On the column side a rearrangement of a root's rows along the axis (``permute``: ``z[::-1]``,
+a roll, a gather) is walked through too: the column copy is whole, so pass 2 rearranges it.
+
+``find(split)`` looks first for pairings of the axis being chunked (the encoder's batch,
+paired in the loss): in the analysis of the program with each rearrangement of an
+axis-carrying value replaced by a copy of it (``permute.substituted``: the one-pass analysis
+stops at ``z[::-1]`` and never sees ``z @ z[::-1].T`` pair the axis), where there is one,
+then in the split's own analysis. If there is none, it looks for a pairing of an axis
+*born again* at one of the split's stops as a multiple of the chunked one: ``jnp.concatenate``
+of two views along the batch stops the region and makes a batch of ``2N`` rows, which the
+loss then pairs. Each such result is seeded along that dimension (at most ``MAX_SEEDS``
+analyses) and the first analysis with a pairing is taken. Every pairing of the analysis
+taken is a *use*: pass 2 rewires them all. An axis unrelated to the chunked one (the
+sequence of an attention after the loop) is never considered: a program that does not pair
+the chunked axis, or a multiple of it, plans exactly as it would without this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from jaxpr_accum import _compat
+from jaxpr_accum._assembly._pairwise import permute
+from jaxpr_accum._base._lattice import AxisLoc
+from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
+from jaxpr_accum._engine._axes import Analysis
+from jaxpr_accum._engine._table import rule_for
+from jaxpr_accum._planning._plan import Split
+from jaxpr_accum._planning._stages import variables
+
+MAX_SEEDS = 4  # analyses tried for a pairing of an axis born again at a stop
+
+LAYOUT = (
+    "broadcast_in_dim transpose reshape squeeze expand_dims convert_element_type copy "
+    "copy_p reduce_precision"
+)
+
+
+@functools.cache
+def _layout_primitives() -> frozenset:
+    return frozenset(p for p in map(_compat.primitive, LAYOUT.split()) if p is not None)
+
+
+@functools.cache
+def _dot_general() -> object:
+    return _compat.primitive("dot_general")
+
+
+@dataclasses.dataclass(frozen=True)
+class Use:
+    """One pairing equation: its index, the operand positions of its row and column sides,
+    the roots of both sides, and the layout equations from the column root to the column
+    operand (indices, in program order)."""
+
+    index: int
+    row: int
+    col: int
+    row_root: Var
+    col_root: Var
+    chain: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Pairing:
+    """Every pairing of one axis (``analysis``) in ``jaxpr``; ``roots``: the values both
+    sides are layouts of, in program order (inputs first)."""
+
+    jaxpr: Jaxpr
+    analysis: Analysis
+    uses: tuple[Use, ...]
+    roots: tuple[Var, ...]
+
+    @property
+    def column_roots(self) -> tuple[Var, ...]:
+        seen: dict = {}
+        for use in self.uses:
+            seen.setdefault(use.col_root, None)
+        return tuple(seen)
+
+    def loc(self, v: Var) -> AxisLoc | None:
+        return self.analysis.loc((), v)
+
+
+def sides(analysis: Analysis, eqn: JaxprEqn) -> tuple[int, int] | None:
+    """``(row operand, column operand)`` if ``eqn`` pairs ``analysis``'s axis with itself."""
+    locs = [analysis.loc((), v) for v in eqn.invars]
+    if eqn.primitive is _dot_general():
+        lhs, rhs = locs[0], locs[1]
+        if lhs is None or rhs is None:
+            return None
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        if lhs.dim in (*lc, *lb) or rhs.dim in (*rc, *rb):
+            return None
+        return (0, 1) if _plain(lhs) and _plain(rhs) else None
+    if not rule_for(eqn.primitive).elementwise:
+        return None
+    carrying = [(i, loc) for i, loc in enumerate(locs) if loc is not None]
+    if len(carrying) != 2 or not all(_plain(loc) for _, loc in carrying):
+        return None
+    (i, a), (j, b) = carrying
+    if a.dim == b.dim:
+        return None
+    return (i, j) if a.dim < b.dim else (j, i)
+
+
+def _plain(loc: AxisLoc) -> bool:
+    return loc.inner == 1 and loc.outer == 1
+
+
+def _carries(analysis: Analysis | None, v: Var) -> bool:
+    loc = None if analysis is None else analysis.loc((), v)
+    return loc is not None and _plain(loc)
+
+
+def _definitions(jaxpr: Jaxpr) -> dict:
+    return {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
+
+
+def root_of(
+    jaxpr: Jaxpr, v: Any, defined: dict, rearranging: Analysis | None = None
+) -> tuple[Var, tuple[int, ...]]:
+    """``(root, chain)``: the value ``v`` is a layout of, and the equations from it to ``v``
+    (indices in program order); ``rearranging``: rearrangements (``permute``) of rows of a
+    value that carries this analysis's axis count as layouts too (the column side)."""
+    chain: list[int] = []
+    layout = _layout_primitives()
+    while v in defined:
+        eqn = jaxpr.eqns[defined[v]]
+        ins = variables(eqn.invars)
+        found = None if rearranging is None else permute.rearranged(jaxpr, eqn, defined)
+        if found is not None and _carries(rearranging, found[0]):
+            chain.extend((defined[v], *found[1]))
+            v = found[0]
+            continue
+        if eqn.primitive not in layout or len(ins) != 1 or len(eqn.outvars) != 1:
+            break
+        chain.append(defined[v])
+        v = ins[0]
+    return v, tuple(sorted(chain))
+
+
+def _pairing(jaxpr: Jaxpr, analysis: Analysis) -> Pairing | None:
+    """Every pairing of ``analysis``'s axis, with the roots of both sides; None if none."""
+    defined = _definitions(jaxpr)
+    uses = []
+    for idx, eqn in enumerate(jaxpr.eqns):
+        if ((), idx) not in analysis.barriers:
+            continue
+        found = sides(analysis, eqn)
+        if found is None:
+            continue
+        row, col = found
+        row_root, _ = root_of(jaxpr, eqn.invars[row], defined)
+        col_root, chain = root_of(jaxpr, eqn.invars[col], defined, analysis)
+        uses.append(Use(idx, row, col, row_root, col_root, chain))
+    if not uses:
+        return None
+    order = {v: i for i, v in enumerate([*jaxpr.invars, *defined])}
+    roots = sorted({r for u in uses for r in (u.row_root, u.col_root)}, key=order.__getitem__)
+    return Pairing(jaxpr, analysis, tuple(uses), tuple(roots))
+
+
+def _reborn(split: Split) -> list[tuple[Var, AxisLoc, int]]:
+    """Axes born again at a stop of ``split``: a result that is ``c * N`` long (``c > 1``)
+    where an operand carries the axis of size ``N`` (``jnp.concatenate`` of two views along
+    the batch): the value, where, and its length."""
+    n, loc = split.size, split.analysis.loc
+    found: list[tuple[Var, AxisLoc, int]] = []
+    for stop in split.stops:
+        eqn = stop.eqn
+        dims = {a.dim for v in variables(eqn.invars) if (a := loc((), v)) is not None and _plain(a)}
+        for out in eqn.outvars:
+            shape = _compat.shape_of(out)
+            found.extend(
+                (out, AxisLoc(d), shape[d])
+                for d in sorted(dims)
+                if d < len(shape) and n and shape[d] % n == 0 and shape[d] > n
+            )
+    return found
+
+
+def _seeds(split: Split) -> list[tuple[Var, AxisLoc]]:
+    """The split's facts about the program's inputs: its analysis's seeds."""
+    invars = set(split.jaxpr.invars)
+    return [(v, loc) for (ctx, v), loc in split.analysis.locs.items() if ctx == () and v in invars]
+
+
+def find(split: Split) -> Pairing | None:
+    """The pairings of ``split``'s axis, or else of an axis born again at one of its stops
+    (see the module docstring); None when nothing pairs either with itself."""
+    jaxpr = split.jaxpr
+    substituted = permute.substituted(jaxpr, split.analysis)
+    if substituted is not None:
+        analysis = Analysis(substituted, split.size, split.analysis.stop_slices)
+        found = _pairing(jaxpr, analysis.run(_seeds(split)))
+        if found is not None:
+            return found
+    found = _pairing(jaxpr, split.analysis)
+    if found is not None:
+        return found
+    for v, loc, size in _reborn(split)[:MAX_SEEDS]:
+        found = _pairing(jaxpr, Analysis(jaxpr, size).run([(v, loc)]))
+        if found is not None:
+            return found
+    return None

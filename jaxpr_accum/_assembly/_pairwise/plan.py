@@ -1,0 +1,164 @@
+"""``TwoPass``: a program that pairs the axis with itself, planned as two ordinary splits.
+
+``plan(single, stream)`` takes the one-pass candidate (where the pairing is a barrier and
+the pairs run after the loop, on the full axis) and, when ``detect`` finds pairings, cuts the
+program in two (``rewrite``: each equation with effects in exactly one pass; no two-pass plan
+where the cut would reorder them) and plans each part as any other program is planned
+(``_plan.make_split``):
+
+- pass 1 is analysed with the one-pass plan's own facts (the same axis, where the program's
+  inputs and values carry it), so it chunks exactly what the one-pass plan chunks before the
+  pairing and stacks the paired values;
+- pass 2 is analysed with the pairing's axis seeded where its inputs carry it: the stacked
+  values (rows) and any original input the pairing's analysis reached. Its column copies
+  carry no axis. Its constants (labels, masks, positives from ``iota``) are first copied per
+  reader (``constants.private``), so each is computed per block where its reader needs the
+  axis; a constant computed by an equation that stops the analysis becomes an input
+  computed whole before pass 2 (``constants.materialise``), and pass 2 is analysed again
+  (at most ``MAX_ROUNDS`` times).
+
+The estimate is the sum of the two passes' (``_cost``): pass 2's avoided bytes are the
+pairs' intermediates held per row block instead of whole, less the column copies'
+cotangent accumulators; pass 1's stacked values are counted as the cost of pass 1, as in the
+one-pass plan. The planner takes the two passes where they are expected to save more than
+the one pass, and weighs them against the function as written like any plan (``_worth``;
+a paired plan that still stops is measured, ``_worth.for_paired``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxpr_accum import _compat
+from jaxpr_accum._assembly._pairwise import constants, detect, rewrite
+from jaxpr_accum._assembly._pairwise.constants import Constants
+from jaxpr_accum._assembly._pairwise.detect import Pairing
+from jaxpr_accum._compat import Var
+from jaxpr_accum._engine._axes import Analysis
+from jaxpr_accum._planning._cost import Candidate, format_bytes
+from jaxpr_accum._planning._plan import make_split
+
+MAX_ROUNDS = 4  # analyses of pass 2 with constants computed whole before it (``constants``)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TwoPass:
+    """Pass 1 (``first``, None when the paired values are the program's inputs) stacks
+    ``stacked``; pass 2 (``second``) reads them as chunked rows and, through the column copies
+    (``columns``: copy -> root), whole, and reads the ``constants`` computed whole before it.
+    ``single``: the one-pass plan this replaces."""
+
+    single: Candidate
+    pairing: Pairing
+    stacked: tuple[Var, ...]
+    first: Candidate | None
+    second: Candidate
+    columns: dict[Var, Var]
+    constants: Constants = Constants()
+
+    @property
+    def chunk(self) -> int:
+        return self.second.chunk
+
+    @property
+    def passes(self) -> tuple[Candidate, ...]:
+        return (self.second,) if self.first is None else (self.first, self.second)
+
+    def at(self, chunk: int) -> TwoPass:
+        return dataclasses.replace(
+            self,
+            single=self.single.at(chunk),
+            first=None if self.first is None else self.first.at(chunk),
+            second=self.second.at(chunk),
+        )
+
+    @property
+    def stops(self) -> tuple:
+        """Where either pass stopped (``_stages.Stop``), pass 1's first."""
+        return tuple(stop for c in self.passes for stop in c.split.stops)
+
+    @property
+    def avoided_bytes(self) -> int:
+        return sum(c.avoided_bytes for c in self.passes)
+
+    @property
+    def net_saving(self) -> int:
+        return sum(c.net_saving for c in self.passes)
+
+    def no_saving_is_certain(self) -> bool:
+        return all(c.no_saving_is_certain() for c in self.passes)
+
+    def warning(self) -> str | None:
+        """Why the two passes are not expected to save memory, or None."""
+        if self.net_saving > 0:
+            return None
+        worst = [w for c in self.passes if (w := c.warning()) is not None]
+        why = worst[0].split(": ", 1)[-1] if worst else "what the passes add outweighs it"
+        return (
+            "this plan is not expected to save memory: its two passes are estimated to save "
+            f"{format_bytes(self.avoided_bytes)} of intermediates held whole, less what the "
+            f"loops add ({why})"
+        )
+
+
+def plan(single: Candidate, names: dict, stream: bool = True) -> TwoPass | None:
+    """The two-pass plan of ``single``'s program, or None when nothing pairs an axis with
+    itself (or pass 2 would chunk nothing); ``names``: the inputs' names, for ``explain``."""
+    split = single.split
+    pairing = detect.find(split)
+    if pairing is None:
+        return None
+    jaxpr = split.jaxpr
+    found = rewrite.cut(pairing)
+    if found is None:
+        return None
+    stacked, effects = found
+    first = None
+    if stacked:
+        program = rewrite.first_pass(jaxpr, stacked, effects)
+        values = {*program.invars, *(v for e in program.eqns for v in e.outvars)}
+        facts = [
+            (v, loc) for (ctx, v), loc in split.analysis.locs.items() if ctx == () and v in values
+        ]
+        analysis = Analysis(program, split.size, split.analysis.stop_slices).run(facts)
+        first = Candidate(make_split(program, analysis, split.born, stream), single.chunk)
+        if not first.split.has_body:
+            return None
+    program, columns = rewrite.second_pass(pairing, stacked, effects)
+    program = constants.private(program)
+    seeds = [(v, loc) for v in program.invars if (loc := pairing.loc(v)) is not None]
+    analysis = Analysis(program, pairing.analysis.size).run(seeds)
+    made: list[Var] = []
+    whole = program
+    for _ in range(MAX_ROUNDS):
+        cut = constants.materialise(program, analysis)
+        if cut is None:
+            break
+        program, inputs = cut
+        made.extend(inputs)
+        analysis = Analysis(program, pairing.analysis.size).run(seeds)
+    second = make_split(program, analysis, _born(pairing, seeds, names), stream)
+    if not second.has_body:
+        return None
+    fed = Constants(tuple(made), constants.program_of(whole, made) if made else None)
+    return TwoPass(single, pairing, stacked, first, Candidate(second, single.chunk), columns, fed)
+
+
+def describe_value(pairing: Pairing, v: Var, names: dict) -> str:
+    """An input's name (``x``), or a computed value's type and the equation that computes it
+    (``float32[N,d] from `div` at file:line (fn)``)."""
+    if v in names:
+        return names[v]
+    eqn = pairing.analysis.definition((), v)
+    where = "" if eqn is None else f" from `{eqn.primitive.name}` at {_compat.source_line(eqn)}"
+    return f"{v.aval.str_short()}{where}"
+
+
+def _born(pairing: Pairing, seeds: list, names: dict) -> str:
+    """Where pass 2's axis is: the rows of the paired values."""
+    found = [
+        f"{describe_value(pairing, v, names)} at axis {loc.dim}"
+        for v, loc in seeds
+        if v in pairing.roots
+    ]
+    return "the rows of " + ", ".join(found)

@@ -1,0 +1,294 @@
+"""Planning one call signature: attempts from the widest plan to the function as written.
+
+``Planner.plan(traced, inputs, key, pattern)`` makes a ``Prepared``: the trace, the ``Plan``
+``explain`` returns and the program to run. The attempts (``_fallback``), each an ``Attempt``
+value: the plan in two passes where the program pairs the axis with itself (``_pairwise``;
+None where it does not, and one pass is the plan as chosen), in one pass, without streamed
+normalisers, with native gradients. Each is one straight pipeline of frozen values: the axis
+(``_candidates``), the chunk (``chunk=``, or with ``memory=`` the search of ``_budget`` for
+what the caller differentiates, cached per signature) and the mode (``_choice``) as a
+``Decision``, the program built from it (``_assemble``), its forward and backward passes
+validated, and the plan weighed against the function as written (``_worth``). What the
+attempts share (the axis, the two-pass plan, the programs measured) is made once: ``Planning``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jaxpr_accum._assembly import _budget, _fallback, _pairwise, _worth
+from jaxpr_accum._assembly._assemble import build
+from jaxpr_accum._assembly._report import Plan
+from jaxpr_accum._base._settings import Settings
+from jaxpr_accum._build import _layout
+from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
+from jaxpr_accum._engine import _interpret
+from jaxpr_accum._modes import _choice
+from jaxpr_accum._modes._decision import Decision
+from jaxpr_accum._modes._remat import REMAT
+from jaxpr_accum._planning import _candidates, _trace
+from jaxpr_accum._planning._cost import Candidate
+from jaxpr_accum._planning._plan import Split
+
+CACHE_SIZE = 64  # call signatures whose plans a SerializedFunction keeps (least recent out)
+
+
+class LRU(collections.OrderedDict):
+    """A dict that keeps the ``size`` most recently used entries."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            return default
+        self.move_to_end(key)
+        return self[key]
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
+class Prepared:
+    """One call signature's trace, plan and runnable program: the chunked one, or the
+    function as written (``as_written``: not expected to save memory, ``_worth``; or no plan
+    at all, ``split`` None, after internal errors, ``_fallback``, which has warned)."""
+
+    def __init__(
+        self,
+        traced: _trace.Traced,
+        split: Split | None,
+        plan: Plan,
+        *,
+        as_written: bool = False,
+        run: Callable | None = None,
+    ):
+        self.traced, self.split, self.plan, self.as_written = traced, split, plan, as_written
+        self.run = run if run is not None else functools.partial(run_as_written, traced.jaxpr)
+        self.jitted = jax.jit(self.run)
+        self.ready: set[bool] = set()  # the kinds of call compiled for (``_fallback.ready``)
+        self.warned = split is None
+
+    @classmethod
+    def unchunked(cls, traced: _trace.Traced, why: str) -> Prepared:
+        return cls(traced, None, Plan.unchunked(why), as_written=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One attempt's choices: normalisers streamed or not, the mode requested, and whether a
+    pairing of the axis with itself is planned for (``_pairwise``: two passes, or one pass
+    weighed as paired, ``_worth.for_paired``)."""
+
+    stream: bool
+    requested: Mode
+    pairs: bool = False
+
+
+class Planning:
+    """The call signature being planned (its trace, inputs, cache ``key`` and the inputs
+    ``diff`` its caller differentiates), with what every attempt shares, made once: the axis
+    per ``stream`` (``_candidates``), the two-pass plan, the measured programs."""
+
+    def __init__(self, traced: _trace.Traced, inputs: list, key: Any, diff: list[int]):
+        self.traced, self.inputs, self.key = traced, inputs, key
+        self.measure = _budget.Measure(inputs, diff)
+        self.axes: dict[bool, tuple[Candidate, list[Candidate]]] = {}
+        self.pairings: dict[bool, _pairwise.TwoPass | None] = {}
+
+    def axis(self, settings: Settings, stream: bool) -> tuple[Candidate, list[Candidate]]:
+        """``(the chosen candidate, every usable one)``."""
+        if stream not in self.axes:
+            with _fallback.stage("planning"):
+                self.axes[stream] = _candidates.choose_split(self.traced, settings, stream)
+        return self.axes[stream]
+
+    def pairing(self, chosen: Candidate, stream: bool) -> _pairwise.TwoPass | None:
+        """The two-pass plan of ``chosen``'s program, or None where nothing pairs the axis."""
+        if stream not in self.pairings:
+            with _fallback.stage("planning two passes for a pairing of the axis with itself"):
+                self.pairings[stream] = _pairwise.plan(chosen, self.names, stream)
+        return self.pairings[stream]
+
+    @functools.cached_property
+    def names(self) -> dict:
+        return _candidates.input_names(self.traced)
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """An attempt's program ``run`` and its ``plan``; ``estimate``: what ``_worth`` weighs
+    (a ``Candidate``, or the ``TwoPass``); ``stops``: where the plan of a program that pairs
+    the axis with itself stops (None: it pairs nothing)."""
+
+    run: Callable
+    plan: Plan
+    estimate: _worth.Estimate
+    stops: tuple | None = None
+
+
+class Planner:
+    """Plans call signatures under ``settings`` (the mode requested, parsed once:
+    ``requested``); ``chunks``: the budget searches' decisions."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.requested = _choice.mode_named(settings.grad)
+        self.chunks = LRU(CACHE_SIZE)
+
+    def plan(
+        self, traced: _trace.Traced, inputs: list, key: Any, pattern: tuple | None = None
+    ) -> Prepared:
+        """The widest plan that plans, builds and validates (``_fallback``): in two passes,
+        in one, without streamed normalisers, with native gradients."""
+        call = Planning(traced, inputs, key, traced.differentiated(inputs, pattern))
+        requested = self.requested
+        attempts = [
+            ("the plan as chosen", self._two_passes, Attempt(True, requested, True)),
+            ("the plan in one pass", self._one_pass, Attempt(True, requested, True)),
+            ("the plan without streamed normalisers", self._one_pass, Attempt(False, requested)),
+        ]
+        if requested is not NATIVE:
+            attempts.append(
+                ("the plan with native gradients", self._one_pass, Attempt(False, NATIVE))
+            )
+        runs = [(what, functools.partial(f, call, a)) for what, f, a in attempts]
+        return _fallback.first_that_works(runs, lambda why: Prepared.unchunked(traced, why))
+
+    def _two_passes(self, call: Planning, attempt: Attempt) -> Prepared | None:
+        """The two-pass plan (``_pairwise``), where it is expected to save more than one pass
+        (None elsewhere: one pass is the plan as chosen). Auto's pick of fused for a pass is
+        confirmed by measurement, as in one."""
+        if self.settings.chunk is None:
+            return None
+        chosen, _ = call.axis(self.settings, attempt.stream)
+        layout = self._layout(call, chosen, self.settings.chunk)
+        if isinstance(layout, _layout.ShardedLayout):
+            return None
+        two = call.pairing(chosen, attempt.stream)
+        if two is None or two.net_saving <= chosen.net_saving:
+            return None
+        measure, accum = call.measure if call.measure.diff else None, self.settings.accum_dtype
+        run, decisions = _pairwise.choose_and_build(
+            two, attempt.requested, layout, accum_dtype=accum, measure=measure
+        )
+        plan = _pairwise.plan_of(two, decisions, call.names)
+        return self._weigh(call, attempt, chosen, Built(run, plan, two, two.stops))
+
+    def _one_pass(self, call: Planning, attempt: Attempt) -> Prepared:
+        """Axis, chunk (fixed or from the budget), mode, build; then ``_weigh``."""
+        chosen, usable = call.axis(self.settings, attempt.stream)
+        decision = self._chunk(call, chosen, attempt.requested)
+        decision, run = self._build(call, decision, attempt.requested)
+        if decision.budget is not None:  # the search compiled this program: never again
+            call.measure.record(run, decision.budget.measured)
+        usable = [decision.candidate if c is chosen else c for c in usable]
+        plan = Plan.from_decision(decision, usable)
+        stops, sharded = None, isinstance(decision.layout, _layout.ShardedLayout)
+        if attempt.pairs and decision.budget is None and not sharded:  # two passes not taken
+            two = call.pairing(chosen, attempt.stream)
+            paired = two is not None and two.net_saving <= chosen.net_saving
+            stops = chosen.split.stops if paired else None
+        return self._weigh(call, attempt, chosen, Built(run, plan, decision.candidate, stops))
+
+    def _layout(self, call: Planning, chosen: Candidate, chunk: int) -> _layout.Layout:
+        mesh_axis = self.settings.mesh_axis
+        return _layout.detect(call.traced, chosen.split, call.inputs, mesh_axis, chunk)
+
+    def _chunk(self, call: Planning, chosen: Candidate, requested: Mode) -> Decision:
+        """The decision at the chunk: ``chunk=`` with the mode ``_choice`` picks, or the
+        budget search's (with ``memory=``)."""
+        if self.settings.chunk is None:
+            with _fallback.stage("the memory budget search"):
+                return self._fit_budget(call, chosen, requested)
+        layout = self._layout(call, chosen, self.settings.chunk)
+        with _fallback.stage("choosing the gradient mode"):
+            return _choice.choose(chosen, requested, layout)
+
+    def _build(
+        self, call: Planning, decision: Decision, requested: Mode
+    ) -> tuple[Decision, Callable]:
+        """``(decision, run)``: the program built; auto's pick of fused is confirmed by
+        measuring both modes (``_choice.confirm_fused``) where the estimate does not decide
+        alone (``_choice.estimate_decides``), and not under a memory budget, which measured
+        its own choice."""
+        accum = self.settings.accum_dtype
+        with _fallback.stage("building"):
+            run = build(decision, accum)
+        diff = call.measure.diff
+        if not _choice.to_confirm(decision, requested) or decision.budget is not None or not diff:
+            return decision, run
+        if _choice.estimate_decides(decision.candidate, diff):
+            return _choice.by_estimate(decision), run
+        with _fallback.stage("measuring fused against remat"):
+            remat = build(decision.to(REMAT, decision.reason), accum)
+            decision = _choice.confirm_fused(decision, call.measure(run), call.measure(remat))
+        return decision, remat if decision.mode is REMAT else run
+
+    def _weigh(self, call: Planning, attempt: Attempt, chosen: Candidate, built: Built) -> Prepared:
+        """Validate ``built``'s forward and backward passes, and weigh it against the
+        function as written (``_worth``)."""
+        traced, run, plan, requested = call.traced, built.run, built.plan, attempt.requested
+        original = functools.partial(run_as_written, traced.jaxpr)
+        with _fallback.stage("tracing the forward and backward passes"):
+            _fallback.validate(run, call.inputs, original, call.measure.diff)
+        with _fallback.stage("weighing the plan against the function as written"):
+            programs = _worth.Programs(run, original, call.measure)
+            why = _worth.as_written_instead(built.estimate, requested, programs)
+            if built.stops is not None:
+                why = _worth.for_paired(why, built.stops, requested, programs)
+        if why is not None:
+            plan = dataclasses.replace(plan, grad="none", grad_reason=why, warning=why)
+            return Prepared(traced, chosen.split, plan, as_written=True)
+        if built.estimate.warning() is not None and requested is AUTO:
+            plan = dataclasses.replace(plan, warning=None)  # measured to save after all
+        return Prepared(traced, chosen.split, plan, run=run)
+
+    def _fit_budget(self, call: Planning, candidate: Candidate, requested: Mode) -> Decision:
+        """The decision for ``memory=``: the search of ``_budget``, once per call signature
+        (later calls, and calls under ``jit`` or ``grad`` with the same avals, reuse it)."""
+
+        def layout_for(k: int) -> _layout.Layout:
+            return self._layout(call, candidate, k)
+
+        cached = self.chunks.get(call.key) if call.key is not None else None
+        if cached is not None:
+            k = cached.budget.chunk
+            return dataclasses.replace(cached, candidate=candidate.at(k), layout=layout_for(k))
+        first = _choice.choose(candidate, requested, layout_for(candidate.split.size))
+        choices = [first]
+        if _choice.to_confirm(first, requested):
+            choices.append(first.to(REMAT, (
+                "auto: fused applies, but its parameter-sized Jacobian accumulator does not "
+                "fit the memory budget at any chunk"
+            )))  # fmt: skip
+        assert self.settings.memory is not None
+        diff, names = call.measure.diff, call.names
+        wrt = ", ".join(names[call.traced.jaxpr.invars[i]] for i in diff) or "nothing (the forward)"
+        request = _budget.Request(
+            limit=_budget.resolve(self.settings.memory),
+            requested=self.settings.memory,
+            inputs=call.inputs,
+            diff=diff,
+            wrt=wrt,
+            accum_dtype=self.settings.accum_dtype,
+        )
+        decision = _budget.choose_chunk(choices, layout_for, request)
+        if call.key is not None:
+            self.chunks.put(call.key, decision)
+        return decision
+
+
+def run_as_written(jaxpr: Any, *flat: Any) -> list:
+    """The traced program evaluated as written (no region)."""
+    return _interpret.eval_jaxpr(jaxpr, flat)

@@ -1,0 +1,254 @@
+"""``Plan``: what the rewriter decided and why, as data and as a readable report."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from jaxpr_accum import _compat, _stream
+from jaxpr_accum._assembly import _html
+from jaxpr_accum._build import _layout
+from jaxpr_accum._modes._decision import Decision
+from jaxpr_accum._planning._cost import Candidate, format_bytes, nbytes
+from jaxpr_accum._planning._plan import BODY, EPILOGUE, PROLOGUE, Split
+
+
+def _streamed(split: Split) -> list[str]:
+    def definition(v: Any) -> Any:
+        return split.analysis.definition((), v)
+
+    def where(eqn: Any) -> str:
+        return f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}"
+
+    return [
+        f"{where(split.jaxpr.eqns[s.index])}: {_stream.describe(s, definition, where)}"
+        for s in split.sinks
+    ]
+
+
+def _saved(n: int) -> str:
+    return format_bytes(n) if n >= 0 else f"-{format_bytes(-n)} (costs memory)"
+
+
+class PlanStop(str):
+    """One place where a region stopped, as readable text (```prim` at file:line: why``),
+    with the pass it belongs to: ``pass_`` is 1, or 2 for the second pass of a two-pass
+    plan. A ``str``, so that code reading ``plan.stops`` as text keeps working."""
+
+    pass_: int
+
+    def __new__(cls, text: str, pass_: int = 1) -> PlanStop:
+        stop = super().__new__(cls, text)
+        stop.pass_ = pass_
+        return stop
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the rewriter decided for one call signature, and why: ``SerializedFunction.explain``.
+
+    ``str(plan)`` is the readable report (the chosen axis, the gradient mode, what is hoisted,
+    chunked and left after the loop, what is stacked, and every place the region stopped, with
+    your source lines); in a notebook a plan displays as an HTML table. The fields are the same
+    facts as data. A plan is frozen: build one with ``explain``, never directly.
+
+    Attributes:
+        axis_size: Length ``N`` of the serialized axis (0 when nothing is chunked).
+        chunk: Chunk length ``k``.
+        born: Where the axis first appears: an argument, or an equation and its source line.
+        grad: The gradient mode that runs (``"remat"``, ``"fused"``, ``"native"``; ``"none"``
+            when the function runs as written).
+        grad_reason: Why that mode (for example why fused does not apply).
+        n_chunks: Number of chunks, the remainder's included.
+        remainder: Length of the last chunk when ``k`` does not divide ``N``, else 0.
+        reduced_at: The reductions over the axis, with source lines.
+        counts: Equations ``"prologue"`` (hoisted before the loop), ``"body"`` (chunked) and
+            ``"epilogue"`` (left after the loop).
+        stacked: Outputs of the region that still carry the axis, with their bytes: memory
+            the rewrite did not save.
+        accumulated: Accumulators carried across chunks, with their monoid.
+        stops: Every place the region had to stop: primitive, source line, reason.
+        hoisted: Random draws computed before the loop on the full axis, and why.
+        candidates: Every candidate axis as ``(size, born, estimated bytes saved, chosen)``.
+        layout: One device, or sharded over mesh axes with the per-device chunk.
+        streamed: The streamed normalisers (sums over the axis computed chunk by chunk).
+        warning: Why the plan is not expected to save memory, or ``None``; also the report's
+            first line and a ``PlanWarning`` on the first call.
+        budget: With ``memory=``: the chunk search (what was compiled and measured).
+        pairs: For a program that pairs the axis with itself: the pairing equations.
+        between: What pass 1 stacks for pass 2, with bytes (two-pass plans).
+        second: Pass 2's plan (two-pass plans), else ``None``.
+        savings: Estimated bytes saved by these passes and by the one pass they replace.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import jaxpr_accum as ja
+        >>> def loss(w, x):
+        ...     return jnp.mean(jnp.tanh(x @ w) ** 2)
+        >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
+        >>> plan = sf.explain(jnp.ones((8, 3)), jnp.ones((10, 8)))
+        >>> plan.axis_size, plan.chunk, plan.n_chunks, plan.remainder, plan.stops
+        (10, 4, 3, 2, [])
+    """
+
+    axis_size: int
+    chunk: int
+    born: str
+    grad: str
+    grad_reason: str
+    n_chunks: int
+    remainder: int
+    reduced_at: list[str]
+    counts: dict[str, int]
+    stacked: list[tuple[str, int]]
+    accumulated: list[str]
+    stops: list[PlanStop]  # every stop of every pass, each with its ``pass_``
+    hoisted: list[str]
+    candidates: list[tuple[int, str, int, bool]]
+    layout: str
+    streamed: list[str] = dataclasses.field(default_factory=list)  # the streamed normalisers
+    warning: str | None = None  # why this plan is not expected to save memory, if it is not
+    budget: Any = None  # with ``memory=``: the chunk search (``_budget.Budget``)
+    # A program that pairs the axis with itself, in two passes (``_pairwise``): this plan is
+    # pass 1's and ``second`` pass 2's (None: the paired values are inputs, one pass by rows);
+    # ``pairs``: the pairing equations; ``between``: what pass 1 stacks for pass 2.
+    pairs: list[str] = dataclasses.field(default_factory=list)
+    between: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    second: Plan | None = None
+    savings: tuple[int, int] | None = None  # estimated: (these passes, the one pass replaced)
+
+    @classmethod
+    def from_decision(cls, decision: Decision, candidates: Sequence[Candidate]) -> Plan:
+        """The plan that runs ``decision`` (the library's constructor; plans come from
+        explain); ``candidates``: every candidate axis, the decision's among them."""
+        chosen = decision.candidate
+        split, chunk = chosen.split, chosen.chunk
+        n_full, rem = divmod(split.size, chunk)
+        counts = {s: split.stages.count(s) for s in (PROLOGUE, BODY, EPILOGUE)}
+        return cls(
+            axis_size=split.size,
+            chunk=chunk,
+            born=split.born,
+            grad=decision.mode.name,
+            grad_reason=decision.reason,
+            n_chunks=n_full + (1 if rem else 0),
+            remainder=rem,
+            reduced_at=[str(s) for s in split.reductions],
+            counts=counts,
+            stacked=[(str(v.aval), nbytes(v)) for v, _ in split.stacked],
+            accumulated=[f"{v.aval} (sum)" for v in split.sums]
+            + [f"{v.aval} ({kind})" for v, kind in split.partials],
+            stops=[PlanStop(str(s)) for s in split.stops],
+            hoisted=[str(s) for s in split.hoisted_draws],
+            candidates=[
+                (c.split.size, c.split.born, c.net_saving, c is chosen) for c in candidates
+            ],
+            layout=_layout.describe(decision.layout, split, chunk),
+            streamed=_streamed(split),
+            warning=chosen.warning(),
+            budget=decision.budget,
+        )
+
+    @classmethod
+    def unchunked(cls, why: str) -> Plan:
+        """The plan of a call that runs the original as written; ``why`` is its warning."""
+        return cls(
+            axis_size=0,
+            chunk=0,
+            born="(nothing is chunked)",
+            grad="none",
+            grad_reason="the original function runs unchunked",
+            n_chunks=0,
+            remainder=0,
+            reduced_at=[],
+            counts={PROLOGUE: 0, BODY: 0, EPILOGUE: 0},
+            stacked=[],
+            accumulated=[],
+            stops=[],
+            hoisted=[],
+            candidates=[],
+            layout="as written",
+            warning=why,
+        )
+
+    def _repr_html_(self) -> str:
+        return _html.plan_html(self)
+
+    def __str__(self) -> str:
+        lines = [] if self.warning is None else [f"note: {self.warning}"]
+        if not self.pairs:
+            return "\n".join(lines + self._lines("jaxpr_accum plan: "))
+        lines += self._pairs_lines()
+        if self.second is None:
+            return "\n".join(lines + self._lines("one pass by rows: "))
+        lines += self._lines("pass 1, the per-example part: ")
+        lines += self.second._lines("pass 2, the pairs by rows: ", pass_=2)
+        return "\n".join(lines)
+
+    def _pairs_lines(self) -> list[str]:
+        two = self.second is not None
+        lines = [
+            "jaxpr_accum plan in "
+            + ("two passes" if two else "one pass by rows")
+            + ": the program pairs the axis with itself at:",
+            *(f"    {p}" for p in self.pairs),
+        ]
+        if two:
+            total = sum(b for _, b in self.between)
+            lines.append(
+                f"  stacked by pass 1 for pass 2 ({format_bytes(total)} in all; pass 2 reads "
+                "them as chunked rows and, whole, as the columns):"
+            )
+            lines.extend(f"    {a}: {format_bytes(b)}" for a, b in self.between)
+        else:
+            lines.append("  the paired values are inputs: their columns are the inputs, whole")
+        if self.savings is not None:
+            lines.append(
+                f"  estimated saving: {_saved(self.savings[0])} (in one pass, with the pairs "
+                f"after the loop on the full axis: {_saved(self.savings[1])})"
+            )
+        return lines
+
+    def _lines(self, title: str, pass_: int = 1) -> list[str]:
+        """The section of one pass; of ``stops``, those of pass ``pass_`` (a plain string: 1)."""
+        stops = [s for s in self.stops if getattr(s, "pass_", 1) == pass_]
+        lines = [
+            f"{title}axis of size {self.axis_size} in chunks of {self.chunk} "
+            f"({self.n_chunks} chunk{'s' if self.n_chunks != 1 else ''}"
+            + (f", the last of {self.remainder}" if self.remainder else "")
+            + ")",
+            f"  born at: {self.born}",
+            f"  gradient mode: {self.grad} ({self.grad_reason})",
+            *([] if self.budget is None else self.budget.lines()),
+            f"  layout: {self.layout}",
+            f"  equations: {self.counts[PROLOGUE]} hoisted before the loop, "
+            f"{self.counts[BODY]} chunked, {self.counts[EPILOGUE]} left after the loop",
+        ]
+        if self.reduced_at:
+            lines.append("  reduced at:")
+            lines.extend(f"    {r}" for r in self.reduced_at)
+        if self.streamed:
+            lines.append("  streamed normalisers (sums over the axis computed chunk by chunk):")
+            lines.extend(f"    {s}" for s in self.streamed)
+        if self.accumulated:
+            lines.append("  accumulated across chunks: " + ", ".join(self.accumulated))
+        if self.stacked:
+            total = sum(b for _, b in self.stacked)
+            lines.append(f"  stacked outputs (still carry the axis, {format_bytes(total)} in all):")
+            lines.extend(f"    {a}: {format_bytes(b)}" for a, b in self.stacked)
+        if self.hoisted:
+            lines.append("  computed before the loop on the full axis:")
+            lines.extend(f"    {h}" for h in self.hoisted)
+        if stops:
+            lines.append("  the region stopped at:")
+            lines.extend(f"    {s}" for s in stops)
+        if len(self.candidates) > 1:  # the others that would save memory, and a count
+            lines.append("  candidate axes (estimated bytes saved by chunking, higher is better):")
+            chosen = next(c for c in self.candidates if c[3])
+            lines.append(f"    size {chosen[0]} at {chosen[1]}: {_saved(chosen[2])} (chosen)")
+            shown, left_out = _html.other_candidates(self.candidates)
+            lines.extend(f"    size {n} at {b}: {_saved(e)}" for n, b, e, _ in shown)
+            if left_out:
+                lines.append(f"    {left_out} (Plan.candidates lists every one)")
+        return lines

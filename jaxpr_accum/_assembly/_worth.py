@@ -1,0 +1,97 @@
+"""Never worse: a plan not expected to save memory runs the function as written, with no loop.
+
+Under ``grad="auto"`` a candidate whose estimate (``_cost.Candidate.warning``) says it saves
+nothing is not built into a loop. Where the estimate is certain (the axis is empty, one chunk
+covers it, or none of the region's intermediates is materialised at full size) that is the
+decision; where it rests on the cost model's arithmetic (stacked outputs and accumulators
+against the activations avoided), both programs are compiled and XLA's temp bytes of their
+``value_and_grad`` with respect to the floating arguments decide: the loop is kept only if it
+measures smaller. ``explain`` says why, and the first call warns.
+
+A program that pairs the axis with itself (``_pairwise``) and whose plan still stops
+somewhere is held to more (``for_paired``): the pairs it could not chunk are the
+largest values of such a program, so the estimate is not trusted and both programs are
+measured; the loop is kept only if it measures at least ``MARGIN`` below the function as
+written, and the warning names where the plan stopped.
+
+An explicit gradient mode (``grad="remat"``, ``"fused"`` or ``"native"``) is a request for
+that loop: it runs whatever the estimate, with the same warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from jaxpr_accum._build._region_p import AUTO, Mode
+from jaxpr_accum._planning._cost import format_bytes
+
+MARGIN = 0.10  # the least fraction a stopped plan of a paired program must save, measured
+FORCE_HINT = "; pass grad='remat' (or 'fused' / 'native') to run the chunked loop anyway"
+
+
+class Estimate(Protocol):
+    """What is weighed: a ``_cost.Candidate``, or the two passes of ``_pairwise.TwoPass``."""
+
+    def warning(self) -> str | None: ...
+
+    def no_saving_is_certain(self) -> bool: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    """The chunked program ``run`` and the function as written (``original``), with
+    ``measure(fun)``: XLA's temp bytes of ``fun``'s ``value_and_grad`` (None: not measurable
+    in isolation, and the estimate decides)."""
+
+    run: Callable
+    original: Callable
+    measure: Callable[[Callable], int | None]
+
+
+def as_written_instead(
+    candidate: Estimate,
+    requested: Mode,
+    programs: Programs,
+) -> str | None:
+    """Why the function should run as written instead of ``programs.run`` (None: keep the
+    loop)."""
+    warning = candidate.warning()
+    if warning is None or requested is not AUTO:
+        return None
+    if not candidate.no_saving_is_certain():
+        chunked, written = programs.measure(programs.run), programs.measure(programs.original)
+        if chunked is not None and written is not None:  # else the estimate decides
+            if chunked < written:
+                return None
+            return (
+                f"{warning}; measured: {format_bytes(chunked)} chunked against "
+                f"{format_bytes(written)} as written, so the function runs as written{FORCE_HINT}"
+            )
+    return f"{warning}; the function runs as written{FORCE_HINT}"
+
+
+def for_paired(
+    why: str | None,
+    stops: Sequence[object],
+    requested: Mode,
+    programs: Programs,
+) -> str | None:
+    """``as_written_instead``'s verdict ``why`` for a program that pairs the axis with itself,
+    whose plan stops at ``stops``: a plan to run as written is told where it stops; a loop
+    kept is dropped where it measures less than ``MARGIN`` below the function as written
+    (kept when there is no stop, the mode was requested, or nothing is measurable)."""
+    where = "; ".join(str(stop) for stop in stops)
+    if why is not None:
+        return f"{why} (the plan stops at {where})" if stops else why
+    if not stops or requested is not AUTO:
+        return None
+    chunked, written = programs.measure(programs.run), programs.measure(programs.original)
+    if chunked is None or written is None or chunked < (1 - MARGIN) * written:
+        return None
+    return (
+        f"this plan saves less than {MARGIN:.0%} of the memory: measured "
+        f"{format_bytes(chunked)} chunked against {format_bytes(written)} as written, as it "
+        f"stops at {where}; the function runs as written{FORCE_HINT}"
+    )

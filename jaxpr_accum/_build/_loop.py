@@ -1,0 +1,300 @@
+"""The chunk loop on one device: one chunk's body, and the loops of the forward passes.
+
+``ChunkLoop`` runs the region for ``size`` positions starting at global position ``offset``
+(the whole axis on one device; a shard of it under ``shard_map``). Chunk ``c`` covers
+positions ``[c*k, (c+1)*k)``: ``size // k`` full chunks run in a ``lax.scan`` and the
+remainder runs once more through the same body at its own length (no padding). Every chunked
+input is sliced with ``dynamic_slice`` at its axis position. Inputs and outputs are the named
+groups of ``_signature``.
+
+- ``forward``: sums carried (16-bit floats in float32), other monoid partials stacked per
+  chunk, axis-carrying outputs stacked and put back in order, streamed sums accumulated
+  online (``_stream``);
+- ``tangents`` (forward mode): each chunk under ``jax.jvp``, the tangents of its outputs
+  accumulated as the values are (a streamed term's tangent rescaled by its final stabiliser).
+  The backward passes are in ``_backward`` (remat) and ``_fused`` (Jacobian rows).
+
+Invariant: a chunk's body evaluates exactly the split's body equations on that chunk's rows,
+so every output position is computed once, from the same values as unchunked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxpr_accum import _compat, _stream
+from jaxpr_accum._base._dtypes import accumulator_dtype, is_float
+from jaxpr_accum._base._lattice import AxisLoc
+from jaxpr_accum._planning._plan import BODY, Split
+from jaxpr_accum._engine._resize import Resizer, by_cell, cells, shifted, take_chunk, windows
+from jaxpr_accum._build._signature import Inputs, Outputs, Signature
+
+
+class ChunkOut(NamedTuple):
+    """One chunk's results (``parts``, ``stabs``: the streamed terms' coefficients, stabilisers)."""
+
+    sums: list
+    partials: list
+    stacked: list
+    parts: list
+    stabs: list
+
+
+def unstack(ys: Any, loc: AxisLoc) -> Any:
+    """``[n, ..., k*m at loc.dim, ...]`` -> ``[..., n*k*m, ...]`` in chunk order."""
+    moved = jnp.moveaxis(ys, 0, loc.dim)
+    shape = list(moved.shape)
+    shape[loc.dim : loc.dim + 2] = [shape[loc.dim] * shape[loc.dim + 1]]
+    return moved.reshape(shape)
+
+
+def join(full: Any, rest: Any, loc: AxisLoc) -> Any:
+    """Put the scanned chunks (``full``: stacked ys, or None) and the remainder back in order."""
+    parts = ([] if full is None else [unstack(full, loc)]) + ([] if rest is None else [rest])
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=loc.dim)
+
+
+def per_chunk(full: Any, rest: Any) -> Any:
+    """One value per chunk: the scanned ones (or None) followed by the remainder's."""
+    parts = ([] if full is None else [full]) + ([] if rest is None else [rest[None]])
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
+
+
+def add_into(acc: list, xs: Sequence) -> list:
+    return [a + x.astype(a.dtype) for a, x in zip(acc, xs, strict=True)]
+
+
+def wanted(values: Sequence, perturbed: Sequence[bool] | None) -> list[int]:
+    """Indices of the floats of ``values`` that the caller perturbs (all when not known)."""
+    return [i for i, x in enumerate(values) if is_float(x) and (perturbed is None or perturbed[i])]
+
+
+class ChunkLoop:
+    """The chunked region on one device: ``size`` positions from global position ``offset``."""
+
+    def __init__(
+        self,
+        split: Split,
+        signature: Signature,
+        accum_dtype: Any,
+        size: int,
+        chunk: int,
+        offset: Any,
+    ):
+        self.split, self.signature, self.accum_dtype = split, signature, accum_dtype
+        self.size, self.chunk, self.offset = size, chunk, offset
+        self.body_indices = split.indices(BODY)
+        self.chunk_locs = signature.chunk_locs
+        self.stacked_locs = [loc for _, loc in signature.stacked]
+        self.terms = signature.streams.terms
+        self.n_full, self.rem = divmod(size, chunk)
+        self.cells = cells(split.analysis, offset, size, chunk)
+
+    # -- one chunk ------------------------------------------------------------------------
+    def body(self, k: int, start: Any, inputs: Inputs) -> ChunkOut:
+        """The region's equations on chunk ``[start, start + k)`` (``inputs.chunked`` holds
+        the chunk's slices), in the cell of the row maps that holds it (``_resize.by_cell``)."""
+        at = shifted(start, self.offset)
+        return by_cell(self.cells, at, k, lambda cell: self.in_cell(k, at, cell, inputs))
+
+    def in_cell(self, k: int, at: Any, cell: Any, inputs: Inputs) -> ChunkOut:
+        sig, split = self.signature, self.split
+        inv = windows(split.analysis, sig, inputs, at, k, cell)
+        env = dict(zip(sig.invariants, inv, strict=True))
+        env.update(zip((v for v, _ in sig.chunked), inputs.chunked, strict=True))
+        # Values reduced over the whole axis are only known after the loop: streamed equations
+        # see them as deferred (``_stream.emitter``) even where the body computes their partial.
+        env.update((v, _stream.DEFERRED) for v in split.deferred if v not in env)
+        resizer = Resizer(split.analysis, k, at, cell)
+        streamed, emit = split.streamed, _stream.emitter(split.deferred)
+
+        def special(idx: int) -> Any:
+            return emit if idx in streamed else None
+
+        resizer.eval_eqns((), split.jaxpr.eqns, env, self.body_indices, special)
+        terms = [t for sink in split.sinks for t in env[sink.var].terms]
+        return ChunkOut(
+            [env[v] for v in sig.sums],
+            [env[v] for v, _ in sig.partials],
+            [env[v] for v, _ in sig.stacked],
+            [t.coef for t in terms],
+            [t.stab for t in terms],
+        )
+
+    def slices(self, chunked: Sequence, start: Any, k: int) -> list:
+        """The chunk at ``start`` of length ``k`` of each chunked input (None stays None)."""
+        return [
+            None if x is None else take_chunk(x, loc, start, k)
+            for x, loc in zip(chunked, self.chunk_locs, strict=True)
+        ]
+
+    def chunk_inputs(self, inputs: Inputs, start: Any, k: int) -> Inputs:
+        return Inputs(list(inputs.invariants), self.slices(inputs.chunked, start, k))
+
+    def over_chunks(
+        self, step: Callable, carry: Any, xs: Any = (), reads: Any = (), peel: bool = False
+    ) -> tuple:
+        """Run ``step(carry, k, start, x) -> (carry, y)`` over every chunk of this shard.
+
+        The full chunks run in a ``lax.scan`` (``x``: ``xs``'s leaves indexed by the chunk),
+        the remainder once more at its own length. Returns ``(carry, ys of the full chunks or
+        None, y of the remainder or None)``. ``reads``: the arrays ``step`` closes over (where
+        they vary over manual axes, the carry starts typed as its updates, ``typed_carry``).
+        ``peel``: the first chunk runs before the scan, so that the scan's carry starts from
+        its results, not zeros (XLA then writes a large accumulator in place of the output).
+        """
+        k, n = self.chunk, self.n_full
+        if _compat.union_varying(carry, xs, reads):
+            x0, kk = jax.tree_util.tree_map(lambda a: a[0], xs), k if n else self.rem
+            carry = _compat.typed_carry(lambda c: step(c, kk, jnp.int32(0), x0)[0], carry)
+        scanned: Any = None
+        rest: Any = None
+        if n:
+
+            def scan_step(c: Any, index_and_x: tuple) -> tuple:
+                index, x = index_and_x
+                return step(c, k, index * k, x)
+
+            first = 1 if peel and n > 1 else 0
+            if first:
+                x0 = jax.tree_util.tree_map(lambda a: a[0], xs)
+                carry, y0 = step(carry, k, 0, x0)
+            head = jax.tree_util.tree_map(lambda a: a[first:n], xs)
+            carry, scanned = lax.scan(scan_step, carry, (jnp.arange(first, n), head))
+            if first:
+                scanned = jax.tree_util.tree_map(
+                    lambda a, b: jnp.concatenate([a[None], b]), y0, scanned
+                )
+        if self.rem:
+            x = jax.tree_util.tree_map(lambda a: a[n], xs)
+            carry, rest = step(carry, self.rem, n * k, x)
+        return carry, scanned, rest
+
+    def stacked_outputs(
+        self, scanned: Any, rest: Any, n_partials: int, locs: Sequence[AxisLoc]
+    ) -> tuple[list, list]:
+        """``(partials, stacked)`` of the per-chunk ones, the stacked (at ``locs``) in order."""
+
+        def parts(group: int, j: int) -> tuple:
+            return (
+                None if scanned is None else scanned[group][j],
+                None if rest is None else rest[group][j],
+            )
+
+        partials = [per_chunk(*parts(0, j)) for j in range(n_partials)]
+        stacked = [join(*parts(1, j), loc) for j, loc in enumerate(locs)]  # type: ignore[call-arg]
+        return partials, stacked
+
+    # -- accumulators --------------------------------------------------------------------
+    def zero_sums(self) -> list:
+        return [
+            jnp.zeros(_compat.shape_of(v), accumulator_dtype(_compat.dtype_of(v), None))
+            for v in self.signature.sums
+        ]
+
+    def zero_streams(self) -> tuple[list, list]:
+        """Accumulators of the streamed terms, and their running stabilisers (``-inf``)."""
+        accs, stabs = [], []
+        for sink, factor in self.terms:
+            dtype = accumulator_dtype(_compat.dtype_of(sink.var), None)
+            accs.append(jnp.zeros(sink.shape, dtype))
+            compact = [sink.shape[d] for d in factor.where] if factor is not None else None
+            stabs.append(None if compact is None else jnp.full(compact, -jnp.inf, dtype))
+        return accs, stabs
+
+    def add_streams(self, carry: tuple, parts: Sequence, stabs: Sequence) -> tuple:
+        out = [
+            _stream.accumulate(acc, s_run, part, s_chunk, factor)
+            for acc, s_run, part, s_chunk, (_, factor) in zip(
+                *carry, parts, stabs, self.terms, strict=True
+            )
+        ]
+        return [a for a, _ in out], [s for _, s in out]
+
+    # -- forward -------------------------------------------------------------------------
+    def forward(self, inputs: Inputs, checkpoint: bool = False) -> Outputs:
+        """The region's outputs on this shard (sums in their accumulator dtypes)."""
+
+        def one(kk: int, start: Any, inputs: Inputs) -> ChunkOut:
+            return self.body(kk, start, self.chunk_inputs(inputs, start, kk))
+
+        if checkpoint:
+            one = jax.checkpoint(one, static_argnums=(0,))
+
+        def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
+            out = one(kk, start, inputs)
+            sums = add_into(carry[0], out.sums)
+            return (sums, self.add_streams(carry[1], out.parts, out.stabs)), (
+                out.partials,
+                out.stacked,
+            )
+
+        (sums, (accs, stabs)), scanned, rest = self.over_chunks(
+            step, (self.zero_sums(), self.zero_streams()), reads=inputs
+        )
+        n_partials = len(self.signature.partials)
+        partials, stacked = self.stacked_outputs(scanned, rest, n_partials, self.stacked_locs)
+        return Outputs(sums, partials, stacked, accs, self.signature.streams.exp_only(stabs))
+
+    def differentiable(self, chunk: Inputs, k: int, start: Any, needed: Inputs) -> tuple:
+        """``(f, primals)``: the chunk as a function of its inputs at indices ``needed``, those."""
+
+        def f(d_inv: list, d_ch: list) -> ChunkOut:
+            inv, ch = list(chunk.invariants), list(chunk.chunked)
+            for i, x in zip(needed.invariants, d_inv, strict=True):
+                inv[i] = x
+            for i, x in zip(needed.chunked, d_ch, strict=True):
+                ch[i] = x
+            return self.body(k, start, Inputs(inv, ch))
+
+        primals = (
+            [chunk.invariants[i] for i in needed.invariants],
+            [chunk.chunked[i] for i in needed.chunked],
+        )
+        return f, primals
+
+    def tangents(self, inputs: Inputs, tangents: Inputs, finals: Sequence) -> Outputs:
+        """Forward mode on this shard: the tangents of the region's differentiable outputs
+        (``Outputs`` without finals) for ``tangents`` of the inputs (None: no tangent).
+        ``finals``: the streamed terms' final stabilisers, one per term (None without
+        ``Exp``), which rescale each chunk's tangent as they rescale its value."""
+        needed = Inputs(
+            [i for i, t in enumerate(tangents.invariants) if t is not None],
+            [i for i, t in enumerate(tangents.chunked) if t is not None],
+        )
+        flags = self.signature.differentiable()
+
+        def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
+            f, primals = self.differentiable(
+                self.chunk_inputs(inputs, start, kk), kk, start, needed
+            )
+            t_ch = self.slices(tangents.chunked, start, kk)
+            dots = (
+                [tangents.invariants[i] for i in needed.invariants],
+                [t_ch[i] for i in needed.chunked],
+            )
+            out, dout = jax.jvp(f, primals, dots)
+            parts = [
+                _stream.chunk_cotangent(t, s, s_final, factor)
+                for t, s, s_final, (_, factor) in zip(
+                    dout.parts, out.stabs, finals, self.terms, strict=True
+                )
+            ]
+            sums = [s for s, f in zip(dout.sums, flags.sums, strict=True) if f]
+            return (add_into(carry[0], sums), add_into(carry[1], parts)), (
+                [p for p, f in zip(dout.partials, flags.partials, strict=True) if f],
+                [s for s, f in zip(dout.stacked, flags.stacked, strict=True) if f],
+            )
+
+        zero_sums = [z for z, f in zip(self.zero_sums(), flags.sums, strict=True) if f]
+        (sums, accs), scanned, rest = self.over_chunks(
+            step, (zero_sums, self.zero_streams()[0]), reads=(inputs, tangents, finals)
+        )
+        locs = [loc for loc, f in zip(self.stacked_locs, flags.stacked, strict=True) if f]
+        partials, stacked = self.stacked_outputs(scanned, rest, sum(flags.partials), locs)
+        return Outputs(sums, partials, stacked, accs, [])

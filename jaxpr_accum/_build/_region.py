@@ -1,0 +1,272 @@
+"""``Region``: the chunked part of one plan, ready to run, and its passes over the whole axis.
+
+A region is a split (which equations form the body, ``_plan``), its signature (the named input
+and output groups, ``_signature``), the chunk, the layout (one device, or sharded: each device
+loops over its own shard under ``shard_map``, ``_layout``) and the accumulation dtype. Its
+passes run the per-device loops and merge what the devices computed, once, after the loop:
+
+- ``forward``: the outputs (sums summed across devices and cast back to their dtypes,
+  streamed accumulators rescaled to the devices' common stabiliser);
+- ``tangents``: forward mode, the tangents of the differentiable outputs (``_loop``);
+- ``cotangents``: the remat backward, the cotangents of the perturbed inputs (``_backward``);
+- ``jacobians``: the fused mode's forward, sums and Jacobian rows (``_fused``).
+
+Every pass is plain JAX (scans, ``shard_map``, ``jax.vjp`` / ``jax.jvp`` of a chunk), so JAX
+can transform it further: the region primitive (``_region_p``) relies on that for every
+composition it does not special-case. A region is hashable by identity: it is a parameter of
+the region primitive.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from jaxpr_accum import _compat, _stream
+from jaxpr_accum._build._backward import backward
+from jaxpr_accum._build._jacobians import jacobians, with_row_dim
+from jaxpr_accum._base._lattice import AxisLoc
+from jaxpr_accum._build._layout import Layout
+from jaxpr_accum._build._loop import ChunkLoop, wanted
+from jaxpr_accum._planning._plan import Split
+from jaxpr_accum._build._signature import Inputs, Outputs, Signature
+
+
+class Region:
+    """The region of ``split`` at ``chunk`` under ``layout`` (see the module docstring)."""
+
+    def __init__(self, split: Split, chunk: int, layout: Layout, accum_dtype: Any):
+        self.split, self.chunk, self.layout, self.accum_dtype = split, chunk, layout, accum_dtype
+        self.signature = Signature.of(split)
+        spec = layout.spec
+        sig = self.signature
+        self.input_specs = Inputs(
+            [spec(None) for _ in sig.invariants], [spec(loc) for loc in sig.chunk_locs]
+        )
+        self.output_specs = Outputs(
+            [spec(None) for _ in sig.sums],
+            [spec(AxisLoc(0)) for _ in sig.partials],
+            [spec(loc) for _, loc in sig.stacked],
+            [spec(None)] * sig.streams.n_terms,
+            [spec(None)] * sig.streams.n_finals,
+        )
+        self._jaxprs: dict = {}
+
+    def __repr__(self) -> str:
+        return f"Region(axis={self.split.size}, chunk={self.chunk})"
+
+    def loop(self) -> ChunkLoop:
+        """This device's chunk loop (call it inside the layout's mapped function)."""
+        return self.layout.loop(self.split, self.signature, self.accum_dtype, self.chunk)
+
+    def _merged(self, out: Outputs) -> Outputs:
+        """One device's outputs merged across devices: sums added (and cast back to their
+        dtypes), streamed accumulators rescaled to the common stabiliser and added."""
+        layout, streams = self.layout, self.signature.streams
+        sums = [
+            layout.reduce(s).astype(dtype)
+            for s, dtype in zip(out.sums, self.signature.sum_dtypes(), strict=True)
+        ]
+        merged = [
+            _stream.merge_devices(acc, s, factor, layout.reduce, layout.maximum)
+            for acc, s, (_, factor) in zip(
+                out.streams, streams.finals_per_term(out.finals), streams.terms, strict=True
+            )
+        ]
+        finals = streams.exp_only([s for _, s in merged])
+        return Outputs(sums, out.partials, out.stacked, [a for a, _ in merged], finals)
+
+    # -- passes --------------------------------------------------------------------------
+    def forward(self, inputs: Inputs, checkpoint: bool = False) -> Outputs:
+        """The region's outputs (``checkpoint``: each chunk's body under ``jax.checkpoint``,
+        so that JAX's own differentiation of the loop recomputes it)."""
+
+        def local(inv: list, ch: list) -> Outputs:
+            return self._merged(self.loop().forward(Inputs(inv, ch), checkpoint))
+
+        fn = self.layout.map(local, tuple(self.input_specs), self.output_specs)
+        return Outputs(*fn(*inputs))
+
+    def tangents(self, inputs: Inputs, tangents: Inputs, finals: Sequence) -> Outputs:
+        """Forward mode: the tangents of the differentiable outputs (no finals) for the
+        ``tangents`` of the inputs (None: zero). ``finals``: the forward's final stabilisers."""
+        sig, layout, spec = self.signature, self.layout, self.layout.spec
+        nz = Inputs(
+            [i for i, t in enumerate(tangents.invariants) if t is not None],
+            [i for i, t in enumerate(tangents.chunked) if t is not None],
+        )
+        flags = sig.differentiable()
+
+        def local(inv: list, ch: list, t_inv: list, t_ch: list, finals: list) -> Outputs:
+            given = Inputs([None] * len(inv), [None] * len(ch))
+            for i, t in zip(nz.invariants, t_inv, strict=True):
+                given.invariants[i] = t
+            for i, t in zip(nz.chunked, t_ch, strict=True):
+                given.chunked[i] = t
+            out = self.loop().tangents(Inputs(inv, ch), given, sig.streams.finals_per_term(finals))
+            dtypes = [d for d, f in zip(sig.sum_dtypes(), flags.sums, strict=True) if f]
+            sums = [layout.reduce(s).astype(d) for s, d in zip(out.sums, dtypes, strict=True)]
+            return Outputs(
+                sums, out.partials, out.stacked, [layout.reduce(a) for a in out.streams], []
+            )
+
+        out_specs = Outputs(*(_select(g, f) for g, f in zip(self.output_specs, flags, strict=True)))
+        fn = layout.map(
+            local,
+            (
+                *self.input_specs,
+                [self.input_specs.invariants[i] for i in nz.invariants],
+                [self.input_specs.chunked[i] for i in nz.chunked],
+                [spec(None)] * sig.streams.n_finals,
+            ),
+            out_specs,
+        )
+        t_inv = [tangents.invariants[i] for i in nz.invariants]
+        t_ch = [tangents.chunked[i] for i in nz.chunked]
+        return Outputs(*fn(*inputs, t_inv, t_ch, list(finals)))
+
+    def cotangents(
+        self, inputs: Inputs, cts: Outputs, finals: Sequence, perturbed: Inputs
+    ) -> Inputs:
+        """The remat backward: cotangents of the perturbed floating inputs (None elsewhere),
+        in the inputs' dtypes, for the output cotangents ``cts`` (None: zero)."""
+        sig, layout, spec = self.signature, self.layout, self.layout.spec
+        present = Outputs(*([i for i, c in enumerate(g) if c is not None] for g in cts))
+        diff = Inputs(
+            wanted(inputs.invariants, perturbed.invariants),
+            wanted(inputs.chunked, perturbed.chunked),
+        )
+
+        def local(inv: list, ch: list, given: Outputs, finals: list) -> tuple:
+            full = Outputs(
+                *(_spread(g, p, n) for g, p, n in zip(given, present, sig.sizes(), strict=True))
+            )
+            grads = backward(
+                self.loop(), Inputs(inv, ch), full, sig.streams.finals_per_term(finals), perturbed
+            )
+            return (
+                [layout.reduce(grads.invariants[i]) for i in diff.invariants],
+                [grads.chunked[i] for i in diff.chunked],
+            )
+
+        given = Outputs(*(_pick(g, p) for g, p in zip(cts, present, strict=True)))
+        given_specs = Outputs(
+            *(_pick(g, p) for g, p in zip(self.output_specs, present, strict=True))
+        )
+        fn = layout.map(
+            local,
+            (*self.input_specs, given_specs, [spec(None)] * sig.streams.n_finals),
+            (
+                [self.input_specs.invariants[i] for i in diff.invariants],
+                [self.input_specs.chunked[i] for i in diff.chunked],
+            ),
+        )
+        d_inv, d_ch = fn(*inputs, given, list(finals))
+        return inputs.placed(
+            diff,
+            [
+                g.astype(inputs.invariants[i].dtype)
+                for i, g in zip(diff.invariants, d_inv, strict=True)
+            ],
+            [g.astype(inputs.chunked[i].dtype) for i, g in zip(diff.chunked, d_ch, strict=True)],
+        )
+
+    def jacobians(self, inputs: Inputs, perturbed: Inputs) -> tuple[list, Inputs]:
+        """The fused forward: the sums and the Jacobian rows of the gradient-carrying ones
+        with respect to the perturbed floating inputs (None elsewhere)."""
+        sig, layout, spec = self.signature, self.layout, self.layout.spec
+        diff = Inputs(
+            wanted(inputs.invariants, perturbed.invariants),
+            wanted(inputs.chunked, perturbed.chunked),
+        )
+
+        def local(inv: list, ch: list) -> tuple:
+            sums, jac = jacobians(self.loop(), Inputs(inv, ch), perturbed)
+            sums = [layout.reduce(s).astype(d) for s, d in zip(sums, sig.sum_dtypes(), strict=True)]
+            return (
+                sums,
+                [layout.reduce(jac.invariants[i]) for i in diff.invariants],
+                [jac.chunked[i] for i in diff.chunked],
+            )
+
+        fn = layout.map(
+            local,
+            tuple(self.input_specs),
+            (
+                self.output_specs.sums,
+                [spec(None) for _ in diff.invariants],
+                [spec(with_row_dim(sig.chunk_locs[i])) for i in diff.chunked],
+            ),
+        )
+        key = ("jacobians", tuple(perturbed.flat()))
+        sums, j_inv, j_ch = self._traced_once(key, fn, tuple(inputs))
+        return sums, inputs.placed(diff, j_inv, j_ch)
+
+    def _traced_once(self, key: Any, fn: Callable, args: tuple) -> Any:
+        """``fn(*args)``, traced once (``_jaxpr_at``) and replayed after: planning's
+        validation and the call linearize the region alike, and the replay binds the traced
+        equations instead of running the rules again."""
+        leaves, tree = jax.tree.flatten(args)
+        avals = [_compat.aval_of(x) for x in leaves]
+        closed, out_tree = self._jaxpr_at(
+            (key, tree), lambda *flat: fn(*jax.tree.unflatten(tree, flat)), avals
+        )
+        return jax.tree.unflatten(out_tree, jax.extend.core.jaxpr_as_fun(closed)(*leaves))
+
+    def _jaxpr_at(self, key: Any, fn: Callable, avals: Sequence[Any]) -> tuple[Any, Any]:
+        """``(ClosedJaxpr, output tree)`` of ``fn`` at the flat input ``avals``, traced once per
+        ``key``, avals and context mesh (the region's one cache of traced programs)."""
+        full_key = (key, tuple(avals), _compat.context_mesh_key())
+        if full_key not in self._jaxprs:
+            closed, shape = jax.make_jaxpr(fn, return_shape=True)(*avals)
+            self._jaxprs[full_key] = (closed, jax.tree.structure(shape))
+        return self._jaxprs[full_key]
+
+    # -- as a traced program -------------------------------------------------------------
+    def forward_jaxpr(self, avals: Sequence[Any], checkpoint: bool = False) -> Any:
+        """The forward pass as a ``ClosedJaxpr`` at the flat input ``avals`` (cached per avals,
+        context mesh and ``checkpoint``, as in ``forward``)."""
+        sig = self.signature
+
+        def flat_forward(*flat: Any) -> list:
+            return self.forward(sig.inputs(flat), checkpoint).flat()
+
+        return self._jaxpr_at(("forward", checkpoint), flat_forward, avals)[0]
+
+    def tangent_flags(self, avals: Sequence[Any], perturbed: Sequence[bool]) -> Outputs:
+        """Per output, whether its tangent is nonzero when the flagged inputs are perturbed:
+        differentiable, and reached from a perturbed input through differentiable equations
+        (JAX's JVP of the forward pass with symbolic zeros). An output computed through
+        ``stop_gradient`` gets a symbolic zero, so the equations after the region that read
+        only it are not differentiated, as in the original (a callback there has no JVP)."""
+        reached = _compat.nonzero_tangents(self.forward_jaxpr(avals), perturbed)
+        flags = self.signature.differentiable().flat()
+        return self.signature.outputs([f and r for f, r in zip(flags, reached, strict=True)])
+
+    def flat(self, pass_: Callable, **kw: Any) -> Callable:
+        """``pass_`` (a method taking ``Inputs``) as a function of the flat inputs returning
+        the flat outputs."""
+        return functools.partial(_flat_call, self, pass_, kw)
+
+
+def _flat_call(region: Region, pass_: Callable, kw: dict, *flat: Any) -> list:
+    return pass_(region, region.signature.inputs(flat), **kw).flat()
+
+
+def _select(values: Sequence, flags: Sequence[bool]) -> list:
+    return [x for x, f in zip(values, flags, strict=True) if f]
+
+
+def _pick(values: Sequence, indices: Sequence[int]) -> list:
+    return [values[i] for i in indices]
+
+
+def _spread(values: Sequence, indices: Sequence[int], n: int) -> list:
+    """``values`` at ``indices`` of a length-``n`` list, None elsewhere."""
+    out: list = [None] * n
+    for i, x in zip(indices, values, strict=True):
+        out[i] = x
+    return out

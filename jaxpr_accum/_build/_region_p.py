@@ -1,0 +1,213 @@
+"""The region as one JAX primitive, ``serialized_region``, whose rules run it in chunks.
+
+``call(region, mode, inputs)`` binds the primitive on the region's flat inputs. Its
+parameters are the ``Region`` (``_region``), the gradient ``Mode``, the forward pass as a
+jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop) and ``used_outputs``:
+which of the region's outputs the equation returns (None: all; the forward jaxpr returns
+those only). Its rules:
+
+- evaluation and lowering: the forward pass, the chunk loop without checkpoints;
+- **linearization** (``jax.grad``, ``jax.vjp``, ``jax.linearize``): the mode's own rule
+  (``_remat``: a linear primitive whose transpose is the chunked backward; ``_fused``: the
+  Jacobian rows computed in the forward pass);
+- **JVP** (``jax.jvp``, ``jax.jacfwd``, and linearization where JAX goes through the JVP, as
+  inside ``jax.checkpoint``): ``jax.jvp`` of the forward pass with each chunk's body
+  checkpointed, which is chunked in both the primal and the tangent; an output no perturbed
+  input reaches (through ``stop_gradient``, say) gets a symbolic zero tangent, as JAX gives
+  it (``Region.tangent_flags``), so what reads only it is not differentiated. The primal
+  outputs that a linearization rule binds (``linearizing=True``; an outer JVP meets them under
+  ``jax.hessian``) are differentiated as computed inside ``jax.vjp``, as JAX differentiates
+  the original's: a custom VJP runs its forward rule there, a custom JVP its rule's primal;
+  and linearized again (reverse over reverse), a region with a custom rule takes JAX's
+  linearization of that JVP;
+- **batching** (``jax.vmap`` over any argument, through JAX's batching table): that same
+  checkpointed forward pass as a jaxpr, batched by JAX over the vmapped axis; an output that
+  no batched argument reaches stays unbatched, as in the original (an ordered callback on it
+  runs as in the original, f12); with no argument batched, the primitive itself;
+- **dead-code elimination** (``jax.jit``, ``jax.vjp``, ``pe.dce_jaxpr``): the equation keeps
+  the used outputs only, its forward jaxpr is pruned to them (so the unused ones are not
+  computed); its inputs all stay (the region's signature has them all) and so do its effects.
+  Every other rule computes the whole region and returns the used outputs.
+
+Why this is exact by construction: the JVP, batching and dead-code rules are JAX's own
+transformations of a plain JAX program (the chunk loop), which computes the original's values;
+JAX then differentiates or batches further whatever it gets. Only the linearization rules are
+hand-written, and they are only used where the region's inputs are linearized directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jaxpr_accum import _compat
+from jaxpr_accum._engine import _table
+from jaxpr_accum._build._region import Region
+from jaxpr_accum._build._signature import Inputs, Outputs
+
+
+class Mode:
+    """A gradient mode, as ``grad=`` names it (``name``), with its linearization rule of the
+    region primitive, ``linearize(region, is_vjp, nonzeros, primals, outputs_of) -> (outputs,
+    output nonzeros, residuals, linearized)`` (see ``_compat.define_primitive``);
+    ``outputs_of(primals)`` binds the primitive again. ``REMAT`` (``_remat``) and ``FUSED``
+    (``_fused``) have one; ``NATIVE`` (the chunk loop with checkpointed bodies, differentiated
+    by JAX itself) and ``AUTO`` (a request: planning chooses one of the others, ``_choice``)
+    never bind the primitive's linearization. Names are parsed once, from the settings, into
+    these objects (``_choice.mode_named``); plans report ``name``."""
+
+    def __init__(self, name: str, linearize: Callable | None = None):
+        self.name = name
+        self.linearize: Callable = linearize or self._not_bound
+
+    def _not_bound(self, *_: Any) -> Any:
+        raise TypeError(f"the {self.name} gradient mode has no linearization rule of its own")
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+AUTO = Mode("auto")
+NATIVE = Mode("native")
+
+
+def call(region: Region, mode: Mode, inputs: Inputs) -> Outputs:
+    """The region's outputs on ``inputs``, through the primitive."""
+    flat = inputs.flat()
+    outs = _bind(region, mode, flat, linearizing=False)
+    return region.signature.outputs(outs)
+
+
+def _bind(region: Region, mode: Mode, flat: list, linearizing: bool) -> list:
+    """The primitive bound on ``flat``, every output used."""
+    jaxpr = region.forward_jaxpr([_compat.aval_of(x) for x in flat])
+    return region_p.bind(
+        *flat, region=region, mode=mode, jaxpr=jaxpr, linearizing=linearizing, used_outputs=None
+    )
+
+
+def _used(values: list, used_outputs: tuple | None) -> list:
+    """The ``values`` (one per output of the region) of the outputs the equation returns."""
+    if used_outputs is None:
+        return list(values)
+    return [v for v, u in zip(values, used_outputs, strict=True) if u]
+
+
+def _checkpointed(region: Region) -> Callable:
+    def forward(*flat: Any) -> list:
+        return region.forward(region.signature.inputs(flat), checkpoint=True).flat()
+
+    return forward
+
+
+def _abstract_eval(*avals: Any, jaxpr: Any, **_: Any) -> tuple:
+    return list(jaxpr.out_avals), jaxpr.effects
+
+
+def _impl(*flat: Any, jaxpr: Any, **_: Any) -> list:
+    return jax.extend.core.jaxpr_as_fun(jaxpr)(*flat)
+
+
+def _jvp(
+    primals: list,
+    tangents: list,
+    *,
+    region: Region,
+    linearizing: bool,
+    used_outputs: tuple | None,
+    **_: Any,
+) -> tuple:
+    avals = [_compat.aval_of(p) for p in primals]
+    reached = region.tangent_flags(avals, [not _compat.is_zero(t) for t in tangents]).flat()
+    tangents = [_compat.instantiate(t) for t in tangents]
+    forward = _checkpointed(region)
+    if linearizing:  # forward over reverse: differentiate the primal as a VJP computes it
+        forward = _primal_of_vjp(forward)
+    outs, dots = jax.jvp(forward, tuple(primals), tuple(tangents))
+    # symbolic zeros where no perturbed input reaches (``stop_gradient``), as JAX gives them
+    zeros = [_compat.zero_tangent(_compat.aval_of(o)) for o in outs]
+    dots = [t if r else z for t, r, z in zip(dots, reached, zeros, strict=True)]
+    return _used(outs, used_outputs), _used(dots, used_outputs)
+
+
+def _primal_of_vjp(fun: Callable) -> Callable:
+    """``fun``'s outputs computed inside ``jax.vjp``: a custom VJP in it then runs its forward
+    rule, which an outer JVP differentiates (as JAX does for the original under
+    ``jax.hessian``); ``jax.jvp`` of the custom VJP itself is an error."""
+    return lambda *args: jax.vjp(fun, *args)[0]
+
+
+def _batch(axis: Any, args: list, dims: list, *, region: Region, jaxpr: Any, **p: Any) -> tuple:
+    # JAX batches the checkpointed loop's jaxpr: outputs no batched argument reaches stay
+    # unbatched (dim None), as the original's do
+    closed = region.forward_jaxpr(jaxpr.in_avals, checkpoint=True)
+    if p["used_outputs"] is not None:
+        closed = _compat.dce(closed, p["used_outputs"])
+    batched, out_batched = _compat.batch_jaxpr(closed, axis, dims)
+    outs = jax.extend.core.jaxpr_as_fun(batched)(*args)
+    return outs, [0 if b else None for b in out_batched]
+
+
+def _dce(used: list[bool], eqn: Any) -> tuple[list[bool], Any]:
+    if not any(used) and not _compat.has_effects(eqn):
+        return [False] * len(eqn.invars), None
+    if all(used):
+        return [True] * len(eqn.invars), eqn
+    # keep every input (the region's signature has them all), prune the forward jaxpr
+    p = eqn.params
+    jaxpr = _compat.dce(p["jaxpr"], used)
+    returned = iter(used)
+    before = [True] * len(eqn.outvars) if p["used_outputs"] is None else p["used_outputs"]
+    params = {**p, "jaxpr": jaxpr, "used_outputs": tuple(b and next(returned) for b in before)}
+    outvars = [v for v, u in zip(eqn.outvars, used, strict=True) if u]
+    return [True] * len(eqn.invars), eqn.replace(
+        outvars=outvars, params=params, effects=jaxpr.effects
+    )
+
+
+def _linearize(
+    is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: Mode, **p: Any
+) -> tuple:
+    if p["linearizing"] and region.split.custom_rule_in_body() is not None:
+        # reverse over reverse: the outer derivative of a custom rule's primal is that of the
+        # primal its rule computes (a custom VJP's forward rule, a custom JVP's primal output),
+        # as for the original; the mode's rule would pull back through the custom derivative
+        params = {"region": region, "mode": mode, **p}
+        return _compat.linearize_from_jvp(region_p, is_vjp, nonzeros, primals, params)
+
+    def outputs_of(flat: list) -> list:
+        return _bind(region, mode, flat, linearizing=True)
+
+    outs, nz, res, linearized = mode.linearize(
+        region, is_vjp, list(nonzeros), list(primals), outputs_of
+    )
+    used = p["used_outputs"]
+    if used is None:
+        return outs, nz, res, linearized
+
+    def linearized_used(residuals: list, *tangents: Any) -> list:
+        return _used(linearized(residuals, *tangents), used)
+
+    return _used(outs, used), _used(nz, used), res, linearized_used
+
+
+region_p = _compat.define_primitive(
+    "serialized_region",
+    abstract_eval=_abstract_eval,
+    impl=_impl,
+    jvp=_jvp,
+    batch=_batch,
+    linearize=_linearize,
+    dce=_dce,
+)
+
+# An outer ``serialize_axis`` does not enter an inner one's region: its loop is already chunked.
+_table.register(
+    region_p,
+    _table.Barrier(
+        "this is the region of an inner `serialize_axis` (primitive `{name}`), already "
+        "chunked: serialize the inner function's `.original` instead, or drop one of the two"
+    ),
+)

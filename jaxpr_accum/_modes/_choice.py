@@ -1,0 +1,231 @@
+"""Choosing the gradient mode: ``choose(candidate, requested, layout) -> Decision``.
+
+The ``Decision`` (``_decision``) is one pass's plan; auto's confirmation of fused
+(``by_estimate``, ``confirm_fused``) returns a new one.
+
+This module only chooses; each mode is built by its own module (``_remat``, ``_fused``;
+``native`` is the chunk loop with checkpointed bodies, differentiated by JAX itself).
+
+- ``remat`` and ``native`` are taken as requested.
+- ``fused`` applies where every output of the region is a sum of a few floating entries and
+  no custom VJP, streamed normaliser or complex sum is in the body (``fused_refusal``);
+  requested where it does not apply, remat runs instead.
+- ``auto`` weighs what each mode adds over the other. Fused adds memory: the Jacobian rows of
+  every gradient-carrying entry beyond the first, and the invariant inputs' gradients held
+  from the forward pass while the program after the loop runs its backward
+  (``fused_extra_bytes``). Remat adds time: one more forward pass per chunk; fused instead
+  pulls back one Jacobian row per entry, which is faster only for a single entry (measured
+  on XLA:CPU: 0.8x remat's time with one entry, 1.4x with two, 1.9x with three). So auto
+  takes fused where there is one gradient-carrying entry and fused's extra memory is within
+  ``MEMORY_SLACK`` (10%) of remat's estimated peak (``remat_bytes_estimate``), else remat:
+  its memory is then within 10% of the smaller, and its time within 10% of the faster of the
+  two that are. The estimate can miss what XLA's buffer assignment does with fused's
+  Jacobian rows. On the cases of ``benchmarks/auto_choice.py`` it missed (measured: up to
+  1.5x remat where it estimates no extra) only where the caller differentiates the region's
+  chunked inputs (the data, not only the parameters), whose gradients fused stacks from the
+  forward pass; where those are within 10% of remat's estimate, fused measured within 4% of
+  remat on every case. So the estimate decides alone where those gradients are
+  within ``MEMORY_SLACK`` of remat's estimate (``estimate_decides``): no compile, planning
+  costs what the analysis costs. Elsewhere a pick of fused is confirmed on the first call by
+  compiling both modes' ``value_and_grad`` and comparing XLA's temp bytes
+  (``confirm_fused``): fused stays while it measures within 10% of remat. (The region alone
+  compiled does not reproduce that difference: it arises where the region's gradients meet
+  the program around it.)
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxpr_accum import _compat
+from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._build._jacobians import gradient_sums, jacobian_width
+from jaxpr_accum._build._layout import Layout
+from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
+from jaxpr_accum._modes._decision import Decision
+from jaxpr_accum._modes._fused import FUSED
+from jaxpr_accum._modes._remat import REMAT
+from jaxpr_accum._planning._cost import FUSED_INTO_READERS, Candidate, format_bytes, nbytes
+from jaxpr_accum._planning._plan import EPILOGUE, PROLOGUE, Split
+from jaxpr_accum._planning._stages import variables
+
+FUSED_MAX_WIDTH = 8
+MEMORY_SLACK = 0.1  # auto takes fused while it is estimated within this much of remat
+
+
+def mode_named(name: str) -> Mode:
+    """The mode ``grad=name`` asks for (``name`` is one of ``_settings.GRAD_MODES``)."""
+    return next(m for m in (AUTO, REMAT, FUSED, NATIVE) if m.name == name)
+
+
+def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
+    """Why the fused mode does not apply to ``split``, or None if it does.
+
+    Asked for explicitly, it takes up to ``FUSED_MAX_WIDTH`` gradient-carrying entries (one
+    accumulator per entry and differentiated input); ``choose`` weighs it under ``auto``.
+    """
+    if split.stacked or split.partials:
+        return "the region has outputs that are not sums (stacked values or max/min partials)"
+    if split.sinks:
+        return (
+            "the region streams a normaliser: its sums are rescaled chunk by chunk as the "
+            "running max grows, which Jacobian rows taken once per chunk cannot follow"
+        )
+    custom = split.custom_vjp_in_body()
+    if custom is not None:
+        return (
+            f"the region calls the custom VJP `{custom}`, whose backward rule need not be "
+            "linear in the cotangent (gradient clipping is not): Jacobian rows taken with unit "
+            "cotangents would change it"
+        )
+    flags = gradient_sums(split)
+    width = jacobian_width(split)
+    if width == 0:
+        return "the region has no floating-point sum that carries a gradient"
+    if any(
+        jnp.issubdtype(_compat.dtype_of(v), jnp.complexfloating)
+        for v, f in zip(split.sums, flags, strict=True)
+        if f
+    ):
+        return (
+            "a sum is complex: its gradient is not complex-linear in the cotangent, so "
+            "Jacobian rows for real cotangents would drop the imaginary direction"
+        )
+    if width > max_width:
+        return (
+            f"its gradient-carrying sums have {width} entries and the fused mode would keep one "
+            f"input-sized gradient per entry (it takes at most {max_width} here)"
+        )
+    return None
+
+
+def choose(candidate: Candidate, requested: Mode, layout: Layout) -> Decision:
+    """The gradient mode for ``requested`` (see the module docstring)."""
+    split = candidate.split
+
+    def decided(mode: Mode, reason: str) -> Decision:
+        return Decision(candidate, mode, reason, layout)
+
+    if requested in (REMAT, NATIVE):
+        return decided(requested, "requested")
+    refusal = fused_refusal(split, FUSED_MAX_WIDTH)
+    if refusal is not None:
+        return decided(REMAT, f"fused does not apply: {refusal}")
+    width = jacobian_width(split)
+    sums = f"{width} gradient-carrying sum entr" + ("y" if width == 1 else "ies")
+    if requested is FUSED:
+        return decided(FUSED, f"requested: value and gradient in one pass ({sums})")
+    extra, remat_bytes = fused_extra_bytes(candidate), remat_bytes_estimate(candidate)
+    weighed = (
+        f"fused would hold {format_bytes(extra)} more than remat's estimated "
+        f"{format_bytes(remat_bytes)}"
+    )
+    if width > 1:
+        return decided(REMAT, (
+            f"auto: {sums}: fused would pull back {width} Jacobian rows per chunk, slower than "
+            f"remat's second forward pass (and {weighed})"
+        ))  # fmt: skip
+    if extra > MEMORY_SLACK * remat_bytes:
+        return decided(REMAT, f"auto: {weighed}, more than {MEMORY_SLACK:.0%} more")
+    return decided(FUSED, (
+        f"auto: value and gradient in one pass, one forward pass per chunk fewer than remat "
+        f"({sums}; {weighed}, within {MEMORY_SLACK:.0%})"
+    ))  # fmt: skip
+
+
+def to_confirm(decision: Decision, requested: Mode) -> bool:
+    """Whether ``decision`` is auto's estimated pick of fused, which ``by_estimate`` or
+    ``confirm_fused`` settles."""
+    return requested is AUTO and decision.mode is FUSED
+
+
+def estimate_decides(candidate: Candidate, diff: list[int]) -> bool:
+    """Whether auto's estimated pick of fused needs no measurement: the gradients of the
+    region's chunked inputs that the caller differentiates (``diff``: indices of the
+    program's inputs), which fused stacks from the forward pass, are within
+    ``MEMORY_SLACK`` of remat's estimated peak (see the module docstring)."""
+    chunk_grads = differentiated_chunk_bytes(candidate.split, diff)
+    return chunk_grads <= MEMORY_SLACK * remat_bytes_estimate(candidate)
+
+
+def differentiated_chunk_bytes(split: Split, diff: list[int]) -> int:
+    """Bytes of the region's floating chunked inputs that depend on the program inputs at
+    ``diff`` (through the prologue; an equation reading one such value is taken to make
+    all its outputs depend on it)."""
+    jaxpr = split.jaxpr
+    reached = {jaxpr.invars[i] for i in diff}
+    for i in split.indices(PROLOGUE):
+        eqn = jaxpr.eqns[i]
+        if any(v in reached for v in variables(eqn.invars)):
+            reached.update(eqn.outvars)
+    return sum(nbytes(v) for v, _ in split.chunked if v in reached and is_float(v))
+
+
+def by_estimate(decision: Decision) -> Decision:
+    """Auto's estimated pick of fused (``decision``) where the estimate decides alone
+    (``estimate_decides``)."""
+    return decision.to(FUSED, (
+        f"{decision.reason}; the estimate decides (no compile): fused would hold no "
+        f"differentiated chunked input's gradient beyond {MEMORY_SLACK:.0%} of remat's estimate"
+    ))  # fmt: skip
+
+
+def confirm_fused(decision: Decision, fused_bytes: int | None, remat_bytes: int | None) -> Decision:
+    """Auto's estimated pick of fused (``decision``), given XLA's temp bytes of both modes'
+    ``value_and_grad``: fused while within ``MEMORY_SLACK`` of remat, else remat; the
+    estimate's fused where they cannot be measured (None)."""
+    why = decision.reason
+    if fused_bytes is None or remat_bytes is None:
+        return decision.to(
+            FUSED, f"{why}; not measured (not compilable outside the caller's context)"
+        )
+    measured = f"measured: fused {format_bytes(fused_bytes)}, remat {format_bytes(remat_bytes)}"
+    if fused_bytes > (1 + MEMORY_SLACK) * remat_bytes:
+        estimate = why.removeprefix("auto: ")
+        return decision.to(REMAT, (
+            f"auto: {measured}, fused more than {MEMORY_SLACK:.0%} above remat, though the "
+            f"estimate had it within ({estimate})"
+        ))  # fmt: skip
+    return decision.to(FUSED, f"{why}; {measured}")
+
+
+def fused_extra_bytes(candidate: Candidate) -> int:
+    """What fused is estimated to hold beyond remat: the Jacobian rows of every
+    gradient-carrying entry beyond the first, and, where the program after the loop
+    materialises more than one chunk's activations, the invariant inputs' gradients it holds
+    from the forward pass while that part runs its backward."""
+    split = candidate.split
+    width = jacobian_width(split)
+    inputs = _differentiable_bytes(split)
+    invariant = sum(nbytes(v) for v in split.invariants if is_float(v))
+    held_over = invariant if _epilogue_bytes(split) > _chunk_bytes(candidate) else 0
+    return (width - 1) * inputs + held_over
+
+
+def remat_bytes_estimate(candidate: Candidate) -> int:
+    """Remat's estimated peak: one chunk's materialised activations and the invariant
+    inputs' gradient accumulators, or the program after the loop, whichever is more, plus the
+    outputs stacked back to full size."""
+    split = candidate.split
+    invariant = sum(nbytes(v) for v in split.invariants if is_float(v))
+    peak = max(_chunk_bytes(candidate) + invariant, _epilogue_bytes(split))
+    return max(peak + split.stacked_bytes, 1)
+
+
+def _chunk_bytes(candidate: Candidate) -> int:
+    split = candidate.split
+    return split.held_bytes * min(candidate.chunk, split.size) // max(split.size, 1)
+
+
+def _epilogue_bytes(split: Split) -> int:
+    return sum(
+        nbytes(v)
+        for i in split.indices(EPILOGUE)
+        if split.jaxpr.eqns[i].primitive not in FUSED_INTO_READERS
+        for v in split.jaxpr.eqns[i].outvars
+    )
+
+
+def _differentiable_bytes(split: Split) -> int:
+    inputs = [*split.invariants, *(v for v, _ in split.chunked)]
+    return sum(nbytes(v) for v in inputs if is_float(v))

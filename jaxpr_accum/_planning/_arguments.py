@@ -1,0 +1,202 @@
+"""A call's arguments: which leaves are arrays, their names, the cache key, and the checks of
+``argnums`` / ``axis`` / ``in_axes`` against them.
+
+Array leaves (JAX and NumPy arrays, tracers) are *dynamic*; every other leaf (Python numbers,
+strings, ``None``, callables) is *static*, as if named in ``static_argnums``, and is part of
+the cache key. Argument paths are decoded here only: ``describe`` names a leaf the way error
+messages do (``argument 1['w']``), ``leaf_names`` the way reports do (``params['w']``, from
+the function's signature).
+
+Every check raises ``ArgumentError`` (a ``ValueError``) naming the argument and what was
+expected, before anything is traced.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxpr_accum import _compat
+from jaxpr_accum._base._errors import ArgumentError, SerializeError
+
+
+def is_dynamic(leaf: Any) -> bool:
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.core.Tracer))
+
+
+class Call(NamedTuple):
+    """A call's arguments, flattened."""
+
+    args: tuple
+    kwargs: dict
+    leaves: list
+    treedef: Any
+    dynamic: list[bool]
+    ranges: list[range]  # positional argument i owns dynamic leaves in this range
+    paths: list  # the path of every leaf of ``(args, kwargs)``
+
+    @property
+    def dyn(self) -> list:
+        return [x for x, d in zip(self.leaves, self.dynamic, strict=True) if d]
+
+
+def flatten(args: tuple, kwargs: dict) -> Call:
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    leaves = [leaf for _, leaf in paths_leaves]
+    dynamic = [is_dynamic(x) for x in leaves]
+    ranges, start = [], 0
+    for arg in args:
+        n_dyn = sum(is_dynamic(x) for x in jax.tree_util.tree_leaves(arg))
+        ranges.append(range(start, start + n_dyn))
+        start += n_dyn
+    return Call(args, kwargs, leaves, treedef, dynamic, ranges, [p for p, _ in paths_leaves])
+
+
+def describe(path: tuple) -> str:
+    """``argument 1['w']`` / ``keyword argument 'x'`` for a path into ``(args, kwargs)``."""
+    where, name, rest = path[0], path[1], jax.tree_util.keystr(tuple(path[2:]))
+    if getattr(where, "idx", 0) == 0:
+        return f"argument {name.idx}{rest}"
+    return f"keyword argument {name.key!r}{rest}"
+
+
+def leaf_names(fun: Callable, call: Call) -> list[str]:
+    """A name per dynamic leaf: the parameter's name (from ``fun``'s signature, else
+    ``argument i``) and ``jax.tree_util.keystr`` of the path inside it."""
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = []
+    for path, dyn in zip(call.paths, call.dynamic, strict=True):
+        if not dyn:
+            continue
+        where, first, rest = path[0], path[1], jax.tree_util.keystr(tuple(path[2:]))
+        if getattr(where, "idx", 0) == 0:
+            i = first.idx
+            base = positional[i] if i < len(positional) else f"argument {i}"
+        else:
+            base = str(first.key)
+        names.append(base + rest)
+    return names
+
+
+def cache_key(call: Call) -> Any:
+    """Hashable key of a call's avals (weak types and varying manual axes included),
+    placements, context mesh and static leaves; None if a static leaf is unhashable."""
+    parts: list = [call.treedef, _compat.context_mesh_key()]
+    for leaf, dyn in zip(call.leaves, call.dynamic, strict=True):
+        if dyn:
+            aval = jax.typeof(leaf) if isinstance(leaf, jax.core.Tracer) else None
+            shape, dtype = np.shape(leaf), jax.numpy.result_type(leaf)
+            weak = getattr(aval, "weak_type", False)
+            varying = _compat.varying_axes(leaf) if aval is not None else frozenset()
+            parts.append(("dyn", shape, str(dtype), weak, varying, _compat.placement_key(leaf)))
+        else:
+            try:
+                hash(leaf)
+            except TypeError:
+                return None
+            parts.append(("static", type(leaf), leaf))
+    return tuple(parts)
+
+
+def perturbation(call: Call) -> tuple[bool, ...] | None:
+    """Which dynamic leaves the caller differentiates (``jax.grad`` of the serialized
+    function with respect to some arguments), or None when no differentiation traces the
+    call directly (a plain call, or one inside ``jax.jit`` under ``jax.grad``)."""
+    found = [_compat.differentiated(x) for x in call.dyn]
+    if not any(f is not None for f in found):
+        return None
+    return tuple(bool(f) for f in found)
+
+
+def check_concrete_shapes(call: Call) -> None:
+    """Symbolic dimensions (``jax.export`` shape polymorphism) cannot be chunked."""
+    for path, leaf, dyn in zip(call.paths, call.leaves, call.dynamic, strict=True):
+        shape = getattr(leaf, "shape", ())
+        if dyn and not all(isinstance(d, int) for d in shape):
+            raise SerializeError(
+                f"{describe(path)} has the symbolic shape {shape}; serialize_axis plans chunks "
+                "for concrete sizes. Export the function at a concrete batch size, or export "
+                "the original (unserialized) function."
+            )
+
+
+def seed_axes(settings: Any, call: Call) -> list | None:
+    """The serialized axis of each dynamic leaf (None: not serialized) when ``argnums`` or
+    ``in_axes`` names it, checked against the call; None for ``size=`` / automatic."""
+    if settings.argnums is not None:
+        return _argnums_axes(settings, call)
+    if settings.in_axes is None:
+        return None
+    per_leaf = _compat.flatten_in_axes(settings.in_axes, call.args)  # one per leaf of args
+    axes: list = []
+    sizes: dict[int, list[str]] = {}
+    for path, leaf, dyn, ax in zip(call.paths, call.leaves, call.dynamic, per_leaf, strict=False):
+        where = "args" + jax.tree_util.keystr(tuple(path[1:]))  # as jax.vmap names it
+        if not dyn:
+            if ax is not None:
+                raise ArgumentError(
+                    f"`in_axes` {ax} names {where}, a {type(leaf).__name__} and not an array; "
+                    "as for jax.vmap, pass None for non-array leaves (or pass it as an array)"
+                )
+            continue
+        axes.append(ax)
+        if ax is None:
+            continue
+        shape = np.shape(leaf)
+        if not -len(shape) <= ax < len(shape):
+            raise ArgumentError(f"`in_axes` {ax} is out of range for {where} with shape {shape}")
+        sizes.setdefault(shape[ax], []).append(where)
+    axes += [None] * (len(call.dyn) - len(axes))  # keyword arguments are not serialized
+    if not sizes:
+        raise ArgumentError(f"`in_axes` {settings.in_axes!r} names no array leaf of the arguments")
+    _same_size(sizes, "`in_axes`")
+    return axes
+
+
+def _argnums_axes(settings: Any, call: Call) -> list:
+    argnums, axis, n = settings.argnums, settings.axis, len(call.args)
+    for a in argnums:
+        if not -n <= a < n:
+            raise ArgumentError(
+                f"`argnums` {a} is out of range for a call with {n} positional argument(s)"
+            )
+    dyn = call.dyn
+    sizes: dict[int, list[str]] = {}
+    named = set()
+    for a in argnums:
+        leaf_ids = call.ranges[a % n]
+        if not leaf_ids:
+            raise ArgumentError(f"`argnums` {a}: argument {a} has no array leaves to serialize")
+        for i in leaf_ids:
+            shape = np.shape(dyn[i])
+            if not -len(shape) <= axis < len(shape):
+                dtype = getattr(dyn[i], "dtype", None)
+                if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+                    raise ArgumentError(
+                        f"`argnums` {a}: argument {a} is a single PRNG key (shape ()), with no "
+                        f"axis {axis} to serialize. For samples drawn from it inside the "
+                        "function, drop `argnums` (the axis is found where the draw creates it) "
+                        "or pass `size=` the number of samples; for one key per sample, pass "
+                        "`jax.random.split(key, n)`"
+                    )
+                raise ArgumentError(
+                    f"`axis` {axis} is out of range for a leaf of argument {a} with shape {shape}"
+                )
+            sizes.setdefault(shape[axis], []).append(f"argument {a} leaf {shape}")
+            named.add(i)
+    _same_size(sizes, f"`argnums` at `axis` {axis}")
+    return [axis if i in named else None for i in range(len(dyn))]
+
+
+def _same_size(sizes: dict, what: str) -> None:
+    if len(sizes) > 1:
+        detail = "; ".join(f"size {n}: {', '.join(w)}" for n, w in sizes.items())
+        raise ArgumentError(f"the leaves named by {what} differ in size: {detail}")

@@ -1,0 +1,161 @@
+"""The cost model: the bytes a split is estimated to save, compared across candidate axes and
+shown by ``explain``.
+
+**What chunking saves.** Under ``jit(value_and_grad)``, the original holds the body's
+*materialised* axis-carrying intermediates at full size from the forward pass to the
+backward; chunked, it holds them for one chunk. Materialised means produced by a primitive
+that XLA does not fuse into its readers: contractions, reductions, gathers, scans' stacked
+outputs and the costly elementwise ones (``exp``, ``log``, ``tanh``, ``div``, ...). The
+cheap elementwise and layout primitives of ``FUSED_INTO_READERS`` are recomputed inside
+the kernels that read them, the backward's included, so they are not counted. A scan body's
+values count once per iteration (its backward keeps them all).
+
+**What the loop adds.** The outputs stacked back to full size; the accumulators (sums
+carried, other monoid partials stacked per chunk, streamed sums per term); and, in the
+backward loop, one cotangent accumulator per floating loop-invariant input: the parameters,
+but also activations computed before the loop, which is what makes chunking a hidden
+dimension (a layer's width) cost memory rather than save it.
+
+``net_saving = held * (1 - chunk / N) - stacked - accumulators - invariant cotangents``
+(``Candidate``: a split at a chunk size).
+
+The estimate is checked against XLA's own accounting by ``tests/cost_model.py``
+(its summary: ``docs/real-models.md#the-cost-model``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from jaxpr_accum import _compat
+from jaxpr_accum._base._dtypes import is_float
+
+FUSED_INTO_READERS = frozenset(
+    p
+    for p in map(
+        _compat.primitive,
+        """abs add and broadcast_in_dim clamp convert_element_type copy copy_p eq expand_dims ge
+        gt integer_pow iota le lt max min mul ne neg not or reshape select_n sign square
+        squeeze stop_gradient sub transpose""".split(),
+    )
+    if p is not None
+)  # primitive objects (names the installed JAX lacks cannot appear in a program)
+
+_SCAN = _compat.primitive("scan")
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+def nbytes(v: Any) -> int:
+    aval = v.aval
+    return math.prod(aval.shape) * getattr(aval.dtype, "itemsize", 4)
+
+
+def carrying_bytes(
+    analysis: Any,
+    ctx: tuple,
+    eqns: Any,
+    indices: Any,
+    *,
+    exclude: Any = (),
+    materialised_only: bool = False,
+) -> int:
+    """Bytes of the axis-carrying results of ``eqns[indices]`` at full size (only the
+    materialised ones with ``materialised_only``), counting those inside their sub-jaxprs
+    too, a scan body's once per iteration."""
+    total = 0
+    for idx in indices:
+        eqn = eqns[idx]
+        subs = list(_compat.sub_jaxprs(eqn.params))
+        if not (materialised_only and (subs or eqn.primitive in FUSED_INTO_READERS)):
+            total += sum(
+                nbytes(v)
+                for v in eqn.outvars
+                if v not in exclude and analysis.loc(ctx, v) is not None
+            )
+        times = eqn.params.get("length", 1) if eqn.primitive is _SCAN else 1
+        for path, sub in subs:
+            inner = _compat.open_jaxpr(sub).eqns
+            total += times * carrying_bytes(
+                analysis,
+                (*ctx, (idx, path)),
+                inner,
+                range(len(inner)),
+                materialised_only=materialised_only,
+            )
+    return total
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Candidate:
+    """A split (``_plan``) at a chunk size, with what the cost model expects of it."""
+
+    split: Any
+    chunk: int
+    advice: str = ""  # appended to ``warning``: a better axis elsewhere, if one was found
+
+    def at(self, chunk: int) -> Candidate:
+        """The same split at another chunk (the analysis and the stages are reused)."""
+        return dataclasses.replace(self, chunk=chunk)
+
+    @property
+    def avoided_bytes(self) -> int:
+        """Bytes of the body's materialised intermediates no longer held at full size."""
+        held, size = self.split.held_bytes, self.split.size
+        return int(held * (1 - min(self.chunk, size) / size)) if size else 0
+
+    @property
+    def net_saving(self) -> int:
+        """The estimated bytes chunking saves: ``avoided_bytes`` less what the loop adds
+        (see the module docstring). Candidates are compared by it; ``explain`` shows it."""
+        split = self.split
+        n_chunks = -(-split.size // max(self.chunk, 1)) if split.size else 0
+        accumulators = sum(nbytes(v) for v in split.sums)
+        accumulators += n_chunks * sum(nbytes(v) for v, _ in split.partials)
+        accumulators += sum(s.nbytes * len(s.terms) for s in split.sinks)
+        cotangents = sum(nbytes(v) for v in split.invariants if is_float(v))
+        return self.avoided_bytes - split.stacked_bytes - accumulators - cotangents
+
+    def no_saving_is_certain(self) -> bool:
+        """Whether an estimate of no saving needs no measurement: the axis is empty, one
+        chunk covers it, or none of the region's intermediates is materialised at full size."""
+        split = self.split
+        return split.size == 0 or self.chunk >= split.size or self.avoided_bytes == 0
+
+    def warning(self) -> str | None:
+        """Why this plan is not expected to save memory, or None."""
+        split, avoided = self.split, self.avoided_bytes
+        if split.size == 0:
+            return "the axis has size 0: there is nothing to chunk"
+        if split.stacked and avoided <= split.stacked_bytes:
+            why = (
+                f"the region stacks {format_bytes(split.stacked_bytes)} of outputs back to full "
+                f"size, at least the {format_bytes(avoided)} of per-chunk intermediates it "
+                "avoids holding"
+            )
+        elif avoided == 0 and self.chunk >= split.size:
+            why = f"one chunk of {self.chunk} holds the whole axis of {split.size}"
+        elif avoided == 0:
+            why = (
+                "none of the region's axis-carrying intermediates is materialised at full size "
+                "(XLA fuses elementwise chains into their readers): chunking avoids holding "
+                "nothing"
+            )
+        elif (estimate := self.net_saving) <= 0:
+            why = (
+                f"what the loop adds (accumulators, and the cotangents of its "
+                f"{len(split.invariants)} loop-invariant inputs) outweighs the "
+                f"{format_bytes(avoided)} of per-chunk intermediates it avoids holding "
+                f"(estimated: {format_bytes(-estimate)} more)"
+            )
+        else:
+            return None
+        return f"this plan is not expected to save memory: {why}{self.advice}"

@@ -1,0 +1,227 @@
+"""The stages of a program's equations for one axis, assigned in one pass in program order.
+
+``Stages`` gives every top-level equation a stage (see ``_plan``): prologue, body or
+epilogue, streams what the normaliser algebra can (``_stream``), and records where and why
+the region stops (``Stop``, with the stop that forced it where a retreat is not its own).
+``_plan.make_split`` runs it to a fixpoint: streaming undone where a streamed value has a
+reader outside the algebra (``misused``), and equations whose result holds the axis as a
+middle factor moved after the loop where that result is read there (``unstackable``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxpr_accum import _compat, _stream
+from jaxpr_accum._base._lattice import is_mapped, is_middle_factor
+from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
+from jaxpr_accum._engine._axes import Analysis
+
+PROLOGUE, BODY, EPILOGUE = "prologue", "body", "epilogue"
+
+
+@dataclasses.dataclass
+class Stop:
+    """A place where the region had to stop: the equation and why."""
+
+    eqn: JaxprEqn
+    reason: str
+    cause: Stop | None = None  # the stop that made this one retreat, where it is not its own
+
+    def __str__(self) -> str:
+        return f"`{self.eqn.primitive.name}` at {_compat.source_line(self.eqn)}: {self.reason}"
+
+    @property
+    def root(self) -> Stop:
+        """The stop that forced this one (itself when nothing else did)."""
+        return self if self.cause is None else self.cause.root
+
+
+def variables(vs: Any) -> list[Var]:
+    """The variables among ``vs`` (literals left out)."""
+    return [v for v in vs if isinstance(v, Var) and not isinstance(v, Literal)]
+
+
+class Stages:
+    """One pass in program order: the stage of every equation, with streaming (``_stream``)
+    tried where an equation reads a value reduced over the whole axis, except ``excluded``."""
+
+    def __init__(
+        self,
+        jaxpr: Jaxpr,
+        analysis: Analysis,
+        used: set,
+        excluded: set[int],
+        unstacked: dict[int, Stop],
+        stream: bool,
+    ):
+        self.jaxpr, self.analysis, self.excluded, self.stream = jaxpr, analysis, excluded, stream
+        self.unstacked = unstacked
+        self.stage: dict = {v: PROLOGUE for v in jaxpr.invars}
+        self.stages: list[str] = []
+        self.stops: list[Stop] = []
+        self.hoisted: list[Stop] = []
+        self.reductions: list[Stop] = []
+        self.values: dict[Var, _stream.Streamed] = {}  # streamed values that carry the axis
+        self.producer: dict[Var, int] = {}
+        self.streamed_eqns: set[int] = set()
+        self.sinks: list[_stream.Sink] = []
+        self.deferred: set[Var] = set()
+        for idx, eqn in enumerate(jaxpr.eqns):
+            s = self._stage(idx, eqn, used)
+            self.stages.append(s)
+            for v in eqn.outvars:
+                self.stage[v] = s
+
+    def _stage(self, idx: int, eqn: JaxprEqn, used: set) -> str:
+        analysis, stage = self.analysis, self.stage
+        loc = analysis.loc
+        ins = variables(eqn.invars)
+        if not analysis.touches((), eqn):
+            return PROLOGUE if all(stage[v] == PROLOGUE for v in ins) else EPILOGUE
+        blocked = analysis.blocker((), idx, eqn)
+        key = ((), idx)
+        if blocked is not None:
+            hoist = key in analysis.hoists and key not in analysis.barriers
+            if hoist and all(stage[v] == PROLOGUE for v in ins):
+                self.hoisted.append(Stop(eqn, analysis.hoists[key]))
+                return PROLOGUE
+            self.stops.append(Stop(*blocked))
+            return EPILOGUE
+        if idx in self.unstacked:
+            root = self.unstacked[idx].root
+            why = f"it cannot be stacked per chunk, and {_named(root.eqn)} needs it whole"
+            mapped = any(is_mapped(loc((), v)) for v in eqn.outvars)
+            self.stops.append(Stop(eqn, (_ROW_MAP if mapped else _MIDDLE_FACTOR) + why, root))
+            return EPILOGUE
+        if any(stage[v] == PROLOGUE and is_middle_factor(loc((), v)) for v in ins):
+            self.stops.append(Stop(eqn, _MIDDLE_INPUT))
+            return EPILOGUE
+        reduced = analysis.reductions.get(key, {})
+        inputs_ok = all(
+            stage[v] == PROLOGUE
+            or (stage[v] == BODY and loc((), v) is not None and v not in self.values)
+            for v in ins
+        )
+        outputs_ok = all(
+            j in reduced or loc((), v) is not None or v not in used
+            for j, v in enumerate(eqn.outvars)
+        )
+        if inputs_ok and outputs_ok:
+            if reduced:
+                self.reductions.append(
+                    Stop(eqn, f"reduces the axis ({', '.join(reduced.values())})")
+                )
+            return BODY
+        if self.stream and idx not in self.excluded and self._stream(idx, eqn, reduced):
+            return BODY
+        if all(stage[v] != EPILOGUE for v in ins if loc((), v) is not None):
+            self.stops.append(Stop(eqn, _why_after(inputs_ok, eqn, reduced, loc, used)))
+        return EPILOGUE
+
+    def _kind(self, v: Var, value: Any = None) -> _stream.Operand:
+        if v in self.values:
+            return self.values[v]
+        carries = self.analysis.loc((), v) is not None
+        if self.stage[v] == PROLOGUE or (self.stage[v] == BODY and carries):
+            return _stream.Plain(None)
+        if carries:
+            raise _stream.NotStreamable("a value stacked after the loop")
+        return _stream.Deferred(v)
+
+    def _stream(self, idx: int, eqn: JaxprEqn, reduced: dict) -> bool:
+        """Whether ``eqn`` runs in the loop as a streamed equation (recorded if so)."""
+        if any(_not_a_block(self.analysis.loc((), v)) for v in (*eqn.invars, *eqn.outvars)):
+            return False
+        out_loc = self.analysis.loc((), eqn.outvars[0]) if eqn.outvars else None
+        sink = out_loc is None
+        if sink and reduced != {0: "sum"}:
+            return False
+        try:
+            ops = _stream.operands(eqn, self._kind)
+            if not any(isinstance(op, _stream.Streamed | _stream.Deferred) for op in ops):
+                return False
+            axis = None if out_loc is None else out_loc.dim
+            result = _stream.apply(_stream.Emitter(eqn, sink), ops, axis)
+        except _stream.NotStreamable:
+            return False
+        self.streamed_eqns.add(idx)
+        self.deferred.update(op.var for op in ops if isinstance(op, _stream.Deferred))
+        if sink:
+            var = eqn.outvars[0]
+            shape = _compat.shape_of(var) if result.shape is None else result.shape
+            self.sinks.append(_stream.Sink(var, idx, result.terms, shape, result.later))
+            self.reductions.append(Stop(eqn, "reduces the axis (a streamed sum)"))
+        else:
+            self.values[eqn.outvars[0]] = result
+            self.producer[eqn.outvars[0]] = idx
+        return True
+
+    def unstackable(self) -> dict[int, Stop]:
+        """Body equations whose result holds the axis as a middle factor and is read after
+        the loop (stacking chunks of it would interleave them wrongly), each with the stop of
+        the first equation after the loop that reads it."""
+        reader: dict = {}
+        for idx, eqn in enumerate(self.jaxpr.eqns):
+            if self.stages[idx] == EPILOGUE:
+                for v in variables(eqn.invars):
+                    reader.setdefault(v, idx)
+        stop_of = {id(stop.eqn): stop for stop in self.stops}
+        found = {}
+        for idx, eqn in enumerate(self.jaxpr.eqns):
+            if self.stages[idx] != BODY:
+                continue
+            for v in eqn.outvars:
+                if not _not_a_block(self.analysis.loc((), v)):
+                    continue
+                if v in reader:
+                    user = self.jaxpr.eqns[reader[v]]
+                    found[idx] = stop_of.get(id(user)) or Stop(user, "runs after the loop")
+                elif v in variables(self.jaxpr.outvars):
+                    found[idx] = Stop(eqn, "an output of the function")
+        return found
+
+    def misused(self) -> set[int]:
+        """Streamed equations whose result is read by anything but another streamed
+        equation (or is an output): they must run after the loop after all."""
+        bad = {self.producer[v] for v in variables(self.jaxpr.outvars) if v in self.values}
+        for idx, eqn in enumerate(self.jaxpr.eqns):
+            if idx in self.streamed_eqns:
+                continue
+            bad.update(self.producer[v] for v in variables(eqn.invars) if v in self.values)
+        return bad
+
+
+def _not_a_block(loc: Any) -> bool:
+    """Whether a chunk of a value at ``loc`` is not its block of rows ``[start, start + k)``
+    (a middle factor, or a row-mapped axis whose windows may overlap): never stacked or
+    streamed."""
+    return is_middle_factor(loc) or is_mapped(loc)
+
+
+def _why_after(inputs_ok: bool, eqn: JaxprEqn, reduced: dict, loc: Any, used: set) -> str:
+    """Why an equation that carries the axis runs after the loop (it is no barrier)."""
+    if inputs_ok:
+        kept = [
+            v.aval.str_short()
+            for j, v in enumerate(eqn.outvars)
+            if j not in reduced and loc((), v) is None and v in used
+        ]
+        return (
+            f"one of its results ({', '.join(kept)}) is read later but neither carries the axis "
+            "nor reduces it; runs after the loop on the stacked values"
+        )
+    return "needs a value reduced over the whole axis; runs after the loop on the stacked values"
+
+
+def _named(eqn: JaxprEqn) -> str:
+    return f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}"
+
+
+_MIDDLE_FACTOR = "its result holds the axis as a middle factor of a merged dimension: "
+_ROW_MAP = "its result holds a concatenated, sliced or reversed part of the axis: "
+_MIDDLE_INPUT = (
+    "reads a value computed before the loop that holds the axis as a middle factor of a "
+    "merged dimension: it cannot be sliced per chunk"
+)

@@ -191,6 +191,14 @@ def test_argnums_out_of_range(argnums):
     _raises_naming("argnums", lambda: ja.serialize_axis(loss, chunk=4, argnums=argnums))
 
 
+@pytest.mark.parametrize("argnums", [(1, 1), (1, -1), (0, 1, -2)])
+def test_argnums_naming_an_argument_twice(argnums):
+    """At decoration where the indices are equal, at the first call where a negative index
+    and a positive one name the same argument."""
+    error = _raises_naming("argnums", lambda: ja.serialize_axis(loss, chunk=4, argnums=argnums))
+    assert "twice" in str(error)
+
+
 @pytest.mark.parametrize("axis", [2, 7, -3])
 def test_axis_out_of_range(axis):
     _raises_naming("axis", lambda: ja.serialize_axis(loss, chunk=4, argnums=1, axis=axis))

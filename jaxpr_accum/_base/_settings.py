@@ -120,6 +120,8 @@ class Settings:
             if not nums:
                 raise ValueError("`argnums` must name at least one argument")
             argnums = tuple(_check_int("argnums", a, -(2**31)) for a in nums)
+            if len(set(argnums)) < len(argnums):
+                raise ValueError(f"`argnums` {argnums} names an argument twice: name each once")
             if axis is None:
                 raise ValueError(
                     "`axis=None` needs automatic selection; with `argnums` pass an int"

@@ -168,6 +168,11 @@ def _argnums_axes(settings: Any, call: Call) -> list:
             raise ArgumentError(
                 f"`argnums` {a} is out of range for a call with {n} positional argument(s)"
             )
+    if len({a % n for a in argnums}) < len(argnums):
+        raise ArgumentError(
+            f"`argnums` {argnums} names an argument twice in a call with {n} positional "
+            "argument(s) (a negative index counts from the end): name each once"
+        )
     dyn = call.dyn
     sizes: dict[int, list[str]] = {}
     named = set()

@@ -9,12 +9,13 @@ import os
 import statistics
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import harness
 import jax
+import jax.numpy as jnp
 import zoo as rm
 from auto_choice_cases import (
     Case,
@@ -124,7 +125,7 @@ def measure(case: Case, quick: bool, verbose: bool) -> dict[str, Any]:
     res["temp"] = {n: c.memory_analysis().temp_size_in_bytes for n, c in compiled.items()}
     res["t_compile"] = time.perf_counter() - t0
     if "auto" in compiled:  # auto plans per perturbation pattern: its pick for this gradient
-        plan = _latest_plan(plans["auto"][0])
+        plan = plan_for_gradient(plans["auto"][0], args, diff)
         if plan.grad != pick:
             res["notes"].append(
                 f"explain (every floating argument differentiated) picks {pick}; for the "
@@ -202,11 +203,22 @@ def _time_and_check(
                 res["notes"].append(f"{n}'s value and gradients differ by {err:.1e} (relative)")
 
 
-def _latest_plan(sf: Any) -> Any:
-    """The plan of ``sf``'s most recently planned call signature: after compiling its
-    ``value_and_grad``, the one for that perturbation pattern (the plan cache is an LRU)."""
-    cache = sf._cache or sf._pure._cache  # NNX arguments: the plans of its pure function
-    return cache[next(reversed(cache))].plan
+def plan_for_gradient(sf: Any, args: tuple, diff: int | Sequence[int]) -> ja.Plan:
+    """The plan ``sf`` makes for ``jax.value_and_grad(sf, diff)``: ``explain`` called where
+    the arguments in ``diff`` are being differentiated (auto plans per perturbation pattern,
+    and ``explain`` outside a gradient sees every floating argument as differentiated)."""
+    nums = (diff,) if isinstance(diff, int) else tuple(diff)
+    plans: list[ja.Plan] = []
+
+    def probe(*perturbed: Any) -> jax.Array:
+        full = list(args)
+        for i, a in zip(nums, perturbed, strict=True):
+            full[i] = a
+        plans.append(sf.explain(*full))
+        return jnp.zeros(())
+
+    jax.grad(probe, argnums=tuple(range(len(nums))))(*(args[i] for i in nums))
+    return plans[0]
 
 
 def _time_once(call: Callable[[], Any]) -> float:

@@ -1,12 +1,11 @@
-"""Measuring a function's compiled ``value_and_grad`` at some arguments: compiling it (at a
-matmul precision, if asked), its value and gradients against a reference's (the largest
-per-leaf relative difference, by ``jaxpr_accum.testing.tree_difference``'s rule) and its
-wall time. What ``sweep`` and the demo measure. ``temp_bytes`` (public) is the measure that
-``memory=`` bounds, of any function at any arguments."""
+"""Measuring a function's compiled ``value_and_grad`` at some arguments: compiling it, its
+value and gradients against a reference's (the largest per-leaf relative difference, by
+``jaxpr_accum.testing.tree_difference``'s rule) and its wall time. What ``sweep`` and the
+demo measure. ``temp_bytes`` (public) is the measure that ``memory=`` bounds, of any function
+at any arguments."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,16 +56,10 @@ def temp_bytes(f: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
 
 
 def compile_value_and_grad(
-    f: Callable[..., Any],
-    args: Sequence[Any],
-    argnums: int | Sequence[int] = 0,
-    precision: str | None = None,
+    f: Callable[..., Any], args: Sequence[Any], argnums: int | Sequence[int] = 0
 ) -> Any:
-    """AOT-compile ``jax.jit(jax.value_and_grad(f, argnums))`` at ``args`` (call with ``*args``);
-    ``precision``: the default matmul precision to compile at (None: as configured)."""
-    at = contextlib.nullcontext() if precision is None else jax.default_matmul_precision(precision)
-    with at:
-        return jax.jit(jax.value_and_grad(f, argnums=argnums)).lower(*args).compile()
+    """AOT-compile ``jax.jit(jax.value_and_grad(f, argnums))`` at ``args`` (call with ``*args``)."""
+    return jax.jit(jax.value_and_grad(f, argnums=argnums)).lower(*args).compile()
 
 
 def difference(got: Any, ref: Any) -> float:
@@ -76,35 +69,6 @@ def difference(got: Any, ref: Any) -> float:
         return float(tree_difference(got, ref).max_rel)
     except AssertionError:  # the trees differ in structure, shapes or dtypes
         return float("inf")
-
-
-def compare_exact(
-    original: Callable[..., Any],
-    serialized: Callable[..., Any],
-    args: tuple,
-    argnums: int | Sequence[int] = 0,
-    *,
-    compiled: tuple[Any, Any] | None = None,
-) -> tuple[float, float]:
-    """Return (relative value difference, largest per-leaf relative gradient difference).
-
-    Differences are those of ``jaxpr_accum.testing.tree_difference``: per leaf,
-    ``max|serialized - original|`` relative to the leaf's own magnitude, floored at 1e-3 of
-    the largest leaf's (``inf`` if the trees differ in structure). On accelerators both are
-    recompiled with matmuls and convolutions at "highest" precision, so that TF32 rounding
-    does not drown the reassociation differences being checked; on CPU,
-    ``compiled=(original_compiled, serialized_compiled)`` from ``compile_value_and_grad`` are
-    reused instead of compiling again.
-    """
-    if compiled is not None and jax.default_backend() == "cpu":
-        c0, c1 = compiled
-    else:
-        precision = None if jax.default_backend() == "cpu" else "highest"
-        c0 = compile_value_and_grad(original, args, argnums, precision)
-        c1 = compile_value_and_grad(serialized, args, argnums, precision)
-    v0, g0 = c0(*args)
-    v1, g1 = c1(*args)
-    return difference(v1, v0), difference(g1, g0)
 
 
 class Program:

@@ -40,7 +40,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._cost import FUSED_INTO_READERS, Candidate, float_bytes, format_bytes, nbytes
+from jaxpr_accum._cost import Candidate, float_bytes, format_bytes, materialised_bytes
 from jaxpr_accum._decision import Decision
 from jaxpr_accum._fused import FUSED
 from jaxpr_accum._jacobians import gradient_sums, jacobian_width
@@ -97,16 +97,13 @@ def weigh(candidate: Candidate) -> Weighed:
     """``candidate``'s ``Weighed``."""
     split = candidate.split
     invariant = float_bytes(split.invariants)
-    epilogue = [split.jaxpr.eqns[i] for i in split.indices(EPILOGUE)]
     return Weighed(
         flags=tuple(gradient_sums(split)),
         width=jacobian_width(split),
         chunk_bytes=split.held_bytes * min(candidate.chunk, split.size) // max(split.size, 1),
         invariant_bytes=invariant,
         input_bytes=invariant + float_bytes(v for v, _ in split.chunked),
-        epilogue_bytes=sum(
-            nbytes(v) for e in epilogue if e.primitive not in FUSED_INTO_READERS for v in e.outvars
-        ),
+        epilogue_bytes=materialised_bytes(split.jaxpr.eqns[i] for i in split.indices(EPILOGUE)),
         stacked_bytes=split.stacked_bytes,
     )
 

@@ -65,6 +65,11 @@ def float_bytes(values: Iterable[Any]) -> int:
     return sum(nbytes(v) for v in values if is_float(v))
 
 
+def materialised_bytes(eqns: Iterable[Any]) -> int:
+    """Bytes of the results of ``eqns`` that XLA materialises (not ``FUSED_INTO_READERS``)."""
+    return sum(nbytes(v) for e in eqns if e.primitive not in FUSED_INTO_READERS for v in e.outvars)
+
+
 def carrying_bytes(
     analysis: Any,
     ctx: tuple,

@@ -209,7 +209,7 @@ class Planner:
 
     def _layout(self, call: Planning, chosen: Candidate, chunk: int) -> _layout.Layout:
         mesh_axis = self.settings.mesh_axis
-        return _layout.detect(call.traced, chosen.split, call.inputs, mesh_axis, chunk)
+        return _layout.detect(chosen.split, call.inputs, mesh_axis, chunk)
 
     def _chunk(self, call: Planning, chosen: Candidate, requested: Mode) -> Decision:
         """The decision at the chunk: ``chunk=`` with the mode ``_choice`` picks, or the

@@ -40,12 +40,12 @@ import dataclasses
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._cost import Candidate, float_bytes, format_bytes, materialised_bytes
+from jaxpr_accum._cost import Candidate, float_bytes, format_bytes
 from jaxpr_accum._decision import Decision
 from jaxpr_accum._fused import FUSED
 from jaxpr_accum._jacobians import gradient_sums, jacobian_width
 from jaxpr_accum._layout import Layout
-from jaxpr_accum._plan import EPILOGUE, PROLOGUE, Split
+from jaxpr_accum._plan import PROLOGUE, Split
 from jaxpr_accum._region_p import AUTO, NATIVE, Mode
 from jaxpr_accum._remat import REMAT
 from jaxpr_accum._stages import variables
@@ -96,14 +96,13 @@ class Weighed:
 def weigh(candidate: Candidate) -> Weighed:
     """``candidate``'s ``Weighed``."""
     split = candidate.split
-    invariant = float_bytes(split.invariants)
     return Weighed(
         flags=tuple(gradient_sums(split)),
         width=jacobian_width(split),
         chunk_bytes=split.held_bytes * min(candidate.chunk, split.size) // max(split.size, 1),
-        invariant_bytes=invariant,
-        input_bytes=invariant + float_bytes(v for v, _ in split.chunked),
-        epilogue_bytes=materialised_bytes(split.jaxpr.eqns[i] for i in split.indices(EPILOGUE)),
+        invariant_bytes=split.invariant_bytes,
+        input_bytes=split.input_bytes,
+        epilogue_bytes=split.epilogue_bytes,
         stacked_bytes=split.stacked_bytes,
     )
 

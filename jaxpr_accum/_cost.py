@@ -132,7 +132,7 @@ class Candidate:
         accumulators = sum(nbytes(v) for v in split.sums)
         accumulators += n_chunks * sum(nbytes(v) for v, _ in split.partials)
         accumulators += sum(s.nbytes * len(s.terms) for s in split.sinks)
-        cotangents = float_bytes(split.invariants)
+        cotangents = split.invariant_bytes
         return self.avoided_bytes - split.stacked_bytes - accumulators - cotangents
 
     def no_saving_is_certain(self) -> bool:

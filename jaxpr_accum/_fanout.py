@@ -33,6 +33,7 @@ The result is a new jaxpr with the same inputs and outputs; ``Split.jaxpr`` is t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -52,37 +53,55 @@ def analyse(jaxpr: Jaxpr, size: int, seeds: Iterable[tuple[Var, AxisLoc]]) -> tu
     """``(jaxpr, analysis)``: the program with its row-map conflicts fanned out, analysed."""
     seeds = list(seeds)
     jaxpr = _without_empty_parts(jaxpr)
-    analysis = Analysis(jaxpr, size).run(seeds)
-    unchanged = jaxpr, analysis
-    targets, shared = _conflicts(jaxpr, analysis)
-    first = left = len(targets) + len(shared)
+    analysis, conflicts = _analysed(jaxpr, size, seeds)
+    unchanged, first = (jaxpr, analysis), conflicts.count
     seen: set = set()
     for _ in range(MAX_ROUNDS):
         # the same conflicts again (a copy that cannot help): stop
-        signature = tuple(sorted(str(analysis.conflicts[((), v)]) for v in targets + shared))
+        signature = tuple(sorted(str(analysis.conflicts[((), v)]) for v in conflicts.all))
         if not signature or signature in seen:
             break
         seen.add(signature)
-        jaxpr = _roots_for_readers(_copy_for_readers(jaxpr, analysis, targets), shared)
-        analysis = Analysis(jaxpr, size).run(seeds)
-        targets, shared = _conflicts(jaxpr, analysis)
-        left = len(targets) + len(shared)
+        copied = _copy_for_readers(jaxpr, analysis, conflicts.values)
+        jaxpr = _roots_for_readers(copied, conflicts.inputs)
+        analysis, conflicts = _analysed(jaxpr, size, seeds)
+    left = conflicts.count
     # copies that removed no conflict (both parts of a concatenation carry the same rows, so
     # every copy conflicts again) would only compute the same values more times; a root that
     # no row map reaches lost the seed's anchor (its copy would run before the loop): dropped
     if first and (left >= first or _unanchored(jaxpr, analysis)):
         (jaxpr, analysis), left = unchanged, first
     if left:  # what no copy resolves: the slices stop, if that leaves fewer
-        stopped = Analysis(unchanged[0], size, stop_slices=True).run(seeds)
-        if sum(map(len, _conflicts(unchanged[0], stopped))) < left:
+        stopped, still = _analysed(unchanged[0], size, seeds, stop_slices=True)
+        if still.count < left:
             return unchanged[0], stopped
     return jaxpr, analysis
 
 
-def _conflicts(jaxpr: Jaxpr, analysis: Analysis) -> tuple[list[Var], list[Var]]:
-    """``(values, inputs)`` conflicted between two row maps of one dimension: the values
-    whose readers get copies (``_row_map_conflicts``), the inputs whose readers get roots."""
-    return _row_map_conflicts(jaxpr, analysis), _conflicted_inputs(jaxpr, analysis)
+@dataclasses.dataclass(frozen=True)
+class Conflicts:
+    """An analysis's conflicts between two row maps of one dimension: the ``values`` whose
+    readers get copies (``_row_map_conflicts``), the ``inputs`` whose readers get roots."""
+
+    values: list[Var]
+    inputs: list[Var]
+
+    @property
+    def all(self) -> list[Var]:
+        return self.values + self.inputs
+
+    @property
+    def count(self) -> int:
+        return len(self.values) + len(self.inputs)
+
+
+def _analysed(
+    jaxpr: Jaxpr, size: int, seeds: list[tuple[Var, AxisLoc]], stop_slices: bool = False
+) -> tuple[Analysis, Conflicts]:
+    """``jaxpr`` analysed from ``seeds``, and the conflicts that analysis leaves."""
+    analysis = Analysis(jaxpr, size, stop_slices=stop_slices).run(seeds)
+    conflicts = Conflicts(_row_map_conflicts(jaxpr, analysis), _conflicted_inputs(jaxpr, analysis))
+    return analysis, conflicts
 
 
 def _conflicted_inputs(jaxpr: Jaxpr, analysis: Analysis) -> list[Var]:

@@ -63,6 +63,9 @@ class Split:
     stacked_bytes: int  # bytes of the body outputs stacked back to full size
     body_bytes: int  # bytes of the body's axis-carrying intermediates at full size
     held_bytes: int  # the materialised ones among them (``_cost``), at full size
+    invariant_bytes: int  # the floating invariants (each gets a gradient accumulator)
+    input_bytes: int  # every floating input of the region, invariant or chunked
+    epilogue_bytes: int  # the epilogue's materialised results (``_cost``)
     sinks: tuple = ()  # streamed sums (``_stream.Sink``)
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
@@ -119,6 +122,7 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True)
     held = _cost.carrying_bytes(
         analysis, (), jaxpr.eqns, body, exclude=stacked_vars, materialised_only=True
     )
+    invariant_bytes = _cost.float_bytes(invariants)
     return Split(
         jaxpr=jaxpr,
         analysis=analysis,
@@ -136,6 +140,11 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True)
         stacked_bytes=sum(nbytes(v) for v in stacked_vars),
         body_bytes=carrying,
         held_bytes=held,
+        invariant_bytes=invariant_bytes,
+        input_bytes=invariant_bytes + _cost.float_bytes(v for v, _ in chunked),
+        epilogue_bytes=_cost.materialised_bytes(
+            jaxpr.eqns[i] for i, s in enumerate(stages.stages) if s == EPILOGUE
+        ),
         sinks=tuple(sink for sink in stages.sinks if sink.var in set(read_after)),
         streamed=frozenset(stages.streamed_eqns),
         deferred=frozenset(stages.deferred),

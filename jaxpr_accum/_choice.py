@@ -187,6 +187,18 @@ def to_confirm(decision: Decision, requested: Mode) -> bool:
     return requested is AUTO and decision.mode is FUSED
 
 
+def settle(decision: Decision, requested: Mode, diff: list[int]) -> Decision | None:
+    """``decision`` settled without a measurement, or None where auto's pick of fused is to
+    be measured (``confirm_fused``). Settled: any decision but auto's estimated pick of
+    fused (``to_confirm``), one a memory budget measured, one with nothing differentiated
+    (``diff`` empty), and by the estimate where it decides alone (``by_estimate``)."""
+    if not to_confirm(decision, requested) or decision.budget is not None or not diff:
+        return decision
+    if estimate_decides(decision.candidate, diff):
+        return by_estimate(decision)
+    return None
+
+
 def estimate_decides(candidate: Candidate, diff: list[int]) -> bool:
     """Whether auto's estimated pick of fused needs no measurement: the gradients of the
     region's chunked inputs that the caller differentiates (``diff``: indices of the

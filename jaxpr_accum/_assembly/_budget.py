@@ -239,7 +239,7 @@ def impossible(split: Split, tried: list, devices: int, request: Request) -> Ser
         for i in split.indices(PROLOGUE) + split.indices(EPILOGUE)
         for v in jaxpr.eqns[i].outvars
     )
-    params = sum(nbytes(v) for v in split.invariants if is_float(v))
+    params = split.invariant_bytes
     parts = {
         "the unchunked prologue and epilogue (values computed once on the full axis, "
         f"{format_bytes(outside)})": outside,

@@ -203,7 +203,7 @@ class Planner:
 
     def _layout(self, call: Planning, chosen: Candidate, chunk: int) -> _layout.Layout:
         mesh_axis = self.settings.mesh_axis
-        return _layout.detect(call.traced, chosen.split, call.inputs, mesh_axis, chunk)
+        return _layout.detect(chosen.split, call.inputs, mesh_axis, chunk)
 
     def _chunk(self, call: Planning, chosen: Candidate, requested: Mode) -> Decision:
         """The decision at the chunk: ``chunk=`` with the mode ``_choice`` picks, or the
@@ -218,18 +218,15 @@ class Planner:
     def _build(
         self, call: Planning, decision: Decision, requested: Mode
     ) -> tuple[Decision, Callable]:
-        """``(decision, run)``: the program built; auto's pick of fused is confirmed by
-        measuring both modes (``_choice.confirm_fused``) where the estimate does not decide
-        alone (``_choice.estimate_decides``), and not under a memory budget, which measured
-        its own choice."""
+        """``(decision, run)``: the mode settled (``_choice.settle``), the program built; auto's
+        pick of fused that the estimate does not settle is confirmed by measuring both modes
+        (``_choice.confirm_fused``)."""
         accum = self.settings.accum_dtype
+        settled = _choice.settle(decision, requested, call.measure.diff)
         with _fallback.stage("building"):
-            run = build(decision, accum)
-        diff = call.measure.diff
-        if not _choice.to_confirm(decision, requested) or decision.budget is not None or not diff:
-            return decision, run
-        if _choice.estimate_decides(decision.candidate, diff):
-            return _choice.by_estimate(decision), run
+            run = build(decision if settled is None else settled, accum)
+        if settled is not None:
+            return settled, run
         with _fallback.stage("measuring fused against remat"):
             remat = build(decision.to(REMAT, decision.reason), accum)
             decision = _choice.confirm_fused(decision, call.measure(run), call.measure(remat))

@@ -78,13 +78,12 @@ class ShardedLayout(Layout):
         return PartitionSpec(*([None] * loc.dim), self.axes)
 
 
-def detect(
-    traced: Any, split: Split, inputs: list, mesh_axis: tuple[str, ...] | None, chunk: int
-) -> Layout:
-    """Where the axis lives for this call: one device, or sharded over mesh axes."""
+def detect(split: Split, inputs: list, mesh_axis: tuple[str, ...] | None, chunk: int) -> Layout:
+    """Where the axis lives for this call (``inputs``: the values of ``split.jaxpr``'s
+    inputs): one device, or sharded over mesh axes."""
     carrying = [
         (x, loc)
-        for v, x in zip(traced.jaxpr.invars, inputs, strict=True)
+        for v, x in zip(split.jaxpr.invars, inputs, strict=True)
         if (loc := split.analysis.loc((), v)) is not None
     ]
     axes, mesh = mesh_axis, None

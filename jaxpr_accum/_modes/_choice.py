@@ -13,11 +13,11 @@ This module only chooses; each mode is built by its own module (``_remat``, ``_f
 - ``auto`` weighs what each mode adds over the other. Fused adds memory: the Jacobian rows of
   every gradient-carrying entry beyond the first, and the invariant inputs' gradients held
   from the forward pass while the program after the loop runs its backward
-  (``fused_extra_bytes``). Remat adds time: one more forward pass per chunk; fused instead
+  (``Weighed.fused_extra_bytes``). Remat adds time: one more forward pass per chunk; fused instead
   pulls back one Jacobian row per entry, which is faster only for a single entry (measured
   on XLA:CPU: 0.8x remat's time with one entry, 1.4x with two, 1.9x with three). So auto
   takes fused where there is one gradient-carrying entry and fused's extra memory is within
-  ``MEMORY_SLACK`` (10%) of remat's estimated peak (``remat_bytes_estimate``), else remat:
+  ``MEMORY_SLACK`` (10%) of remat's estimated peak (``Weighed.remat_bytes``), else remat:
   its memory is then within 10% of the smaller, and its time within 10% of the faster of the
   two that are. The estimate can miss what XLA's buffer assignment does with fused's
   Jacobian rows. On the cases of ``benchmarks/auto_choice.py`` it missed (measured: up to
@@ -35,18 +35,19 @@ This module only chooses; each mode is built by its own module (``_remat``, ``_f
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._base._dtypes import is_float
 from jaxpr_accum._build._jacobians import gradient_sums, jacobian_width
 from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._modes._fused import FUSED
 from jaxpr_accum._modes._remat import REMAT
-from jaxpr_accum._planning._cost import FUSED_INTO_READERS, Candidate, format_bytes, nbytes
-from jaxpr_accum._planning._plan import EPILOGUE, PROLOGUE, Split
+from jaxpr_accum._planning._cost import Candidate, float_bytes, format_bytes
+from jaxpr_accum._planning._plan import PROLOGUE, Split
 from jaxpr_accum._planning._stages import variables
 
 FUSED_MAX_WIDTH = 8
@@ -58,8 +59,56 @@ def mode_named(name: str) -> Mode:
     return next(m for m in (AUTO, REMAT, FUSED, NATIVE) if m.name == name)
 
 
-def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
-    """Why the fused mode does not apply to ``split``, or None if it does.
+@dataclasses.dataclass(frozen=True)
+class Weighed:
+    """What auto weighs of a candidate, read off its split once (``weigh``): which sums carry
+    gradients (``flags``) and their entries (``width``), and the byte sizes of the estimate
+    (see the module docstring): one chunk's materialised activations, the floating invariant
+    inputs (their gradients' accumulators), every floating input of the region, the
+    materialised results of the program after the loop, the outputs stacked back."""
+
+    flags: tuple[bool, ...]
+    width: int
+    chunk_bytes: int
+    invariant_bytes: int
+    input_bytes: int
+    epilogue_bytes: int
+    stacked_bytes: int
+
+    @property
+    def remat_bytes(self) -> int:
+        """Remat's estimated peak: one chunk's activations and the invariant inputs'
+        gradient accumulators, or the program after the loop, whichever is more, plus the
+        outputs stacked back to full size."""
+        peak = max(self.chunk_bytes + self.invariant_bytes, self.epilogue_bytes)
+        return max(peak + self.stacked_bytes, 1)
+
+    @property
+    def fused_extra_bytes(self) -> int:
+        """What fused is estimated to hold beyond remat: the Jacobian rows of every
+        gradient-carrying entry beyond the first, and, where the program after the loop
+        materialises more than one chunk's activations, the invariant inputs' gradients it
+        holds from the forward pass while that part runs its backward."""
+        held_over = self.invariant_bytes if self.epilogue_bytes > self.chunk_bytes else 0
+        return (self.width - 1) * self.input_bytes + held_over
+
+
+def weigh(candidate: Candidate) -> Weighed:
+    """``candidate``'s ``Weighed``."""
+    split = candidate.split
+    return Weighed(
+        flags=tuple(gradient_sums(split)),
+        width=jacobian_width(split),
+        chunk_bytes=split.held_bytes * min(candidate.chunk, split.size) // max(split.size, 1),
+        invariant_bytes=split.invariant_bytes,
+        input_bytes=split.input_bytes,
+        epilogue_bytes=split.epilogue_bytes,
+        stacked_bytes=split.stacked_bytes,
+    )
+
+
+def fused_refusal(split: Split, weighed: Weighed, max_width: int = FUSED_MAX_WIDTH) -> str | None:
+    """Why the fused mode does not apply to ``split`` (``weighed``), or None if it does.
 
     Asked for explicitly, it takes up to ``FUSED_MAX_WIDTH`` gradient-carrying entries (one
     accumulator per entry and differentiated input); ``choose`` weighs it under ``auto``.
@@ -78,13 +127,12 @@ def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
             "linear in the cotangent (gradient clipping is not): Jacobian rows taken with unit "
             "cotangents would change it"
         )
-    flags = gradient_sums(split)
-    width = jacobian_width(split)
+    width = weighed.width
     if width == 0:
         return "the region has no floating-point sum that carries a gradient"
     if any(
         jnp.issubdtype(_compat.dtype_of(v), jnp.complexfloating)
-        for v, f in zip(split.sums, flags, strict=True)
+        for v, f in zip(split.sums, weighed.flags, strict=True)
         if f
     ):
         return (
@@ -101,35 +149,35 @@ def fused_refusal(split: Split, max_width: int = FUSED_MAX_WIDTH) -> str | None:
 
 def choose(candidate: Candidate, requested: Mode, layout: Layout) -> Decision:
     """The gradient mode for ``requested`` (see the module docstring)."""
-    split = candidate.split
 
     def decided(mode: Mode, reason: str) -> Decision:
         return Decision(candidate, mode, reason, layout)
 
     if requested in (REMAT, NATIVE):
         return decided(requested, "requested")
-    refusal = fused_refusal(split, FUSED_MAX_WIDTH)
+    weighed = weigh(candidate)
+    refusal = fused_refusal(candidate.split, weighed, FUSED_MAX_WIDTH)
     if refusal is not None:
         return decided(REMAT, f"fused does not apply: {refusal}")
-    width = jacobian_width(split)
+    width = weighed.width
     sums = f"{width} gradient-carrying sum entr" + ("y" if width == 1 else "ies")
     if requested is FUSED:
         return decided(FUSED, f"requested: value and gradient in one pass ({sums})")
-    extra, remat_bytes = fused_extra_bytes(candidate), remat_bytes_estimate(candidate)
-    weighed = (
+    extra, remat_bytes = weighed.fused_extra_bytes, weighed.remat_bytes
+    compared = (
         f"fused would hold {format_bytes(extra)} more than remat's estimated "
         f"{format_bytes(remat_bytes)}"
     )
     if width > 1:
         return decided(REMAT, (
             f"auto: {sums}: fused would pull back {width} Jacobian rows per chunk, slower than "
-            f"remat's second forward pass (and {weighed})"
+            f"remat's second forward pass (and {compared})"
         ))  # fmt: skip
     if extra > MEMORY_SLACK * remat_bytes:
-        return decided(REMAT, f"auto: {weighed}, more than {MEMORY_SLACK:.0%} more")
+        return decided(REMAT, f"auto: {compared}, more than {MEMORY_SLACK:.0%} more")
     return decided(FUSED, (
         f"auto: value and gradient in one pass, one forward pass per chunk fewer than remat "
-        f"({sums}; {weighed}, within {MEMORY_SLACK:.0%})"
+        f"({sums}; {compared}, within {MEMORY_SLACK:.0%})"
     ))  # fmt: skip
 
 
@@ -139,13 +187,25 @@ def to_confirm(decision: Decision, requested: Mode) -> bool:
     return requested is AUTO and decision.mode is FUSED
 
 
+def settle(decision: Decision, requested: Mode, diff: list[int]) -> Decision | None:
+    """``decision`` settled without a measurement, or None where auto's pick of fused is to
+    be measured (``confirm_fused``). Settled: any decision but auto's estimated pick of
+    fused (``to_confirm``), one a memory budget measured, one with nothing differentiated
+    (``diff`` empty), and by the estimate where it decides alone (``by_estimate``)."""
+    if not to_confirm(decision, requested) or decision.budget is not None or not diff:
+        return decision
+    if estimate_decides(decision.candidate, diff):
+        return by_estimate(decision)
+    return None
+
+
 def estimate_decides(candidate: Candidate, diff: list[int]) -> bool:
     """Whether auto's estimated pick of fused needs no measurement: the gradients of the
     region's chunked inputs that the caller differentiates (``diff``: indices of the
     program's inputs), which fused stacks from the forward pass, are within
     ``MEMORY_SLACK`` of remat's estimated peak (see the module docstring)."""
     chunk_grads = differentiated_chunk_bytes(candidate.split, diff)
-    return chunk_grads <= MEMORY_SLACK * remat_bytes_estimate(candidate)
+    return chunk_grads <= MEMORY_SLACK * weigh(candidate).remat_bytes
 
 
 def differentiated_chunk_bytes(split: Split, diff: list[int]) -> int:
@@ -158,7 +218,7 @@ def differentiated_chunk_bytes(split: Split, diff: list[int]) -> int:
         eqn = jaxpr.eqns[i]
         if any(v in reached for v in variables(eqn.invars)):
             reached.update(eqn.outvars)
-    return sum(nbytes(v) for v, _ in split.chunked if v in reached and is_float(v))
+    return float_bytes(v for v, _ in split.chunked if v in reached)
 
 
 def by_estimate(decision: Decision) -> Decision:
@@ -187,45 +247,3 @@ def confirm_fused(decision: Decision, fused_bytes: int | None, remat_bytes: int 
             f"estimate had it within ({estimate})"
         ))  # fmt: skip
     return decision.to(FUSED, f"{why}; {measured}")
-
-
-def fused_extra_bytes(candidate: Candidate) -> int:
-    """What fused is estimated to hold beyond remat: the Jacobian rows of every
-    gradient-carrying entry beyond the first, and, where the program after the loop
-    materialises more than one chunk's activations, the invariant inputs' gradients it holds
-    from the forward pass while that part runs its backward."""
-    split = candidate.split
-    width = jacobian_width(split)
-    inputs = _differentiable_bytes(split)
-    invariant = sum(nbytes(v) for v in split.invariants if is_float(v))
-    held_over = invariant if _epilogue_bytes(split) > _chunk_bytes(candidate) else 0
-    return (width - 1) * inputs + held_over
-
-
-def remat_bytes_estimate(candidate: Candidate) -> int:
-    """Remat's estimated peak: one chunk's materialised activations and the invariant
-    inputs' gradient accumulators, or the program after the loop, whichever is more, plus the
-    outputs stacked back to full size."""
-    split = candidate.split
-    invariant = sum(nbytes(v) for v in split.invariants if is_float(v))
-    peak = max(_chunk_bytes(candidate) + invariant, _epilogue_bytes(split))
-    return max(peak + split.stacked_bytes, 1)
-
-
-def _chunk_bytes(candidate: Candidate) -> int:
-    split = candidate.split
-    return split.held_bytes * min(candidate.chunk, split.size) // max(split.size, 1)
-
-
-def _epilogue_bytes(split: Split) -> int:
-    return sum(
-        nbytes(v)
-        for i in split.indices(EPILOGUE)
-        if split.jaxpr.eqns[i].primitive not in FUSED_INTO_READERS
-        for v in split.jaxpr.eqns[i].outvars
-    )
-
-
-def _differentiable_bytes(split: Split) -> int:
-    inputs = [*split.invariants, *(v for v, _ in split.chunked)]
-    return sum(nbytes(v) for v in inputs if is_float(v))

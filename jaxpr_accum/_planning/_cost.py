@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from jaxpr_accum import _compat
@@ -57,6 +58,16 @@ def format_bytes(n: float) -> str:
 def nbytes(v: Any) -> int:
     aval = v.aval
     return math.prod(aval.shape) * getattr(aval.dtype, "itemsize", 4)
+
+
+def float_bytes(values: Iterable[Any]) -> int:
+    """Bytes of the floating values among ``values``."""
+    return sum(nbytes(v) for v in values if is_float(v))
+
+
+def materialised_bytes(eqns: Iterable[Any]) -> int:
+    """Bytes of the results of ``eqns`` that XLA materialises (not ``FUSED_INTO_READERS``)."""
+    return sum(nbytes(v) for e in eqns if e.primitive not in FUSED_INTO_READERS for v in e.outvars)
 
 
 def carrying_bytes(
@@ -121,7 +132,7 @@ class Candidate:
         accumulators = sum(nbytes(v) for v in split.sums)
         accumulators += n_chunks * sum(nbytes(v) for v, _ in split.partials)
         accumulators += sum(s.nbytes * len(s.terms) for s in split.sinks)
-        cotangents = sum(nbytes(v) for v in split.invariants if is_float(v))
+        cotangents = split.invariant_bytes
         return self.avoided_bytes - split.stacked_bytes - accumulators - cotangents
 
     def no_saving_is_certain(self) -> bool:

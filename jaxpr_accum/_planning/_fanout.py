@@ -33,6 +33,7 @@ The result is a new jaxpr with the same inputs and outputs; ``Split.jaxpr`` is t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -52,34 +53,55 @@ def analyse(jaxpr: Jaxpr, size: int, seeds: Iterable[tuple[Var, AxisLoc]]) -> tu
     """``(jaxpr, analysis)``: the program with its row-map conflicts fanned out, analysed."""
     seeds = list(seeds)
     jaxpr = _without_empty_parts(jaxpr)
-    analysis = Analysis(jaxpr, size).run(seeds)
-    unchanged = jaxpr, analysis
-    first = _count(jaxpr, analysis)
+    analysis, conflicts = _analysed(jaxpr, size, seeds)
+    unchanged, first = (jaxpr, analysis), conflicts.count
     seen: set = set()
     for _ in range(MAX_ROUNDS):
-        targets = _row_map_conflicts(jaxpr, analysis)
-        shared = _conflicted_inputs(jaxpr, analysis)
         # the same conflicts again (a copy that cannot help): stop
-        signature = tuple(sorted(str(analysis.conflicts[((), v)]) for v in targets + shared))
+        signature = tuple(sorted(str(analysis.conflicts[((), v)]) for v in conflicts.all))
         if not signature or signature in seen:
             break
         seen.add(signature)
-        jaxpr = _roots_for_readers(_copy_for_readers(jaxpr, analysis, targets), shared)
-        analysis = Analysis(jaxpr, size).run(seeds)
+        copied = _copy_for_readers(jaxpr, analysis, conflicts.values)
+        jaxpr = _roots_for_readers(copied, conflicts.inputs)
+        analysis, conflicts = _analysed(jaxpr, size, seeds)
+    left = conflicts.count
     # copies that removed no conflict (both parts of a concatenation carry the same rows, so
     # every copy conflicts again) would only compute the same values more times; a root that
     # no row map reaches lost the seed's anchor (its copy would run before the loop): dropped
-    if first and (_count(jaxpr, analysis) >= first or _unanchored(jaxpr, analysis)):
-        jaxpr, analysis = unchanged
-    if _count(jaxpr, analysis):  # what no copy resolves: the slices stop, if that leaves fewer
-        stopped = Analysis(unchanged[0], size, stop_slices=True).run(seeds)
-        if _count(unchanged[0], stopped) < _count(jaxpr, analysis):
+    if first and (left >= first or _unanchored(jaxpr, analysis)):
+        (jaxpr, analysis), left = unchanged, first
+    if left:  # what no copy resolves: the slices stop, if that leaves fewer
+        stopped, still = _analysed(unchanged[0], size, seeds, stop_slices=True)
+        if still.count < left:
             return unchanged[0], stopped
     return jaxpr, analysis
 
 
-def _count(jaxpr: Jaxpr, analysis: Analysis) -> int:
-    return len(_row_map_conflicts(jaxpr, analysis)) + len(_conflicted_inputs(jaxpr, analysis))
+@dataclasses.dataclass(frozen=True)
+class Conflicts:
+    """An analysis's conflicts between two row maps of one dimension: the ``values`` whose
+    readers get copies (``_row_map_conflicts``), the ``inputs`` whose readers get roots."""
+
+    values: list[Var]
+    inputs: list[Var]
+
+    @property
+    def all(self) -> list[Var]:
+        return self.values + self.inputs
+
+    @property
+    def count(self) -> int:
+        return len(self.values) + len(self.inputs)
+
+
+def _analysed(
+    jaxpr: Jaxpr, size: int, seeds: list[tuple[Var, AxisLoc]], stop_slices: bool = False
+) -> tuple[Analysis, Conflicts]:
+    """``jaxpr`` analysed from ``seeds``, and the conflicts that analysis leaves."""
+    analysis = Analysis(jaxpr, size, stop_slices=stop_slices).run(seeds)
+    conflicts = Conflicts(_row_map_conflicts(jaxpr, analysis), _conflicted_inputs(jaxpr, analysis))
+    return analysis, conflicts
 
 
 def _conflicted_inputs(jaxpr: Jaxpr, analysis: Analysis) -> list[Var]:
@@ -99,19 +121,29 @@ def _unanchored(jaxpr: Jaxpr, analysis: Analysis) -> bool:
     """Whether a root carries no fact (nothing tells which rows its readers need), or rows
     at positions outside the axis (a part of a concatenation longer than the axis, which no
     chunk holds: two views of one batch)."""
-    inputs = set(jaxpr.invars)
+    inputs, carrying = set(jaxpr.invars), _carrying(analysis)
     for eqn in jaxpr.eqns:
         if eqn.primitive.name != "slice" or not keeps_all(eqn) or eqn.invars[0] not in inputs:
             continue
-        fact = analysis.fact((), eqn.outvars[0])
-        if fact is None:
+        root = eqn.outvars[0]
+        if root not in carrying:
             return True
-        outside = isinstance(fact, AxisLoc) and (
-            fact.lo < 0 or fact.lo + positions(fact, analysis.size) > analysis.size
-        )
-        if outside:
+        loc = carrying[root]
+        if loc is not None and (
+            loc.lo < 0 or loc.lo + positions(loc, analysis.size) > analysis.size
+        ):
             return True
     return False
+
+
+def _carrying(analysis: Analysis) -> dict[Var, AxisLoc | None]:
+    """The top-level values that carry the axis, each with its place (None: conflicted):
+    ``Analysis.fact`` at the top level, read once."""
+    carrying: dict[Var, AxisLoc | None] = {
+        v: loc for (ctx, v), loc in analysis.locs.items() if ctx == () and loc is not None
+    }
+    carrying.update({v: None for ctx, v in analysis.conflicts if ctx == ()})
+    return carrying
 
 
 def _roots_for_readers(jaxpr: Jaxpr, inputs: list[Var]) -> Jaxpr:
@@ -147,7 +179,7 @@ def _producers(jaxpr: Jaxpr) -> dict[Var, int]:
     return {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
 
 
-def _cone(jaxpr: Jaxpr, analysis: Analysis, v: Var) -> list[int]:
+def _cone(jaxpr: Jaxpr, analysis: Analysis, carrying: dict, v: Var) -> list[int]:
     """The equation defining ``v`` and those upstream of it, without effects, whose results
     carry the axis (a place or a conflict) or may (a dimension of ``v``'s length there: above
     a conflict the analysis stops, so the facts there are incomplete), in program order."""
@@ -162,18 +194,19 @@ def _cone(jaxpr: Jaxpr, analysis: Analysis, v: Var) -> list[int]:
         for u in jaxpr.eqns[i].invars:
             if isinstance(u, Literal) or u not in producer:
                 continue
-            if analysis.fact((), u) is not None or rows & set(_compat.shape_of(u)):
+            if u in carrying or rows & set(_compat.shape_of(u)):
                 todo.append(producer[u])
     return sorted(cone)
 
 
 def _copy_for_readers(jaxpr: Jaxpr, analysis: Analysis, targets: list[Var]) -> Jaxpr:
+    carrying = _carrying(analysis)
     for v in targets:
         producer = _producers(jaxpr)
         if v not in producer:
             continue
-        cone = _cone(jaxpr, analysis, v)
-        inputs = _carrying_inputs(jaxpr, analysis, cone)
+        cone = _cone(jaxpr, analysis, carrying, v)
+        inputs = _carrying_inputs(jaxpr, carrying, cone)
         slots = [(i, j) for i, e in enumerate(jaxpr.eqns) for j, u in enumerate(e.invars) if u is v]
         eqns = list(jaxpr.eqns)
         copies = []
@@ -199,14 +232,14 @@ def _copy_for_readers(jaxpr: Jaxpr, analysis: Analysis, targets: list[Var]) -> J
     return _without_dead(jaxpr)
 
 
-def _carrying_inputs(jaxpr: Jaxpr, analysis: Analysis, cone: list[int]) -> list[Var]:
+def _carrying_inputs(jaxpr: Jaxpr, carrying: dict, cone: list[int]) -> list[Var]:
     """The top-level inputs that ``cone`` reads and that carry the axis (a place or a
     conflict), in order of first reading."""
     top = set(jaxpr.invars)
     found: dict[Var, None] = {}
     for c in cone:
         for u in jaxpr.eqns[c].invars:
-            if not isinstance(u, Literal) and u in top and analysis.fact((), u) is not None:
+            if not isinstance(u, Literal) and u in top and u in carrying:
                 found.setdefault(u, None)
     return list(found)
 

@@ -64,6 +64,9 @@ class Split:
     stacked_bytes: int  # bytes of the body outputs stacked back to full size
     body_bytes: int  # bytes of the body's axis-carrying intermediates at full size
     held_bytes: int  # the materialised ones among them (``_cost``), at full size
+    invariant_bytes: int  # the floating invariants (each gets a gradient accumulator)
+    input_bytes: int  # every floating input of the region, invariant or chunked
+    epilogue_bytes: int  # the epilogue's materialised results (``_cost``)
     sinks: tuple = ()  # streamed sums (``_stream.Sink``)
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
@@ -109,15 +112,18 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True)
     if analysis.size == 0:
         analysis = Analysis(jaxpr, 0)  # nothing to chunk: no equation is treated as touching
     stages = _stages_to_fixpoint(jaxpr, analysis, stream)
-    invariants, chunked = _region_inputs(jaxpr, analysis, stages)
+    places = {v: loc for (ctx, v), loc in analysis.locs.items() if ctx == ()}  # at the top
+    invariants, chunked = _region_inputs(jaxpr, places, stages)
     read_after = _read_after_the_loop(jaxpr, stages)
-    sums, partials, stacked = _region_outputs(jaxpr, analysis, stages, read_after)
+    kinds = _reduction_kinds(jaxpr, analysis, stages.stages)
+    sums, partials, stacked = _region_outputs(places, kinds, stages, read_after)
     stacked_vars = {v for v, _ in stacked}
     body = [i for i, s in enumerate(stages.stages) if s == BODY]
     carrying = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, exclude=stacked_vars)
     held = _cost.carrying_bytes(
         analysis, (), jaxpr.eqns, body, exclude=stacked_vars, materialised_only=True
     )
+    invariant_bytes = _cost.float_bytes(invariants)
     return Split(
         jaxpr=jaxpr,
         analysis=analysis,
@@ -135,6 +141,11 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True)
         stacked_bytes=sum(nbytes(v) for v in stacked_vars),
         body_bytes=carrying,
         held_bytes=held,
+        invariant_bytes=invariant_bytes,
+        input_bytes=invariant_bytes + _cost.float_bytes(v for v, _ in chunked),
+        epilogue_bytes=_cost.materialised_bytes(
+            jaxpr.eqns[i] for i, s in enumerate(stages.stages) if s == EPILOGUE
+        ),
         sinks=tuple(sink for sink in stages.sinks if sink.var in set(read_after)),
         streamed=frozenset(stages.streamed_eqns),
         deferred=frozenset(stages.deferred),
@@ -162,9 +173,9 @@ def _stages_to_fixpoint(jaxpr: Jaxpr, analysis: Analysis, stream: bool) -> Stage
         unstacked.update(unstackable)
 
 
-def _region_inputs(jaxpr: Jaxpr, analysis: Analysis, stages: Stages) -> tuple[list, list]:
+def _region_inputs(jaxpr: Jaxpr, places: dict[Var, AxisLoc], stages: Stages) -> tuple[list, list]:
     """``(invariants, chunked with their axis positions)``: the prologue values the body
-    reads, in order of first reading."""
+    reads, in order of first reading (``places``: where the axis sits in top-level values)."""
     invariants: list[Var] = []
     chunked: list[tuple[Var, AxisLoc]] = []
     seen: set = set()
@@ -172,7 +183,7 @@ def _region_inputs(jaxpr: Jaxpr, analysis: Analysis, stages: Stages) -> tuple[li
         for v in variables(jaxpr.eqns[idx].invars):
             if stages.stage[v] == PROLOGUE and v not in seen:
                 seen.add(v)
-                where = analysis.loc((), v)
+                where = places.get(v)
                 if where is None or is_mapped(where):  # a mapped one: its windows, in the body
                     invariants.append(v)
                 else:
@@ -193,20 +204,20 @@ def _read_after_the_loop(jaxpr: Jaxpr, stages: Stages) -> list[Var]:
 
 
 def _region_outputs(
-    jaxpr: Jaxpr, analysis: Analysis, stages: Stages, read_after: list[Var]
+    places: dict[Var, AxisLoc], kinds: dict, stages: Stages, read_after: list[Var]
 ) -> tuple[list, list, list]:
     """``(sums, partials with their monoid, stacked with their axis positions)``: the body
-    values read after the loop (a streamed sum is an output of its own kind)."""
+    values read after the loop (a streamed sum is an output of its own kind; ``kinds``: the
+    monoid of each reduction over the axis)."""
     sums: list[Var] = []
     partials: list[tuple[Var, str]] = []
     stacked: list[tuple[Var, AxisLoc]] = []
-    kinds = _reduction_kinds(jaxpr, analysis, stages.stages)
     seen = {sink.var for sink in stages.sinks}
     for v in read_after:
         if stages.stage.get(v) != BODY or v in seen:
             continue
         seen.add(v)
-        where = analysis.loc((), v)
+        where = places.get(v)
         if where is not None:
             stacked.append((v, where))
         elif kinds[v] == "sum":

@@ -33,14 +33,16 @@ axis stops the region (its rows are no segment).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Collection
 
 from jax import lax
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._lattice import AxisLoc, positions
+from jaxpr_accum._compat import Array, JaxprEqn
 from jaxpr_accum._engine._table import register
-from jaxpr_accum._rules.shape import SameShape, _first, _with
+from jaxpr_accum._engine._view import EqnResize, View
+from jaxpr_accum._rules.shape import SameShape, _carried, _first, _with
 
 #: the position of a dead part's one row: below every chunk (no cell holds it either)
 DEAD_LO = -1
@@ -84,31 +86,31 @@ def reversed_loc(loc: AxisLoc, size: int, length: int) -> AxisLoc:
     return loc._replace(span=n, rev=not loc.rev, skip=length - loc.skip - n)
 
 
-def _all_live(loc: AxisLoc | None, size: int, length: int) -> bool:
-    return loc is not None and not loc.skip and positions(loc, size) == length
+def _all_live(loc: AxisLoc, size: int, length: int) -> bool:
+    return not loc.skip and positions(loc, size) == length
 
 
-def _concat_allowed(eqn: Any, d: int) -> bool:
+def _concat_allowed(eqn: JaxprEqn, d: int) -> bool:
     return eqn.params["dimension"] != d
 
 
-def _rev_allowed(eqn: Any, d: int) -> bool:
+def _rev_allowed(eqn: JaxprEqn, d: int) -> bool:
     return d not in eqn.params["dimensions"]
 
 
-def _clip(x: Any, lo: int, hi: int) -> Any:
+def _clip(x: int | Array, lo: int, hi: int) -> int | Array:
     if isinstance(x, int):
         return min(max(x, lo), hi)
     return lax.clamp(lo, x, hi)
 
 
-def _along(view: Any, eqn: Any, dims: Any) -> bool:
+def _along(view: View, eqn: JaxprEqn, dims: Collection[int]) -> bool:
     """Whether a known position of the axis in ``eqn`` is one of ``dims``."""
     locs = [view.in_loc(i) for i in range(len(eqn.invars))] + [view.out_loc(0)]
     return any(loc is not None and loc.dim in dims for loc in locs)
 
 
-def _unmappable(view: Any, eqn: Any) -> bool:
+def _unmappable(view: View, eqn: JaxprEqn) -> bool:
     locs = [view.in_loc(i) for i in range(len(eqn.invars))] + [view.out_loc(0)]
     if any(loc is not None and loc.inner != 1 for loc in locs):
         view.barrier(f"`{eqn.primitive.name}` along the axis merged with other dimensions")
@@ -116,35 +118,42 @@ def _unmappable(view: Any, eqn: Any) -> bool:
     return False
 
 
+def _every_part(eqn: JaxprEqn) -> list[int]:
+    return list(range(len(eqn.invars)))
+
+
 class Concatenate(SameShape):
     row_map_ok = True
 
     def __init__(self) -> None:
-        super().__init__(lambda e: list(range(len(e.invars))), _concat_allowed, "")
+        super().__init__(_every_part, _concat_allowed, "")
 
     @staticmethod
-    def _bounds(eqn: Any) -> list[tuple[int, int]]:
+    def _bounds(eqn: JaxprEqn) -> list[tuple[int, int]]:
         d, bounds, at = eqn.params["dimension"], [], 0
         for v in eqn.invars:
-            bounds.append((at, at + v.aval.shape[d]))
-            at += v.aval.shape[d]
+            rows = _compat.shape_of(v)[d]
+            bounds.append((at, at + rows))
+            at += rows
         return bounds
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         d = eqn.params["dimension"]
         if not _along(view, eqn, (d,)):
             super().propagate(eqn, view)
             return
         if _unmappable(view, eqn):
             return
-        total, bounds = eqn.outvars[0].aval.shape[d], self._bounds(eqn)
+        total, bounds = _compat.shape_of(eqn.outvars[0])[d], self._bounds(eqn)
         for i, (a, b) in enumerate(bounds):
             # a part all of whose rows live tells the result's map, unless the result is read
             # in part (then its parts live in part); a dead part, or one read in part, tells
             # nothing
             loc, out = view.in_loc(i), view.out_loc(0)
-            if _all_live(loc, view.size, b - a) and (
-                out is None or _all_live(out, view.size, total)
+            if (
+                loc is not None
+                and _all_live(loc, view.size, b - a)
+                and (out is None or _all_live(out, view.size, total))
             ):
                 view.set_out(0, super_loc(loc, view.size, total, a))
         out = view.out_loc(0)
@@ -152,33 +161,33 @@ class Concatenate(SameShape):
             for i, (a, b) in enumerate(bounds):
                 view.set_in(i, sub_loc(out, view.size, a, b))
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         out = r.out_locs[0]
         d = eqn.params["dimension"]
         if out is None or out.dim != d:
             return super().resize(eqn, r, invals)
         first, rows = r.window(out)
-        offset: Any = 0
+        offset: int | Array = 0
         for (a, _), loc in zip(self._bounds(eqn), r.in_locs, strict=True):
-            first_p, rows_p = r.window(loc)
+            first_p, rows_p = r.window(_carried(loc))  # every part maps the result's rows
             offset = offset + _clip(first - a - first_p, 0, rows_p)
         with _compat.user_context(eqn):
             (joined,) = _compat.bind(eqn, invals)
             return [lax.dynamic_slice_in_dim(joined, offset, rows, d)]
 
 
-def keeps_all(eqn: Any) -> bool:
+def keeps_all(eqn: JaxprEqn) -> bool:
     """Whether a ``slice`` keeps all of its operand."""
     v = eqn.invars[0]
     return (
         not isinstance(v, _compat.Literal)
         and not any(eqn.params["start_indices"])
-        and tuple(eqn.params["limit_indices"]) == tuple(v.aval.shape)
+        and tuple(eqn.params["limit_indices"]) == _compat.shape_of(v)
         and all(s == 1 for s in eqn.params.get("strides") or ())
     )
 
 
-def is_root(eqn: Any, view: Any) -> bool:
+def is_root(eqn: JaxprEqn, view: View) -> bool:
     """Whether ``eqn`` is a *root*: a slice that keeps all of a top-level input (``_fanout``
     puts one between an input and each copy of the equations that read it at other rows).
     It carries no fact either way: it runs before the loop on the whole input, and its result
@@ -196,11 +205,11 @@ class Slice(SameShape):
         super().__init__(_first, self._unit_stride, "slices along the axis with a stride")
 
     @staticmethod
-    def _unit_stride(eqn: Any, d: int) -> bool:
+    def _unit_stride(eqn: JaxprEqn, d: int) -> bool:
         strides = eqn.params.get("strides")
         return strides is None or strides[d] == 1
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         if is_root(eqn, view):
             if view.out_loc(0) is not None:
                 view.hoist(
@@ -221,7 +230,7 @@ class Slice(SameShape):
             view.barrier("operands of `slice` carry the axis at different places")
             return
         a, b = eqn.params["start_indices"][d], eqn.params["limit_indices"][d]
-        if view.analysis.stop_slices and (a, b) != (0, eqn.invars[0].aval.shape[d]):
+        if view.analysis.stop_slices and (a, b) != (0, _compat.shape_of(eqn.invars[0])[d]):
             view.barrier("`slice` takes part of the axis of a value read at two row maps")
             return
         if in_loc is not None:
@@ -230,14 +239,15 @@ class Slice(SameShape):
         if out_loc is not None:
             view.set_in(0, slice_operand_loc(out_loc, view.size, a))
 
-    def resize(self, eqn: Any, r: Any, invals: list) -> list:
+    def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         # the operand lives on the slice's positions (``slice_operand_loc``): its window is
         # the slice's, so along the axis the chunk keeps all of it
-        d = r.in_locs[0].dim
+        loc = _carried(r.in_locs[0])
+        d = loc.dim
         params = {
             **eqn.params,
             "start_indices": _with(eqn.params["start_indices"], d, 0),
-            "limit_indices": _with(eqn.params["limit_indices"], d, r.rows(r.in_locs[0])),
+            "limit_indices": _with(eqn.params["limit_indices"], d, r.rows(loc)),
         }
         with _compat.user_context(eqn):
             return _compat.bind(eqn, invals, params)
@@ -252,7 +262,7 @@ class Rev(SameShape):
     def __init__(self) -> None:
         super().__init__(_first, _rev_allowed, "")
 
-    def propagate(self, eqn: Any, view: Any) -> None:
+    def propagate(self, eqn: JaxprEqn, view: View) -> None:
         dims = eqn.params["dimensions"]
         if not _along(view, eqn, dims):
             super().propagate(eqn, view)
@@ -260,7 +270,9 @@ class Rev(SameShape):
         if _unmappable(view, eqn):
             return
         loc = view.in_loc(0)
-        length = eqn.invars[0].aval.shape[loc.dim if loc is not None else view.out_loc(0).dim]
+        at = loc if loc is not None else view.out_loc(0)
+        assert at is not None  # _along found the axis on an operand or the result
+        length = _compat.shape_of(eqn.invars[0])[at.dim]
         if loc is not None:
             view.set_out(0, reversed_loc(loc, view.size, length))
         loc = view.out_loc(0)

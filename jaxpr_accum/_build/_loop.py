@@ -31,7 +31,7 @@ from jaxpr_accum import _compat, _stream
 from jaxpr_accum._base._dtypes import accumulator_dtype, is_float
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._planning._plan import BODY, Split
-from jaxpr_accum._engine._resize import Resizer, by_cell, cells, shifted, take_chunk, windows
+from jaxpr_accum._engine._resize import cells, eval_body, shifted, split_body, take_chunk
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
 
 
@@ -94,29 +94,29 @@ class ChunkLoop:
         self.terms = signature.streams.terms
         self.n_full, self.rem = divmod(size, chunk)
         self.cells = cells(split.analysis, offset, size, chunk)
+        self.parts = split_body(split, signature, self.body_indices, self.cells)
+        self.emit = _stream.emitter(split.deferred)
 
     # -- one chunk ------------------------------------------------------------------------
     def body(self, k: int, start: Any, inputs: Inputs) -> ChunkOut:
         """The region's equations on chunk ``[start, start + k)`` (``inputs.chunked`` holds
-        the chunk's slices), in the cell of the row maps that holds it (``_resize.by_cell``)."""
-        at = shifted(start, self.offset)
-        return by_cell(self.cells, at, k, lambda cell: self.in_cell(k, at, cell, inputs))
-
-    def in_cell(self, k: int, at: Any, cell: Any, inputs: Inputs) -> ChunkOut:
+        the chunk's slices), in the cell of the row maps that holds it: per cell only the
+        equations whose rows depend on it, where the body splits so (``_resize.eval_body``)."""
         sig, split = self.signature, self.split
-        inv = windows(split.analysis, sig, inputs, at, k, cell)
-        env = dict(zip(sig.invariants, inv, strict=True))
-        env.update(zip((v for v, _ in sig.chunked), inputs.chunked, strict=True))
-        # Values reduced over the whole axis are only known after the loop: streamed equations
-        # see them as deferred (``_stream.emitter``) even where the body computes their partial.
-        env.update((v, _stream.DEFERRED) for v in split.deferred if v not in env)
-        resizer = Resizer(split.analysis, k, at, cell)
-        streamed, emit = split.streamed, _stream.emitter(split.deferred)
+        env = dict(zip((v for v, _ in sig.chunked), inputs.chunked, strict=True))
+        invariants = dict(zip(sig.invariants, inputs.invariants, strict=True))
+        # values reduced over the whole axis are deferred for streamed equations (``_stream``)
+        known = env.keys() | invariants.keys()
+        env.update((v, _stream.DEFERRED) for v in split.deferred if v not in known)
+        chunk = (k, shifted(start, self.offset), self.cells)
+        return eval_body(split, chunk, self.parts, env, invariants, self.special, self.chunk_out)
 
-        def special(idx: int) -> Any:
-            return emit if idx in streamed else None
+    def special(self, idx: int) -> Any:
+        """How body equation ``idx`` is emitted instead of its rule (a streamed one), or None."""
+        return self.emit if idx in self.split.streamed else None
 
-        resizer.eval_eqns((), split.jaxpr.eqns, env, self.body_indices, special)
+    def chunk_out(self, env: dict) -> ChunkOut:
+        sig, split = self.signature, self.split
         terms = [t for sink in split.sinks for t in env[sink.var].terms]
         return ChunkOut(
             [env[v] for v in sig.sums],

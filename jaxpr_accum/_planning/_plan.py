@@ -103,7 +103,7 @@ class Split:
     def gradient_width(self) -> int:
         """Entries of the sums that carry gradients (the fused mode's Jacobian rows)."""
         flags = zip(self.sums, self.gradient_sums, strict=True)
-        return sum(math.prod(v.aval.shape) for v, g in flags if g)
+        return sum(math.prod(_compat.shape_of(v)) for v, g in flags if g)
 
     @property
     def has_body(self) -> bool:

@@ -38,10 +38,13 @@ from jaxpr_accum._assembly._assemble import build
 from jaxpr_accum._assembly._chunk_search import ChunkSearch
 from jaxpr_accum._base._dtypes import is_float
 from jaxpr_accum._base._errors import ArgumentError, SerializeError
+from jaxpr_accum._build._region_p import Mode
 from jaxpr_accum._engine import _interpret
+from jaxpr_accum._modes import _choice
 from jaxpr_accum._modes._decision import Decision
-from jaxpr_accum._planning._cost import format_bytes, nbytes
-from jaxpr_accum._planning._plan import EPILOGUE, PROLOGUE, Split
+from jaxpr_accum._modes._remat import REMAT
+from jaxpr_accum._planning._cost import Candidate, format_bytes
+from jaxpr_accum._planning._plan import Split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,17 +190,14 @@ class Request:
 
 
 def choose_chunk(
-    choices: Sequence[Decision], layout_for: Callable[[int], Any], request: Request
+    candidate: Candidate, requested: Mode, layout_for: Callable[[int], Any], request: Request
 ) -> Decision:
-    """The decision at the chosen chunk, with its ``Budget``.
-
-    ``choices``: the gradient modes to try in order, each a decision at the full axis with
-    its reason; ``layout_for``: the layout at a chunk (``_layout.detect``).
-    """
+    """The decision at the chosen chunk for ``requested``, with its ``Budget``
+    (``layout_for``: the layout at a chunk, ``_layout.detect``)."""
     t0 = time.perf_counter()
-    candidate = choices[0].candidate
     split = candidate.split
     devices = layout_for(split.size).devices
+    choices = _modes_to_try(_choice.choose(candidate, requested, layout_for(split.size)), requested)
     n = max(1, split.size // devices)
     tried: list[tuple[str, int, int]] = []
     for choice in choices:
@@ -230,15 +230,22 @@ def choose_chunk(
     raise impossible(split, tried, devices, request)
 
 
+def _modes_to_try(first: Decision, requested: Mode) -> list[Decision]:
+    """The gradient modes the search tries in order, each a decision at the full axis with
+    its reason: ``_choice``'s, then remat where that is auto's pick of fused (see the module
+    docstring)."""
+    if not _choice.to_confirm(first, requested):
+        return [first]
+    return [first, first.to(REMAT, (
+        "auto: fused applies, but its parameter-sized Jacobian accumulator does not fit the "
+        "memory budget at any chunk"
+    ))]  # fmt: skip
+
+
 def impossible(split: Split, tried: list, devices: int, request: Request) -> SerializeError:
     limit, wrt = request.limit, request.wrt
     mode, k, best = min(tried, key=lambda t: (t[2], t[1]))
-    jaxpr = split.jaxpr
-    outside = sum(
-        nbytes(v)
-        for i in split.indices(PROLOGUE) + split.indices(EPILOGUE)
-        for v in jaxpr.eqns[i].outvars
-    )
+    outside = split.outside_bytes
     params = split.invariant_bytes
     parts = {
         "the unchunked prologue and epilogue (values computed once on the full axis, "

@@ -1,6 +1,6 @@
 """Planning one call signature: attempts from the widest plan to the function as written.
 
-``Planner.plan(traced, inputs, key, pattern)`` makes a ``Prepared``: the trace, the ``Plan``
+``Planner.prepare(traced, inputs, key, pattern)`` makes a ``Prepared``: the trace, the ``Plan``
 ``explain`` returns and the program to run. The attempts (``_fallback``), each an ``Attempt``
 value: the plan in two passes where the program pairs the axis with itself (``_pairwise``;
 None where it does not, and one pass is the plan as chosen), in one pass, without streamed
@@ -146,7 +146,7 @@ class Planner:
         self.requested = _choice.mode_named(settings.grad)
         self.chunks = LRU(CACHE_SIZE)
 
-    def plan(
+    def prepare(
         self, traced: _trace.Traced, inputs: list, key: Any, pattern: tuple | None = None
     ) -> Prepared:
         """The widest plan that plans, builds and validates (``_fallback``): in two passes,
@@ -262,13 +262,6 @@ class Planner:
         if cached is not None:
             k = cached.budget.chunk
             return dataclasses.replace(cached, candidate=candidate.at(k), layout=layout_for(k))
-        first = _choice.choose(candidate, requested, layout_for(candidate.split.size))
-        choices = [first]
-        if _choice.to_confirm(first, requested):
-            choices.append(first.to(REMAT, (
-                "auto: fused applies, but its parameter-sized Jacobian accumulator does not "
-                "fit the memory budget at any chunk"
-            )))  # fmt: skip
         assert self.settings.memory is not None
         diff, names = call.measure.diff, call.names
         wrt = ", ".join(names[call.traced.jaxpr.invars[i]] for i in diff) or "nothing (the forward)"
@@ -280,7 +273,7 @@ class Planner:
             wrt=wrt,
             accum_dtype=self.settings.accum_dtype,
         )
-        decision = _budget.choose_chunk(choices, layout_for, request)
+        decision = _budget.choose_chunk(candidate, requested, layout_for, request)
         if call.key is not None:
             self.chunks.put(call.key, decision)
         return decision

@@ -11,45 +11,29 @@ sums, which the contraction with the cotangent sums again (gradients 8x on 8 dev
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import Literal
 from jaxpr_accum._engine._conv import canonicalize
-from jaxpr_accum._base._dtypes import accumulator_dtype, is_float
+from jaxpr_accum._base._dtypes import accumulator_dtype
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build._loop import ChunkLoop, add_into, join, wanted
-from jaxpr_accum._planning._plan import BODY, Split
+from jaxpr_accum._planning._plan import Split
 from jaxpr_accum._build._signature import Inputs
 
 
 def gradient_sums(split: Split) -> list[bool]:
-    """Which of the region's sums carry gradients: computed from a floating input of the
-    region through floating values only, never through ``stop_gradient``. A token count made
-    from integer labels, an accuracy (through ``argmax`` and a comparison), or a sum of
-    stopped values carries none (its Jacobian rows would be zeros)."""
-
-    dependent = {v for v in [*split.invariants, *(v for v, _ in split.chunked)] if is_float(v)}
-    for i in split.indices(BODY):
-        eqn = split.jaxpr.eqns[i]
-        if eqn.primitive.name == "stop_gradient":
-            continue
-        if any(v in dependent for v in eqn.invars if not isinstance(v, Literal)):
-            dependent.update(v for v in eqn.outvars if is_float(v))
-    return [v in dependent for v in split.sums]
+    """Which of the region's sums carry gradients (``Split.gradient_sums``, made with the
+    split)."""
+    return list(split.gradient_sums)
 
 
 def jacobian_width(split: Split) -> int:
     """Entries of the sums whose Jacobian rows the fused mode keeps."""
-    return sum(
-        math.prod(_compat.shape_of(v))
-        for v, g in zip(split.sums, gradient_sums(split), strict=True)
-        if g
-    )
+    return split.gradient_width
 
 
 def jacobian_row_dtype(split: Split) -> Any:

@@ -40,7 +40,6 @@ import dataclasses
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._build._jacobians import gradient_sums, jacobian_width
 from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
 from jaxpr_accum._modes._decision import Decision
@@ -97,8 +96,8 @@ def weigh(candidate: Candidate) -> Weighed:
     """``candidate``'s ``Weighed``."""
     split = candidate.split
     return Weighed(
-        flags=tuple(gradient_sums(split)),
-        width=jacobian_width(split),
+        flags=split.gradient_sums,
+        width=split.gradient_width,
         chunk_bytes=split.held_bytes * min(candidate.chunk, split.size) // max(split.size, 1),
         invariant_bytes=split.invariant_bytes,
         input_bytes=split.input_bytes,

@@ -69,7 +69,7 @@ def choose_split(
     usable = [Candidate(c, chunk) for c in candidates if c.usable]
     if not usable:
         raise nothing_chunkable(candidates, what)
-    chosen = choose(usable)
+    chosen = best(usable)
     if traced.seed_axes is None and size is None and axis is not None and chosen.net_saving <= 0:
         advised = dataclasses.replace(chosen, advice=_elsewhere(jaxpr, chunk, names, usable))
         usable = [advised if c is chosen else c for c in usable]
@@ -89,10 +89,10 @@ def _elsewhere(jaxpr: Jaxpr, chunk: int, names: dict, considered: list[Candidate
     others = [c for c in others if c.net_saving > 0]
     if not others:
         return ""
-    best = choose(others)
+    other = best(others)
     return (
-        f"; the axis of size {best.split.size} at {best.split.born} is expected to save "
-        f"{format_bytes(best.net_saving)}: pass `axis=None` to consider every position, or "
+        f"; the axis of size {other.split.size} at {other.split.born} is expected to save "
+        f"{format_bytes(other.net_saving)}: pass `axis=None` to consider every position, or "
         "name it with `argnums`/`axis` or `in_axes`"
     )
 
@@ -184,7 +184,7 @@ def find_candidates(
     return splits
 
 
-def choose(candidates: list[Candidate]) -> Candidate:
+def best(candidates: list[Candidate]) -> Candidate:
     """The candidate expected to save the most (ties: the larger axis, the first born)."""
     ranked = enumerate(candidates)
     return min(ranked, key=lambda ic: (-ic[1].net_saving, -ic[1].split.size, ic[0]))[1]

@@ -30,9 +30,11 @@ same values.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from jaxpr_accum import _compat
+from jaxpr_accum._base._dtypes import is_float
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped
 from jaxpr_accum._compat import Jaxpr, Var
 from jaxpr_accum._engine._axes import Analysis
@@ -67,6 +69,8 @@ class Split:
     invariant_bytes: int  # the floating invariants (each gets a gradient accumulator)
     input_bytes: int  # every floating input of the region, invariant or chunked
     epilogue_bytes: int  # the epilogue's materialised results (``_cost``)
+    outside_bytes: int  # every result of the prologue and the epilogue (computed once)
+    gradient_sums: tuple[bool, ...]  # which sums carry gradients (``_gradient_sums``)
     sinks: tuple = ()  # streamed sums (``_stream.Sink``)
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
@@ -94,6 +98,12 @@ class Split:
 
     def indices(self, stage: str) -> list[int]:
         return [i for i, s in enumerate(self.stages) if s == stage]
+
+    @property
+    def gradient_width(self) -> int:
+        """Entries of the sums that carry gradients (the fused mode's Jacobian rows)."""
+        flags = zip(self.sums, self.gradient_sums, strict=True)
+        return sum(math.prod(_compat.shape_of(v)) for v, g in flags if g)
 
     @property
     def has_body(self) -> bool:
@@ -146,10 +156,34 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True)
         epilogue_bytes=_cost.materialised_bytes(
             jaxpr.eqns[i] for i, s in enumerate(stages.stages) if s == EPILOGUE
         ),
+        outside_bytes=sum(
+            nbytes(v)
+            for e, s in zip(jaxpr.eqns, stages.stages, strict=True)
+            if s != BODY
+            for v in e.outvars
+        ),
+        gradient_sums=_gradient_sums(jaxpr, body, [*invariants, *(v for v, _ in chunked)], sums),
         sinks=tuple(sink for sink in stages.sinks if sink.var in set(read_after)),
         streamed=frozenset(stages.streamed_eqns),
         deferred=frozenset(stages.deferred),
     )
+
+
+def _gradient_sums(
+    jaxpr: Jaxpr, body: list[int], inputs: list[Var], sums: list[Var]
+) -> tuple[bool, ...]:
+    """Which of the region's ``sums`` carry gradients: computed from a floating input of the
+    region through floating values only, never through ``stop_gradient``. A token count made
+    from integer labels, an accuracy (through ``argmax`` and a comparison), or a sum of
+    stopped values carries none (its Jacobian rows would be zeros)."""
+    dependent = {v for v in inputs if is_float(v)}
+    for i in body:
+        eqn = jaxpr.eqns[i]
+        if eqn.primitive.name == "stop_gradient":
+            continue
+        if any(v in dependent for v in variables(eqn.invars)):
+            dependent.update(v for v in eqn.outvars if is_float(v))
+    return tuple(v in dependent for v in sums)
 
 
 def _stages_to_fixpoint(jaxpr: Jaxpr, analysis: Analysis, stream: bool) -> Stages:

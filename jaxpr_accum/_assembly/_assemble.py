@@ -1,7 +1,7 @@
 """Assembly: the whole program, the prologue, then the chunked region, then the epilogue.
 
 ``build(decision, accum_dtype)`` returns ``run(*flat_inputs) -> flat_outputs`` for a
-``_choice.Decision``, evaluated under the caller's trace: prologue equations run once on the
+``_decision.Decision``, evaluated under the caller's trace: prologue equations run once on the
 full inputs, the region runs in chunks (``NATIVE``: the chunk loop with checkpointed bodies,
 differentiated by JAX; otherwise the region primitive with the mode's linearization,
 ``_region_p``), its

@@ -6,8 +6,11 @@ loop itself), and finally the original function, unchunked. Each attempt plans, 
 *validates*: it traces the built program's forward pass and its reverse-mode backward pass
 abstractly (``jax.eval_shape`` of a VJP), so that a failure that would only surface when
 ``jax.grad`` transposes the region is found now, not in the middle of the user's training
-step. The first attempt that gets through is used; if it is not the first, one
-``PlanWarning`` names the internal error, the stage where it happened and what runs instead.
+step. The program is traced under ``jax.jit``, as the call runs it: JAX's caches (keyed by the
+function, its avals and the perturbed inputs) then hand a differentiated call the traced
+program and its linearization instead of making them again. The first attempt that gets
+through is used; if it is not the first, one ``PlanWarning`` names the internal error, the
+stage where it happened and what runs instead.
 
 At call time (``ready``) the built program is traced, and for a call that runs now lowered
 and compiled, before it runs: a failure there is the library's and runs the original for that
@@ -147,11 +150,11 @@ def validate(run: Callable, inputs: Sequence, original: Callable, diff: Sequence
     """Trace ``run``'s forward pass and its VJP with respect to the floating inputs ``diff``
     (what the plan is for: the inputs its caller differentiates, every floating input where
     that is not known), abstractly; a failure is raised unless the ``original`` fails there
-    too. The call then traces the same linearization, and JAX's caches serve both."""
+    too. Traced as ``jax.jit(run)``, as the call runs it (module docstring)."""
     avals = [_compat.abstract_like(x) for x in inputs]
     diff = [i for i in diff if is_float(avals[i])]
     try:
-        jax.eval_shape(_backward_of(run, avals, diff), *avals)
+        jax.eval_shape(_backward_of(jax.jit(run), avals, diff), *avals)
     except Exception:
         try:
             jax.eval_shape(_backward_of(original, avals, diff), *avals)

@@ -26,12 +26,13 @@ from typing import Any
 import jax
 
 from jaxpr_accum import _compat, _stream
+from jaxpr_accum._engine import _interpret
 from jaxpr_accum._build._backward import backward
 from jaxpr_accum._build._jacobians import jacobians, with_row_dim
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._build._loop import ChunkLoop, wanted
-from jaxpr_accum._planning._plan import Split
+from jaxpr_accum._planning._plan import BODY, Split
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
 
 
@@ -241,10 +242,30 @@ class Region:
         differentiable, and reached from a perturbed input through differentiable equations
         (JAX's JVP of the forward pass with symbolic zeros). An output computed through
         ``stop_gradient`` gets a symbolic zero, so the equations after the region that read
-        only it are not differentiated, as in the original (a callback there has no JVP)."""
-        reached = _compat.nonzero_tangents(self.forward_jaxpr(avals), perturbed)
+        only it are not differentiated, as in the original (a callback there has no JVP).
+
+        A region that streams nothing, on one device, takes the JVP of its equations as
+        written, once: the loop computes each output from the same equations, chunk by chunk
+        (its sums from zeros), so their symbolic zeros are the loop's, whose JVP would
+        differentiate the body twice (the fixpoint over the loop's carry)."""
+        as_written = not (self.signature.streams.n_terms or self.split.deferred)
+        as_written &= self.layout.devices == 1 and not _compat.union_varying(list(avals))
+        if as_written:
+            closed = self._jaxpr_at(("as written",), self._as_written, avals)[0]
+        else:
+            closed = self.forward_jaxpr(avals)
+        reached = _compat.nonzero_tangents(closed, perturbed)
         flags = self.signature.differentiable().flat()
         return self.signature.outputs([f and r for f, r in zip(flags, reached, strict=True)])
+
+    def _as_written(self, *flat: Any) -> list:
+        """The region's equations as written, on its whole inputs: its flat outputs, where
+        it streams nothing (``tangent_flags``)."""
+        sig = self.signature
+        env = dict(zip([*sig.invariants, *(v for v, _ in sig.chunked)], flat, strict=True))
+        _interpret.eval_eqns(self.split.jaxpr.eqns, env, indices=self.split.indices(BODY))
+        outs = [*sig.sums, *(v for v, _ in sig.partials), *(v for v, _ in sig.stacked)]
+        return [_interpret.read(env, v) for v in outs]
 
     def flat(self, pass_: Callable, **kw: Any) -> Callable:
         """``pass_`` (a method taking ``Inputs``) as a function of the flat inputs returning

@@ -25,20 +25,9 @@ from jaxpr_accum._planning._plan import Split
 from jaxpr_accum._build._signature import Inputs
 
 
-def gradient_sums(split: Split) -> list[bool]:
-    """Which of the region's sums carry gradients (``Split.gradient_sums``, made with the
-    split)."""
-    return list(split.gradient_sums)
-
-
-def jacobian_width(split: Split) -> int:
-    """Entries of the sums whose Jacobian rows the fused mode keeps."""
-    return split.gradient_width
-
-
 def jacobian_row_dtype(split: Split) -> Any:
     """The dtype of the fused Jacobian rows: the gradient-carrying sums' own, at least f32."""
-    flags = gradient_sums(split)
+    flags = split.gradient_sums
     dtypes = [_compat.dtype_of(v) for v, f in zip(split.sums, flags, strict=True) if f]
     return jnp.result_type(jnp.float32, *dtypes)
 
@@ -54,8 +43,8 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
     differentiated): ``[width, *input.shape]`` (an invariant input's single row, where the
     width is 1, in the input's own shape), invariant ones summed over chunks; per device
     inside ``shard_map`` (module docstring)."""
-    float_sums = [i for i, g in enumerate(gradient_sums(loop.split)) if g]
-    width = jacobian_width(loop.split)
+    float_sums = [i for i, g in enumerate(loop.split.gradient_sums) if g]
+    width = loop.split.gradient_width
     row_dtype = jacobian_row_dtype(loop.split)
     eye = jnp.eye(width, dtype=row_dtype)
     diff = Inputs(

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import is_float
-from jaxpr_accum._build._jacobians import gradient_sums
 from jaxpr_accum._build._region_p import Mode
 from jaxpr_accum._modes._remat import linearize as remat_linearize
 
@@ -34,7 +33,7 @@ def linearize(
     inputs = sig.inputs(primals)
     perturbed = sig.inputs([nz and is_float(p) for nz, p in zip(nonzeros, primals, strict=True)])
     sums, jac = region.jacobians(inputs, perturbed)
-    flags = gradient_sums(split)  # the sums with Jacobian rows
+    flags = split.gradient_sums  # the sums with Jacobian rows
     reached = region.tangent_flags([_compat.aval_of(p) for p in primals], perturbed.flat()).sums
     residuals = [j for j in jac.flat() if j is not None]
     avals = [_compat.aval_of(s) for s in sums]

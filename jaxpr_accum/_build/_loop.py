@@ -136,17 +136,13 @@ class ChunkLoop:
     def chunk_inputs(self, inputs: Inputs, start: Any, k: int) -> Inputs:
         return Inputs(list(inputs.invariants), self.slices(inputs.chunked, start, k))
 
-    def over_chunks(
-        self, step: Callable, carry: Any, xs: Any = (), reads: Any = (), peel: bool = False
-    ) -> tuple:
+    def over_chunks(self, step: Callable, carry: Any, xs: Any = (), reads: Any = ()) -> tuple:
         """Run ``step(carry, k, start, x) -> (carry, y)`` over every chunk of this shard.
 
         The full chunks run in a ``lax.scan`` (``x``: ``xs``'s leaves indexed by the chunk),
         the remainder once more at its own length. Returns ``(carry, ys of the full chunks or
         None, y of the remainder or None)``. ``reads``: the arrays ``step`` closes over (where
         they vary over manual axes, the carry starts typed as its updates, ``typed_carry``).
-        ``peel``: the first chunk runs before the scan, so that the scan's carry starts from
-        its results, not zeros (XLA then writes a large accumulator in place of the output).
         """
         k, n = self.chunk, self.n_full
         if _compat.union_varying(carry, xs, reads):
@@ -160,16 +156,8 @@ class ChunkLoop:
                 index, x = index_and_x
                 return step(c, k, index * k, x)
 
-            first = 1 if peel and n > 1 else 0
-            if first:
-                x0 = jax.tree_util.tree_map(lambda a: a[0], xs)
-                carry, y0 = step(carry, k, 0, x0)
-            head = jax.tree_util.tree_map(lambda a: a[first:n], xs)
-            carry, scanned = lax.scan(scan_step, carry, (jnp.arange(first, n), head))
-            if first:
-                scanned = jax.tree_util.tree_map(
-                    lambda a, b: jnp.concatenate([a[None], b]), y0, scanned
-                )
+            head = jax.tree_util.tree_map(lambda a: a[:n], xs)
+            carry, scanned = lax.scan(scan_step, carry, (jnp.arange(n), head))
         if self.rem:
             x = jax.tree_util.tree_map(lambda a: a[n], xs)
             carry, rest = step(carry, self.rem, n * k, x)

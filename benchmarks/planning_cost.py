@@ -15,7 +15,9 @@ and a new closure: no trace or compile cache is hit), and the pairs are interlea
   analysis, planning, building and tracing the rewritten program). Target: at most 2 s more
   than tracing;
 * *first call*: ``jax.jit(jax.value_and_grad(f))(*args)`` of the original against the same of
-  ``sf`` (trace, plan, compile, run). Target: at most 1.3x the original's.
+  ``sf`` (trace, plan, compile, run). Target: at most 1.3x the original's;
+* where it goes: the same program lowered (``.lower``: tracing, and for ``sf`` planning) and
+  compiled by XLA (``.compile``), each timed on its own, original and ``sf``.
 
 Figures are process CPU time (the machine is shared: CPU time is what the load inflates
 least), medians over the repeats, with wall times and the load average beside them. Exit 1
@@ -61,11 +63,24 @@ def main(argv: list[str] | None = None) -> int:
     def first_call(f):
         return jax.jit(jax.value_and_grad(f))(*args)
 
+    lowered: dict[str, object] = {}
+
+    def lower(name: str, f: Callable) -> Callable[[], object]:
+        def run() -> object:
+            lowered[name] = jax.jit(jax.value_and_grad(f())).lower(*args)
+            return None
+
+        return run
+
     cases = {
         "make_jaxpr(loss)": lambda: jax.make_jaxpr(make_transformer_loss(cfg))(*args),
         "sf.jaxpr": lambda: serialized().jaxpr(*args),
         "first call, original": lambda: first_call(make_transformer_loss(cfg)),
         "first call, sf": lambda: first_call(serialized()),
+        "  lower, original": lower("original", lambda: make_transformer_loss(cfg)),
+        "  lower, sf": lower("sf", serialized),
+        "  compile, original": lambda: lowered["original"].compile(),  # type: ignore[attr-defined]
+        "  compile, sf": lambda: lowered["sf"].compile(),  # type: ignore[attr-defined]
     }
     cpu: dict[str, list[float]] = {n: [] for n in cases}
     wall: dict[str, list[float]] = {n: [] for n in cases}
@@ -101,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         f"first call: sf / original = {ratio_cpu:.2f}x CPU ({ratio_wall:.2f}x wall), target "
         f"<= {FIRST_CALL_RATIO}x: {'PASS' if ok_call else 'FAIL'}"
     )
+    for part in ("lower", "compile"):
+        sf_cpu, orig_cpu = med[f"  {part}, sf"][0], med[f"  {part}, original"][0]
+        extra = sf_cpu - orig_cpu
+        print(f"  {part}: sf / original = {sf_cpu / orig_cpu:.2f}x CPU ({extra:+.2f} s)")
     print("load average (1 min): " + ", ".join(f"{x:.1f}" for x in loads))
     return 0 if ok_plan and ok_call else 1
 

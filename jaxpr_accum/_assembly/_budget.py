@@ -197,7 +197,7 @@ def choose_chunk(
     t0 = time.perf_counter()
     split = candidate.split
     devices = layout_for(split.size).devices
-    choices = _modes_to_try(_choice.choose(candidate, requested, layout_for(split.size)), requested)
+    choices = _modes_to_try(_choice.choose(candidate, requested, layout_for(split.size)))
     n = max(1, split.size // devices)
     tried: list[tuple[str, int, int]] = []
     for choice in choices:
@@ -226,15 +226,15 @@ def choose_chunk(
                 seconds=time.perf_counter() - t0,
                 wrt=request.wrt,
             )
-            return dataclasses.replace(at(c), budget=budget)
+            return dataclasses.replace(at(c), budget=budget, unconfirmed=False)  # measured
     raise impossible(split, tried, devices, request)
 
 
-def _modes_to_try(first: Decision, requested: Mode) -> list[Decision]:
+def _modes_to_try(first: Decision) -> list[Decision]:
     """The gradient modes the search tries in order, each a decision at the full axis with
     its reason: ``_choice``'s, then remat where that is auto's pick of fused (see the module
     docstring)."""
-    if not _choice.to_confirm(first, requested):
+    if not first.unconfirmed:
         return [first]
     return [first, first.to(REMAT, (
         "auto: fused applies, but its parameter-sized Jacobian accumulator does not fit the "

@@ -189,7 +189,7 @@ class Planner:
         """Axis, chunk (fixed or from the budget), mode, build; then ``_weigh``."""
         chosen, usable = call.axis(self.settings, attempt.stream)
         decision = self._chunk(call, chosen, attempt.requested)
-        decision, run = self._build(call, decision, attempt.requested)
+        decision, run = self._build(call, decision)
         if decision.budget is not None:  # the search compiled this program: never again
             call.measure.record(run, decision.budget.measured)
         usable = [decision.candidate if c is chosen else c for c in usable]
@@ -206,27 +206,23 @@ class Planner:
         return _layout.detect(chosen.split, call.inputs, mesh_axis, chunk)
 
     def _chunk(self, call: Planning, chosen: Candidate, requested: Mode) -> Decision:
-        """The decision at the chunk: ``chunk=`` with the mode ``_choice`` picks, or the
-        budget search's (with ``memory=``)."""
+        """The decision at the chunk: ``chunk=`` with the mode ``_choice`` picks (settled
+        there where the estimate decides), or the budget search's (with ``memory=``)."""
         if self.settings.chunk is None:
             with _fallback.stage("the memory budget search"):
                 return self._fit_budget(call, chosen, requested)
         layout = self._layout(call, chosen, self.settings.chunk)
         with _fallback.stage("choosing the gradient mode"):
-            return _choice.choose(chosen, requested, layout)
+            return _choice.choose(chosen, requested, layout, call.measure.diff)
 
-    def _build(
-        self, call: Planning, decision: Decision, requested: Mode
-    ) -> tuple[Decision, Callable]:
-        """``(decision, run)``: the mode settled (``_choice.settle``), the program built; auto's
-        pick of fused that the estimate does not settle is confirmed by measuring both modes
-        (``_choice.confirm_fused``)."""
+    def _build(self, call: Planning, decision: Decision) -> tuple[Decision, Callable]:
+        """``(decision, run)``: the program built; auto's pick of fused that the estimate
+        left ``unconfirmed`` is settled by measuring both modes (``_choice.confirm_fused``)."""
         accum = self.settings.accum_dtype
-        settled = _choice.settle(decision, requested, call.measure.diff)
         with _fallback.stage("building"):
-            run = build(decision if settled is None else settled, accum)
-        if settled is not None:
-            return settled, run
+            run = build(decision, accum)
+        if not decision.unconfirmed:
+            return decision, run
         with _fallback.stage("measuring fused against remat"):
             remat = build(decision.to(REMAT, decision.reason), accum)
             decision = _choice.confirm_fused(decision, call.measure(run), call.measure(remat))

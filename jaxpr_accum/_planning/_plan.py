@@ -117,10 +117,9 @@ class Split:
 
 
 def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True) -> Split:
-    """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis: all prologue);
-    ``stream=False``: no equation is streamed (``_fallback``'s narrower plan)."""
-    if analysis.size == 0:
-        analysis = Analysis(jaxpr, 0)  # nothing to chunk: no equation is treated as touching
+    """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis touches no equation,
+    ``_fanout``: all prologue); ``stream=False``: no equation is streamed (``_fallback``'s
+    narrower plan)."""
     stages = _stages_to_fixpoint(jaxpr, analysis, stream)
     places = {v: loc for (ctx, v), loc in analysis.locs.items() if ctx == ()}  # at the top
     invariants, chunked = _region_inputs(jaxpr, places, stages)

@@ -206,14 +206,19 @@ class Planner:
         return _layout.detect(chosen.split, call.inputs, mesh_axis, chunk)
 
     def _chunk(self, call: Planning, chosen: Candidate, requested: Mode) -> Decision:
-        """The decision at the chunk: ``chunk=`` with the mode ``_choice`` picks (settled
-        there where the estimate decides), or the budget search's (with ``memory=``)."""
-        if self.settings.chunk is None:
-            with _fallback.stage("the memory budget search"):
-                return self._fit_budget(call, chosen, requested)
-        layout = self._layout(call, chosen, self.settings.chunk)
+        """The decision at the chunk: the mode ``_choice`` picks at ``chunk=`` (settled there
+        where the estimate decides); with ``memory=``, its pick at the whole axis, for which
+        the budget search chooses the chunk (``_fit_budget``; the search measures auto's
+        pick of fused itself)."""
+        fixed = self.settings.chunk
+        layout = self._layout(call, chosen, chosen.split.size if fixed is None else fixed)
+        diff = call.measure.diff if fixed is not None else None
         with _fallback.stage("choosing the gradient mode"):
-            return _choice.choose(chosen, requested, layout, call.measure.diff)
+            decision = _choice.choose(chosen, requested, layout, diff)
+        if fixed is not None:
+            return decision
+        with _fallback.stage("the memory budget search"):
+            return self._fit_budget(call, decision)
 
     def _build(self, call: Planning, decision: Decision) -> tuple[Decision, Callable]:
         """``(decision, run)``: the program built; auto's pick of fused that the estimate
@@ -247,9 +252,11 @@ class Planner:
             plan = dataclasses.replace(plan, warning=None)  # measured to save after all
         return Prepared(traced, chosen.split, plan, run=run)
 
-    def _fit_budget(self, call: Planning, candidate: Candidate, requested: Mode) -> Decision:
-        """The decision for ``memory=``: the search of ``_budget``, once per call signature
-        (later calls, and calls under ``jit`` or ``grad`` with the same avals, reuse it)."""
+    def _fit_budget(self, call: Planning, first: Decision) -> Decision:
+        """The decision for ``memory=`` (``first``: the mode's at the whole axis): the search
+        of ``_budget``, once per call signature (later calls, and calls under ``jit`` or
+        ``grad`` with the same avals, reuse it)."""
+        candidate = first.candidate
 
         def layout_for(k: int) -> _layout.Layout:
             return self._layout(call, candidate, k)
@@ -269,7 +276,7 @@ class Planner:
             wrt=wrt,
             accum_dtype=self.settings.accum_dtype,
         )
-        decision = _budget.choose_chunk(candidate, requested, layout_for, request)
+        decision = _budget.choose_chunk(first, layout_for, request)
         if call.key is not None:
             self.chunks.put(call.key, decision)
         return decision

@@ -5,10 +5,12 @@
 value: the plan in two passes where the program pairs the axis with itself (``_pairwise``;
 None where it does not, and one pass is the plan as chosen), in one pass, without streamed
 normalisers, with native gradients. Each is one straight pipeline of frozen values: the axis
-(``_candidates``), the chunk (``chunk=``, or with ``memory=`` the search of ``_budget`` for
-what the caller differentiates, cached per signature) and the mode (``_choice``) as a
-``Decision``, the program built from it (``_assemble``), its forward and backward passes
-validated, and the plan weighed against the function as written (``_worth``). What the
+(``_candidates``), the mode (``_choice``, at ``chunk=``, or with ``memory=`` at the whole
+axis) and the chunk (``chunk=``, or the search of ``_budget`` for that mode and what the
+caller differentiates, cached per signature) as a ``Decision``, the program built from it
+(``_assemble``; auto's unconfirmed pick of fused measured against remat), its forward and
+backward passes validated, and the plan weighed against the function as written
+(``_worth``). What the
 attempts share (the axis, the two-pass plan, the programs measured) is made once: ``Planning``.
 """
 
@@ -186,7 +188,8 @@ class Planner:
         return self._weigh(call, attempt, chosen, Built(run, plan, two, two.stops))
 
     def _one_pass(self, call: Planning, attempt: Attempt) -> Prepared:
-        """Axis, chunk (fixed or from the budget), mode, build; then ``_weigh``."""
+        """Axis, the decision (mode and chunk: fixed, or the budget's), build; then
+        ``_weigh``."""
         chosen, usable = call.axis(self.settings, attempt.stream)
         decision = self._chunk(call, chosen, attempt.requested)
         decision, run = self._build(call, decision)

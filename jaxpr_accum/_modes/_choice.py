@@ -121,7 +121,7 @@ def fused_refusal(split: Split, weighed: Weighed, max_width: int = FUSED_MAX_WID
             "the region streams a normaliser: its sums are rescaled chunk by chunk as the "
             "running max grows, which Jacobian rows taken once per chunk cannot follow"
         )
-    custom = split.custom_vjp_in_body()
+    custom = split.custom_vjp_in_body
     if custom is not None:
         return (
             f"the region calls the custom VJP `{custom}`, whose backward rule need not be "
@@ -180,10 +180,11 @@ def choose(
         ))  # fmt: skip
     if extra > MEMORY_SLACK * remat_bytes:
         return decided(REMAT, f"auto: {compared}, more than {MEMORY_SLACK:.0%} more")
-    return _settled(decided(FUSED, (
+    fused = decided(FUSED, (
         f"auto: value and gradient in one pass, one forward pass per chunk fewer than remat "
         f"({sums}; {compared}, within {MEMORY_SLACK:.0%})"
-    )), remat_bytes, diff)  # fmt: skip
+    ))  # fmt: skip
+    return _settled(fused, remat_bytes, diff)
 
 
 def _settled(decision: Decision, remat_bytes: int, diff: list[int] | None) -> Decision:

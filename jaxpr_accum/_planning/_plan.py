@@ -30,6 +30,7 @@ same values.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -75,12 +76,16 @@ class Split:
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
 
+    @functools.cached_property
     def custom_vjp_in_body(self) -> str | None:
-        """The name of a custom VJP that the body calls (at any depth), or None."""
+        """The name of a custom VJP that the body calls (at any depth), or None (searched
+        once: auto's choice and every linearization of the region read it)."""
         return self._custom_call_in_body(_compat.is_custom_vjp_call)
 
+    @functools.cached_property
     def custom_rule_in_body(self) -> str | None:
-        """The name of a custom VJP or JVP that the body calls (at any depth), or None."""
+        """The name of a custom VJP or JVP that the body calls (at any depth), or None
+        (searched once)."""
         return self._custom_call_in_body(_compat.is_custom_rule_call)
 
     def _custom_call_in_body(self, is_call: Any) -> str | None:

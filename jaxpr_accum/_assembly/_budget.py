@@ -38,12 +38,10 @@ from jaxpr_accum._assembly._assemble import build
 from jaxpr_accum._assembly._chunk_search import ChunkSearch
 from jaxpr_accum._base._dtypes import is_float
 from jaxpr_accum._base._errors import ArgumentError, SerializeError
-from jaxpr_accum._build._region_p import Mode
 from jaxpr_accum._engine import _interpret
-from jaxpr_accum._modes import _choice
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._modes._remat import REMAT
-from jaxpr_accum._planning._cost import Candidate, format_bytes
+from jaxpr_accum._planning._cost import format_bytes
 from jaxpr_accum._planning._plan import Split
 
 
@@ -189,15 +187,15 @@ class Request:
     accum_dtype: Any
 
 
-def choose_chunk(
-    candidate: Candidate, requested: Mode, layout_for: Callable[[int], Any], request: Request
-) -> Decision:
-    """The decision at the chosen chunk for ``requested``, with its ``Budget``
+def choose_chunk(first: Decision, layout_for: Callable[[int], Any], request: Request) -> Decision:
+    """The decision at the chosen chunk, with its ``Budget``: ``first`` (``_choice``'s, at
+    the whole axis) or, where that is auto's unconfirmed pick of fused, remat after it
     (``layout_for``: the layout at a chunk, ``_layout.detect``)."""
     t0 = time.perf_counter()
+    candidate = first.candidate
     split = candidate.split
     devices = layout_for(split.size).devices
-    choices = _modes_to_try(_choice.choose(candidate, requested, layout_for(split.size)), requested)
+    choices = _modes_to_try(first)
     n = max(1, split.size // devices)
     tried: list[tuple[str, int, int]] = []
     for choice in choices:
@@ -226,15 +224,15 @@ def choose_chunk(
                 seconds=time.perf_counter() - t0,
                 wrt=request.wrt,
             )
-            return dataclasses.replace(at(c), budget=budget)
+            return dataclasses.replace(at(c), budget=budget, unconfirmed=False)  # measured
     raise impossible(split, tried, devices, request)
 
 
-def _modes_to_try(first: Decision, requested: Mode) -> list[Decision]:
+def _modes_to_try(first: Decision) -> list[Decision]:
     """The gradient modes the search tries in order, each a decision at the full axis with
     its reason: ``_choice``'s, then remat where that is auto's pick of fused (see the module
     docstring)."""
-    if not _choice.to_confirm(first, requested):
+    if not first.unconfirmed:
         return [first]
     return [first, first.to(REMAT, (
         "auto: fused applies, but its parameter-sized Jacobian accumulator does not fit the "

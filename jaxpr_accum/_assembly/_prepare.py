@@ -5,10 +5,12 @@
 value: the plan in two passes where the program pairs the axis with itself (``_pairwise``;
 None where it does not, and one pass is the plan as chosen), in one pass, without streamed
 normalisers, with native gradients. Each is one straight pipeline of frozen values: the axis
-(``_candidates``), the chunk (``chunk=``, or with ``memory=`` the search of ``_budget`` for
-what the caller differentiates, cached per signature) and the mode (``_choice``) as a
-``Decision``, the program built from it (``_assemble``), its forward and backward passes
-validated, and the plan weighed against the function as written (``_worth``). What the
+(``_candidates``), the mode (``_choice``, at ``chunk=``, or with ``memory=`` at the whole
+axis) and the chunk (``chunk=``, or the search of ``_budget`` for that mode and what the
+caller differentiates, cached per signature) as a ``Decision``, the program built from it
+(``_assemble``; auto's unconfirmed pick of fused measured against remat), its forward and
+backward passes validated, and the plan weighed against the function as written
+(``_worth``). What the
 attempts share (the axis, the two-pass plan, the programs measured) is made once: ``Planning``.
 """
 
@@ -186,10 +188,11 @@ class Planner:
         return self._weigh(call, attempt, chosen, Built(run, plan, two, two.stops))
 
     def _one_pass(self, call: Planning, attempt: Attempt) -> Prepared:
-        """Axis, chunk (fixed or from the budget), mode, build; then ``_weigh``."""
+        """Axis, the decision (mode and chunk: fixed, or the budget's), build; then
+        ``_weigh``."""
         chosen, usable = call.axis(self.settings, attempt.stream)
         decision = self._chunk(call, chosen, attempt.requested)
-        decision, run = self._build(call, decision, attempt.requested)
+        decision, run = self._build(call, decision)
         if decision.budget is not None:  # the search compiled this program: never again
             call.measure.record(run, decision.budget.measured)
         usable = [decision.candidate if c is chosen else c for c in usable]
@@ -206,27 +209,28 @@ class Planner:
         return _layout.detect(chosen.split, call.inputs, mesh_axis, chunk)
 
     def _chunk(self, call: Planning, chosen: Candidate, requested: Mode) -> Decision:
-        """The decision at the chunk: ``chunk=`` with the mode ``_choice`` picks, or the
-        budget search's (with ``memory=``)."""
-        if self.settings.chunk is None:
-            with _fallback.stage("the memory budget search"):
-                return self._fit_budget(call, chosen, requested)
-        layout = self._layout(call, chosen, self.settings.chunk)
+        """The decision at the chunk: the mode ``_choice`` picks at ``chunk=`` (settled there
+        where the estimate decides); with ``memory=``, its pick at the whole axis, for which
+        the budget search chooses the chunk (``_fit_budget``; the search measures auto's
+        pick of fused itself)."""
+        fixed = self.settings.chunk
+        layout = self._layout(call, chosen, chosen.split.size if fixed is None else fixed)
+        diff = call.measure.diff if fixed is not None else None
         with _fallback.stage("choosing the gradient mode"):
-            return _choice.choose(chosen, requested, layout)
+            decision = _choice.choose(chosen, requested, layout, diff)
+        if fixed is not None:
+            return decision
+        with _fallback.stage("the memory budget search"):
+            return self._fit_budget(call, decision)
 
-    def _build(
-        self, call: Planning, decision: Decision, requested: Mode
-    ) -> tuple[Decision, Callable]:
-        """``(decision, run)``: the mode settled (``_choice.settle``), the program built; auto's
-        pick of fused that the estimate does not settle is confirmed by measuring both modes
-        (``_choice.confirm_fused``)."""
+    def _build(self, call: Planning, decision: Decision) -> tuple[Decision, Callable]:
+        """``(decision, run)``: the program built; auto's pick of fused that the estimate
+        left ``unconfirmed`` is settled by measuring both modes (``_choice.confirm_fused``)."""
         accum = self.settings.accum_dtype
-        settled = _choice.settle(decision, requested, call.measure.diff)
         with _fallback.stage("building"):
-            run = build(decision if settled is None else settled, accum)
-        if settled is not None:
-            return settled, run
+            run = build(decision, accum)
+        if not decision.unconfirmed:
+            return decision, run
         with _fallback.stage("measuring fused against remat"):
             remat = build(decision.to(REMAT, decision.reason), accum)
             decision = _choice.confirm_fused(decision, call.measure(run), call.measure(remat))
@@ -251,9 +255,11 @@ class Planner:
             plan = dataclasses.replace(plan, warning=None)  # measured to save after all
         return Prepared(traced, chosen.split, plan, run=run)
 
-    def _fit_budget(self, call: Planning, candidate: Candidate, requested: Mode) -> Decision:
-        """The decision for ``memory=``: the search of ``_budget``, once per call signature
-        (later calls, and calls under ``jit`` or ``grad`` with the same avals, reuse it)."""
+    def _fit_budget(self, call: Planning, first: Decision) -> Decision:
+        """The decision for ``memory=`` (``first``: the mode's at the whole axis): the search
+        of ``_budget``, once per call signature (later calls, and calls under ``jit`` or
+        ``grad`` with the same avals, reuse it)."""
+        candidate = first.candidate
 
         def layout_for(k: int) -> _layout.Layout:
             return self._layout(call, candidate, k)
@@ -273,7 +279,7 @@ class Planner:
             wrt=wrt,
             accum_dtype=self.settings.accum_dtype,
         )
-        decision = _budget.choose_chunk(candidate, requested, layout_for, request)
+        decision = _budget.choose_chunk(first, layout_for, request)
         if call.key is not None:
             self.chunks.put(call.key, decision)
         return decision

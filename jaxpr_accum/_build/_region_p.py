@@ -170,7 +170,7 @@ def _dce(used: list[bool], eqn: Any) -> tuple[list[bool], Any]:
 def _linearize(
     is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: Mode, **p: Any
 ) -> tuple:
-    if p["linearizing"] and region.split.custom_rule_in_body() is not None:
+    if p["linearizing"] and region.split.custom_rule_in_body is not None:
         # reverse over reverse: the outer derivative of a custom rule's primal is that of the
         # primal its rule computes (a custom VJP's forward rule, a custom JVP's primal output),
         # as for the original; the mode's rule would pull back through the custom derivative

@@ -1,7 +1,9 @@
-"""Choosing the gradient mode: ``choose(candidate, requested, layout) -> Decision``.
+"""Choosing the gradient mode: ``choose(candidate, requested, layout, diff) -> Decision``.
 
-The ``Decision`` (``_decision``) is one pass's plan; auto's confirmation of fused
-(``by_estimate``, ``confirm_fused``) returns a new one.
+The ``Decision`` (``_decision``) is one pass's plan. Auto's pick of fused is settled in
+``choose`` where the estimate decides alone (``by_estimate``); elsewhere it is
+``unconfirmed``, and the measurement of both modes settles it (``confirm_fused``, which
+returns a new decision).
 
 This module only chooses; each mode is built by its own module (``_remat``, ``_fused``;
 ``native`` is the chunk loop with checkpointed bodies, differentiated by JAX itself).
@@ -119,7 +121,7 @@ def fused_refusal(split: Split, weighed: Weighed, max_width: int = FUSED_MAX_WID
             "the region streams a normaliser: its sums are rescaled chunk by chunk as the "
             "running max grows, which Jacobian rows taken once per chunk cannot follow"
         )
-    custom = split.custom_vjp_in_body()
+    custom = split.custom_vjp_in_body
     if custom is not None:
         return (
             f"the region calls the custom VJP `{custom}`, whose backward rule need not be "
@@ -146,8 +148,12 @@ def fused_refusal(split: Split, weighed: Weighed, max_width: int = FUSED_MAX_WID
     return None
 
 
-def choose(candidate: Candidate, requested: Mode, layout: Layout) -> Decision:
-    """The gradient mode for ``requested`` (see the module docstring)."""
+def choose(
+    candidate: Candidate, requested: Mode, layout: Layout, diff: list[int] | None = None
+) -> Decision:
+    """The gradient mode for ``requested`` (see the module docstring). Auto's pick of fused
+    is settled here where no measurement is needed (``diff``: the indices of the program
+    inputs the caller differentiates; ``_settled``), else left ``unconfirmed``."""
 
     def decided(mode: Mode, reason: str) -> Decision:
         return Decision(candidate, mode, reason, layout)
@@ -174,37 +180,32 @@ def choose(candidate: Candidate, requested: Mode, layout: Layout) -> Decision:
         ))  # fmt: skip
     if extra > MEMORY_SLACK * remat_bytes:
         return decided(REMAT, f"auto: {compared}, more than {MEMORY_SLACK:.0%} more")
-    return decided(FUSED, (
+    fused = decided(FUSED, (
         f"auto: value and gradient in one pass, one forward pass per chunk fewer than remat "
         f"({sums}; {compared}, within {MEMORY_SLACK:.0%})"
     ))  # fmt: skip
+    return _settled(fused, remat_bytes, diff)
 
 
-def to_confirm(decision: Decision, requested: Mode) -> bool:
-    """Whether ``decision`` is auto's estimated pick of fused, which ``by_estimate`` or
-    ``confirm_fused`` settles."""
-    return requested is AUTO and decision.mode is FUSED
-
-
-def settle(decision: Decision, requested: Mode, diff: list[int]) -> Decision | None:
-    """``decision`` settled without a measurement, or None where auto's pick of fused is to
-    be measured (``confirm_fused``). Settled: any decision but auto's estimated pick of
-    fused (``to_confirm``), one a memory budget measured, one with nothing differentiated
-    (``diff`` empty), and by the estimate where it decides alone (``by_estimate``)."""
-    if not to_confirm(decision, requested) or decision.budget is not None or not diff:
+def _settled(decision: Decision, remat_bytes: int, diff: list[int] | None) -> Decision:
+    """Auto's estimated pick of fused (``decision``; ``remat_bytes``: remat's estimated
+    peak), settled where no measurement is needed: nothing is differentiated (``diff``
+    empty), or the estimate decides alone (``estimate_decides``, ``by_estimate``). Elsewhere
+    it is ``unconfirmed``, as where the caller measures it itself (``diff`` None: the memory
+    budget search, the passes of ``_pairwise``)."""
+    if diff is not None and not diff:
         return decision
-    if estimate_decides(decision.candidate, diff):
+    if diff is not None and estimate_decides(decision.candidate, diff, remat_bytes):
         return by_estimate(decision)
-    return None
+    return dataclasses.replace(decision, unconfirmed=True)
 
 
-def estimate_decides(candidate: Candidate, diff: list[int]) -> bool:
+def estimate_decides(candidate: Candidate, diff: list[int], remat_bytes: int) -> bool:
     """Whether auto's estimated pick of fused needs no measurement: the gradients of the
     region's chunked inputs that the caller differentiates (``diff``: indices of the
     program's inputs), which fused stacks from the forward pass, are within
-    ``MEMORY_SLACK`` of remat's estimated peak (see the module docstring)."""
-    chunk_grads = differentiated_chunk_bytes(candidate.split, diff)
-    return chunk_grads <= MEMORY_SLACK * weigh(candidate).remat_bytes
+    ``MEMORY_SLACK`` of remat's estimated peak ``remat_bytes`` (see the module docstring)."""
+    return differentiated_chunk_bytes(candidate.split, diff) <= MEMORY_SLACK * remat_bytes
 
 
 def differentiated_chunk_bytes(split: Split, diff: list[int]) -> int:

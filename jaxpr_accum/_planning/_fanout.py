@@ -50,7 +50,8 @@ MAX_ROUNDS = 16
 
 
 def analyse(jaxpr: Jaxpr, size: int, seeds: Iterable[tuple[Var, AxisLoc]]) -> tuple:
-    """``(jaxpr, analysis)``: the program with its row-map conflicts fanned out, analysed."""
+    """``(jaxpr, analysis)``: the program with its row-map conflicts fanned out, analysed
+    (the analysis ``Split`` is made from: an empty axis touches no equation)."""
     seeds = list(seeds)
     jaxpr = _without_empty_parts(jaxpr)
     analysis, conflicts = _analysed(jaxpr, size, seeds)
@@ -98,7 +99,10 @@ class Conflicts:
 def _analysed(
     jaxpr: Jaxpr, size: int, seeds: list[tuple[Var, AxisLoc]], stop_slices: bool = False
 ) -> tuple[Analysis, Conflicts]:
-    """``jaxpr`` analysed from ``seeds``, and the conflicts that analysis leaves."""
+    """``jaxpr`` analysed from ``seeds``, and the conflicts that analysis leaves (an empty
+    axis: nothing to chunk, no equation is treated as touching it, and nothing conflicts)."""
+    if size == 0:
+        return Analysis(jaxpr, 0), Conflicts([], [])
     analysis = Analysis(jaxpr, size, stop_slices=stop_slices).run(seeds)
     conflicts = Conflicts(_row_map_conflicts(jaxpr, analysis), _conflicted_inputs(jaxpr, analysis))
     return analysis, conflicts

@@ -30,6 +30,7 @@ same values.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -75,12 +76,16 @@ class Split:
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
 
+    @functools.cached_property
     def custom_vjp_in_body(self) -> str | None:
-        """The name of a custom VJP that the body calls (at any depth), or None."""
+        """The name of a custom VJP that the body calls (at any depth), or None (searched
+        once: auto's choice and every linearization of the region read it)."""
         return self._custom_call_in_body(_compat.is_custom_vjp_call)
 
+    @functools.cached_property
     def custom_rule_in_body(self) -> str | None:
-        """The name of a custom VJP or JVP that the body calls (at any depth), or None."""
+        """The name of a custom VJP or JVP that the body calls (at any depth), or None
+        (searched once)."""
         return self._custom_call_in_body(_compat.is_custom_rule_call)
 
     def _custom_call_in_body(self, is_call: Any) -> str | None:
@@ -117,10 +122,9 @@ class Split:
 
 
 def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True) -> Split:
-    """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis: all prologue);
-    ``stream=False``: no equation is streamed (``_fallback``'s narrower plan)."""
-    if analysis.size == 0:
-        analysis = Analysis(jaxpr, 0)  # nothing to chunk: no equation is treated as touching
+    """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis touches no equation,
+    ``_fanout``: all prologue); ``stream=False``: no equation is streamed (``_fallback``'s
+    narrower plan)."""
     stages = _stages_to_fixpoint(jaxpr, analysis, stream)
     places = {v: loc for (ctx, v), loc in analysis.locs.items() if ctx == ()}  # at the top
     invariants, chunked = _region_inputs(jaxpr, places, stages)

@@ -38,7 +38,7 @@ def choose_and_build(
     with stage("building"):
         run = build(two, decisions, accum_dtype)
     for i, decision in enumerate(decisions):
-        if not _choice.to_confirm(decision, requested) or measure is None:
+        if not decision.unconfirmed or measure is None:
             continue
         with stage("measuring fused against remat"):
             in_remat = list(decisions)

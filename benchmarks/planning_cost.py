@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,11 +52,8 @@ def timed(fn: Callable[[], object]) -> tuple[float, float]:
     return time.process_time() - c0, time.perf_counter() - w0
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts = benchmark_options(__doc__, "4 layers, 2 repeats", argv)
-    repeats = 2 if opts.quick else 3
-    cfg = TransformerConfig(batch=16, seq=32, embed=64, layers=4 if opts.quick else 12)
-    _, args = transformer_problem(cfg)
+def measured_cases(cfg: TransformerConfig, args: tuple) -> dict[str, Callable[[], object]]:
+    """What is timed, by name, each on a fresh function object."""
 
     def serialized():
         return ja.serialize_axis(make_transformer_loss(cfg), chunk=4, argnums=1)
@@ -63,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     def first_call(f):
         return jax.jit(jax.value_and_grad(f))(*args)
 
-    lowered: dict[str, object] = {}
+    lowered: dict[str, Any] = {}
 
     def lower(name: str, f: Callable) -> Callable[[], object]:
         def run() -> object:
@@ -72,16 +70,24 @@ def main(argv: list[str] | None = None) -> int:
 
         return run
 
-    cases = {
+    return {
         "make_jaxpr(loss)": lambda: jax.make_jaxpr(make_transformer_loss(cfg))(*args),
         "sf.jaxpr": lambda: serialized().jaxpr(*args),
         "first call, original": lambda: first_call(make_transformer_loss(cfg)),
         "first call, sf": lambda: first_call(serialized()),
         "  lower, original": lower("original", lambda: make_transformer_loss(cfg)),
         "  lower, sf": lower("sf", serialized),
-        "  compile, original": lambda: lowered["original"].compile(),  # type: ignore[attr-defined]
-        "  compile, sf": lambda: lowered["sf"].compile(),  # type: ignore[attr-defined]
+        "  compile, original": lambda: lowered["original"].compile(),
+        "  compile, sf": lambda: lowered["sf"].compile(),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = benchmark_options(__doc__, "4 layers, 2 repeats", argv)
+    repeats = 2 if opts.quick else 3
+    cfg = TransformerConfig(batch=16, seq=32, embed=64, layers=4 if opts.quick else 12)
+    _, args = transformer_problem(cfg)
+    cases = measured_cases(cfg, args)
     cpu: dict[str, list[float]] = {n: [] for n in cases}
     wall: dict[str, list[float]] = {n: [] for n in cases}
     loads = [os.getloadavg()[0]]
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio_wall = med["first call, sf"][1] / med["first call, original"][1]
     rows = [[n, f"{c:.2f} s", f"{w:.2f} s"] for n, (c, w) in med.items()]
     print_table(["what", "median CPU", "median wall"], rows)
-    plan = serialized().explain(*args)
+    plan = ja.serialize_axis(make_transformer_loss(cfg), chunk=4, argnums=1).explain(*args)
     print(f"\nauto's mode: {plan.grad} ({plan.grad_reason})")
     ok_plan, ok_call = extra_cpu <= EXTRA_S, ratio_cpu <= FIRST_CALL_RATIO
     print(

@@ -27,6 +27,7 @@ import jax
 
 from jaxpr_accum import _compat, _stream
 from jaxpr_accum._engine import _interpret
+from jaxpr_accum._engine._tangents import reached_outputs
 from jaxpr_accum._build._backward import backward
 from jaxpr_accum._build._jacobians import jacobians, with_row_dim
 from jaxpr_accum._base._lattice import AxisLoc
@@ -247,25 +248,30 @@ class Region:
         A region that streams nothing, on one device, takes the JVP of its equations as
         written, once: the loop computes each output from the same equations, chunk by chunk
         (its sums from zeros), so their symbolic zeros are the loop's, whose JVP would
-        differentiate the body twice (the fixpoint over the loop's carry)."""
+        differentiate the body twice (the fixpoint over the loop's carry). Where every
+        equation's rule is known to ``_tangents``, they are read off the equations instead,
+        with no JVP traced."""
         as_written = not (self.signature.streams.n_terms or self.split.deferred)
         as_written &= self.layout.devices == 1 and not _compat.union_varying(list(avals))
-        if as_written:
-            closed = self._jaxpr_at(("as written",), self._as_written, avals)[0]
-        else:
-            closed = self.forward_jaxpr(avals)
-        reached = _compat.nonzero_tangents(closed, perturbed)
-        flags = self.signature.differentiable().flat()
-        return self.signature.outputs([f and r for f, r in zip(flags, reached, strict=True)])
+        reached, sig = None, self.signature
+        if as_written:  # read off the equations, where their rules are known (``_tangents``)
+            body = [self.split.jaxpr.eqns[i] for i in self.split.indices(BODY)]
+            reached = reached_outputs(body, sig.input_vars, sig.written_outputs, perturbed)
+        if reached is None:
+            if as_written:
+                closed = self._jaxpr_at(("as written",), self._as_written, avals)[0]
+            else:
+                closed = self.forward_jaxpr(avals)
+            reached = _compat.nonzero_tangents(closed, perturbed)
+        flags = sig.differentiable().flat()
+        return sig.outputs([f and r for f, r in zip(flags, reached, strict=True)])
 
     def _as_written(self, *flat: Any) -> list:
         """The region's equations as written, on its whole inputs: its flat outputs, where
         it streams nothing (``tangent_flags``)."""
-        sig = self.signature
-        env = dict(zip([*sig.invariants, *(v for v, _ in sig.chunked)], flat, strict=True))
+        env = dict(zip(self.signature.input_vars, flat, strict=True))
         _interpret.eval_eqns(self.split.jaxpr.eqns, env, indices=self.split.indices(BODY))
-        outs = [*sig.sums, *(v for v, _ in sig.partials), *(v for v, _ in sig.stacked)]
-        return [_interpret.read(env, v) for v in outs]
+        return [_interpret.read(env, v) for v in self.signature.written_outputs]
 
     def flat(self, pass_: Callable, **kw: Any) -> Callable:
         """``pass_`` (a method taking ``Inputs``) as a function of the flat inputs returning

@@ -89,6 +89,11 @@ class Signature:
     def chunk_locs(self) -> list[AxisLoc]:
         return [loc for _, loc in self.chunked]
 
+    @property
+    def input_vars(self) -> list[Var]:
+        """The variables of the flat inputs, in the order of ``Inputs.flat``."""
+        return [*self.invariants, *(v for v, _ in self.chunked)]
+
     def inputs(self, flat: Sequence) -> Inputs:
         n = len(self.invariants)
         assert len(flat) == self.n_inputs, (len(flat), self.n_inputs)
@@ -104,6 +109,12 @@ class Signature:
             self.streams.n_terms,
             self.streams.n_finals,
         )
+
+    @property
+    def written_outputs(self) -> list[Var]:
+        """The variables of the outputs the region's equations compute as written, where it
+        streams nothing: the sums, the partials and the stacked outputs."""
+        return [*self.sums, *(v for v, _ in self.partials), *(v for v, _ in self.stacked)]
 
     def outputs(self, flat: Sequence) -> Outputs:
         groups: list[list] = []

@@ -131,7 +131,7 @@ class _Pullback:
             for ct, loc in zip(cts.stacked, loop.stacked_locs, strict=True)
         ]
         groups = (cts.sums, ct_partials, ct_stacked, self.stream_shares(stabs))
-        return canonicalize(pullback)([groups[g][j] for g, j in present])
+        return canonicalize(pullback, loop.split.may_convolve)([groups[g][j] for g, j in present])
 
     def stream_shares(self, stabs: Sequence) -> list:
         """Each streamed term's share: the accumulator's cotangent rescaled by

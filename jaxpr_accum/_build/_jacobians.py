@@ -66,9 +66,9 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
         rows_out, pullback, sums = jax.vjp(flat, *primals, has_aux=True)  # type: ignore[var-annotated]
         basis = _compat.vary(eye, _compat.varying_axes(rows_out))  # the rows' type (shard_map)
         if width == 1:  # no vmap: batching would make the convolutions non-canonical
-            d_inv, d_ch = canonicalize(pullback)(basis[0])
+            d_inv, d_ch = canonicalize(pullback, loop.split.may_convolve)(basis[0])
             return sums, list(d_inv), [x[None] for x in d_ch]  # rows of invariants: no row dim
-        return (sums, *canonicalize(jax.vmap(pullback))(basis))
+        return (sums, *canonicalize(jax.vmap(pullback), loop.split.may_convolve)(basis))
 
     jac = [
         jnp.zeros(

@@ -17,7 +17,9 @@ XLA passes that would undo it are pre-empted: the operand swapper (kernel larger
 padding and lhs dilation are materialised behind an ``optimization_barrier``) and the group
 converter (``1 < batch_group_count < out features``: split into one conv per group).
 
-The chunked backward passes call it on each chunk's pullback when running on CPU.
+The chunked backward passes call it on each chunk's pullback when running on CPU, where
+the region's body may convolve (``Split.may_convolve``: a convolution in it, at any depth, or
+a custom rule, whose derivative is not seen before it is traced).
 """
 
 from __future__ import annotations
@@ -87,20 +89,25 @@ def canonical_conv(lhs: Any, rhs: Any, *, dimension_numbers: Any, **params: Any)
     return _transpose(out, [int(i) for i in np.argsort(out_perm)])
 
 
+def is_conv(eqn: Any) -> bool:
+    return eqn.primitive is _conv_p
+
+
 def is_float_conv(invals: Sequence[Any]) -> bool:
     return all(jax.numpy.issubdtype(x.dtype, jax.numpy.floating) for x in invals)
 
 
 def _emit(idx: int, eqn: Any, invals: list) -> list:
-    if eqn.primitive is _conv_p and is_float_conv(invals):
+    if is_conv(eqn) and is_float_conv(invals):
         with _compat.user_context(eqn):
             return [canonical_conv(*invals, **eqn.params)]
     return _compat.bind(eqn, invals)
 
 
-def canonicalize(fun: Callable) -> Callable:
-    """``fun`` with its convolutions made canonical, on CPU; ``fun`` itself elsewhere."""
-    if jax.default_backend() != "cpu":
+def canonicalize(fun: Callable, may_convolve: bool = True) -> Callable:
+    """``fun`` with its convolutions made canonical, on CPU; ``fun`` itself elsewhere, and
+    where its caller knows it holds none (``may_convolve`` False: not traced twice)."""
+    if jax.default_backend() != "cpu" or not may_convolve:
         return fun
 
     def wrapped(*args: Any) -> Any:
@@ -108,9 +115,7 @@ def canonicalize(fun: Callable) -> Callable:
         closed, out_shape = jax.make_jaxpr(
             lambda *f: fun(*jax.tree_util.tree_unflatten(tree, f)), return_shape=True
         )(*flat)
-        if not any(e.primitive is _conv_p for e in closed.eqns) and not _interpret.has_calls(
-            closed
-        ):
+        if not any(is_conv(e) for e in closed.eqns) and not _interpret.has_calls(closed):
             return fun(*args)
         outs = _interpret.eval_jaxpr(closed, flat, _interpret.inlining(_emit))
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)

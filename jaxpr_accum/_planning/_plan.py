@@ -32,13 +32,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import is_float
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped
-from jaxpr_accum._compat import Jaxpr, Var
+from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._engine._axes import Analysis
+from jaxpr_accum._engine._conv import is_conv
 from jaxpr_accum._planning import _cost
 from jaxpr_accum._planning._cost import nbytes
 from jaxpr_accum._planning._stages import BODY, EPILOGUE, PROLOGUE, Stages, Stop, variables
@@ -80,19 +82,27 @@ class Split:
     def custom_vjp_in_body(self) -> str | None:
         """The name of a custom VJP that the body calls (at any depth), or None (searched
         once: auto's choice and every linearization of the region read it)."""
-        return self._custom_call_in_body(_compat.is_custom_vjp_call)
+        found = self._first_in_body(_compat.is_custom_vjp_call)
+        return None if found is None else _compat.custom_call_identity(found)[0]
 
     @functools.cached_property
     def custom_rule_in_body(self) -> str | None:
         """The name of a custom VJP or JVP that the body calls (at any depth), or None
         (searched once)."""
-        return self._custom_call_in_body(_compat.is_custom_rule_call)
+        found = self._first_in_body(_compat.is_custom_rule_call)
+        return None if found is None else _compat.custom_call_identity(found)[0]
 
-    def _custom_call_in_body(self, is_call: Any) -> str | None:
-        def search(eqns: Any) -> str | None:
+    @functools.cached_property
+    def may_convolve(self) -> bool:
+        """Whether a chunk's pullback may hold a convolution (``_conv.canonicalize``): the
+        body convolves (at any depth) or calls a custom rule, whose derivative is not seen."""
+        return self.custom_rule_in_body is not None or self._first_in_body(is_conv) is not None
+
+    def _first_in_body(self, is_match: Callable[[JaxprEqn], bool]) -> JaxprEqn | None:
+        def search(eqns: Any) -> JaxprEqn | None:
             for eqn in eqns:
-                if is_call(eqn):
-                    return _compat.custom_call_identity(eqn)[0]
+                if is_match(eqn):
+                    return eqn
                 for _, sub in _compat.sub_jaxprs(eqn.params):
                     found = search(_compat.open_jaxpr(sub).eqns)
                     if found is not None:

@@ -5,6 +5,7 @@ Run from the repository root::
 
     python benchmarks/planning_cost.py           # 12 layers, 3 interleaved repeats
     python benchmarks/planning_cost.py --quick   # 4 layers, 2 repeats
+    python benchmarks/planning_cost.py --repeats 7
 
 The loss is the Flax linen transformer language model with dropout of ``benchmarks/models.py``
 (12 layers, batch 16, seq 32, width 64), serialized with ``chunk=4, argnums=1`` under
@@ -83,8 +84,11 @@ def measured_cases(cfg: TransformerConfig, args: tuple) -> dict[str, Callable[[]
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = benchmark_options(__doc__, "4 layers, 2 repeats", argv)
-    repeats = 2 if opts.quick else 3
+    def repeats_option(parser: Any) -> None:
+        parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats")
+
+    opts = benchmark_options(__doc__, "4 layers, 2 repeats", argv, repeats_option)
+    repeats = opts.repeats or (2 if opts.quick else 3)
     cfg = TransformerConfig(batch=16, seq=32, embed=64, layers=4 if opts.quick else 12)
     _, args = transformer_problem(cfg)
     cases = measured_cases(cfg, args)

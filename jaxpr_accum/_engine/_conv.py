@@ -105,8 +105,8 @@ def _emit(idx: int, eqn: Any, invals: list) -> list:
 
 
 def canonicalize(fun: Callable, may_convolve: bool = True) -> Callable:
-    """``fun`` with its convolutions made canonical, on CPU; ``fun`` itself elsewhere, and
-    where its caller knows it holds none (``may_convolve`` False: not traced twice)."""
+    """``fun`` with its convolutions made canonical, on CPU (traced once and replayed); ``fun``
+    itself elsewhere, and where its caller knows it holds none (``may_convolve`` False)."""
     if jax.default_backend() != "cpu" or not may_convolve:
         return fun
 
@@ -115,8 +115,6 @@ def canonicalize(fun: Callable, may_convolve: bool = True) -> Callable:
         closed, out_shape = jax.make_jaxpr(
             lambda *f: fun(*jax.tree_util.tree_unflatten(tree, f)), return_shape=True
         )(*flat)
-        if not any(is_conv(e) for e in closed.eqns) and not _interpret.has_calls(closed):
-            return fun(*args)
         outs = _interpret.eval_jaxpr(closed, flat, _interpret.inlining(_emit))
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
 

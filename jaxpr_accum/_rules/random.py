@@ -62,18 +62,26 @@ def chunk_counters(full_shape: tuple[int, ...], loc: AxisLoc, k: int, start: Arr
     """The 2x32-bit row-major counters of the chunk ``[start, start+k)`` of ``full_shape``.
 
     Where every counter of the full shape fits one 32-bit word (at most ``2**32`` elements)
-    the high word is zero and the low word is plain uint32 arithmetic, which never wraps; a
-    larger draw takes the exact two-word arithmetic."""
+    the high word is zero and the low word is plain uint32 arithmetic, which never wraps: the
+    chunk is ``outer`` runs (the dimensions before the axis) of ``span`` consecutive counters,
+    so the low word is two iotas over ``(outer, span)``, reshaped. That keeps the counters one
+    fused expression of the loop index, as JAX's own full-shape iota is, with no per-dimension
+    term for the compiler to hoist out of the loop. A larger draw takes the exact two-word
+    arithmetic."""
     shape = list(full_shape)
     shape[loc.dim] = k * loc.inner
     strides = [math.prod(full_shape[d + 1 :]) for d in range(len(full_shape))]
+    if math.prod(full_shape) <= 2**32:
+        outer, stride = math.prod(full_shape[: loc.dim]), strides[loc.dim]
+        runs = (outer, k * loc.inner * stride)
+        offset = lax.convert_element_type(start * loc.inner, np.uint32) * np.uint32(stride)
+        low = lax.broadcasted_iota(np.uint32, runs, 1) + offset
+        if outer > 1:
+            run_stride = np.uint32(full_shape[loc.dim] * stride)
+            low = low + lax.broadcasted_iota(np.uint32, runs, 0) * run_stride
+        return jnp.zeros(shape, np.uint32), low.reshape(shape)
     indices = [lax.broadcasted_iota(np.uint32, shape, d) for d in range(len(shape))]
     indices[loc.dim] = indices[loc.dim] + lax.convert_element_type(start * loc.inner, np.uint32)
-    if math.prod(full_shape) <= 2**32:
-        low = indices[-1]  # the last dimension's stride is 1
-        for index, stride in zip(indices[:-1], strides[:-1], strict=True):
-            low = low + index * np.uint32(stride)
-        return jnp.zeros(shape, np.uint32), low
     return wide_counters(shape, indices, strides)
 
 

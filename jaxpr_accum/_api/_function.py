@@ -20,7 +20,8 @@ from jaxpr_accum import _compat
 from jaxpr_accum._api._naming import non_defaults, unexpected
 from jaxpr_accum._api._sweep import Sweep, measure_sweep
 from jaxpr_accum._assembly import _budget, _fallback
-from jaxpr_accum._assembly._prepare import CACHE_SIZE, LRU, Planner, Prepared, run_as_written
+from jaxpr_accum._assembly._assemble import run_as_written
+from jaxpr_accum._assembly._prepare import CACHE_SIZE, LRU, Planner, Prepared
 from jaxpr_accum._assembly._report import Plan
 from jaxpr_accum._base import _nnx
 from jaxpr_accum._base._errors import warn

@@ -12,6 +12,7 @@ region returned. A split without a body (an empty axis) runs the program as writ
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from jax import lax
 
 from jaxpr_accum import _stream
 from jaxpr_accum._build._region import Region
-from jaxpr_accum._build._region_p import NATIVE, call
+from jaxpr_accum._build._region_p import call
 from jaxpr_accum._build._signature import Inputs, Outputs
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._modes._decision import Decision
@@ -53,11 +54,7 @@ def build(decision: Decision, accum_dtype: Any) -> Callable:
     split, mode = decision.candidate.split, decision.mode
     jaxpr = split.jaxpr
     if not split.has_body:  # an empty axis: the program as written
-
-        def as_written(*flat_inputs: Any) -> list:
-            return _interpret.eval_jaxpr(jaxpr, flat_inputs)
-
-        return as_written
+        return functools.partial(run_as_written, jaxpr)
     region = Region(split, decision.candidate.chunk, decision.layout, accum_dtype)
     sig = region.signature
     prologue, epilogue = split.indices(PROLOGUE), split.indices(EPILOGUE)
@@ -66,10 +63,7 @@ def build(decision: Decision, accum_dtype: Any) -> Callable:
         env: dict = dict(zip(jaxpr.invars, flat_inputs, strict=True))
         _interpret.eval_eqns(jaxpr.eqns, env, indices=prologue)
         inputs = Inputs([env[v] for v in sig.invariants], [env[v] for v, _ in sig.chunked])
-        if mode is NATIVE:
-            out = region.forward(inputs, checkpoint=True)
-        else:
-            out = call(region, mode, inputs)
+        out = call(region, mode, inputs)
         env.update(zip(sig.sums, out.sums, strict=True))
         for (v, kind), per_chunk in zip(sig.partials, out.partials, strict=True):
             env[v] = COMBINE[kind](per_chunk)
@@ -86,3 +80,8 @@ def build(decision: Decision, accum_dtype: Any) -> Callable:
         return [_interpret.read(env, v) for v in jaxpr.outvars]
 
     return run
+
+
+def run_as_written(jaxpr: Any, *flat: Any) -> list:
+    """The traced program evaluated as written (no region)."""
+    return _interpret.eval_jaxpr(jaxpr, flat)

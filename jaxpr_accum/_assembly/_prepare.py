@@ -25,12 +25,11 @@ from typing import Any
 import jax
 
 from jaxpr_accum._assembly import _budget, _fallback, _pairwise, _worth
-from jaxpr_accum._assembly._assemble import build
+from jaxpr_accum._assembly._assemble import build, run_as_written
 from jaxpr_accum._assembly._report import Plan
 from jaxpr_accum._base._settings import Settings
 from jaxpr_accum._build import _layout
 from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
-from jaxpr_accum._engine import _interpret
 from jaxpr_accum._modes import _choice
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._modes._remat import REMAT
@@ -283,8 +282,3 @@ class Planner:
         if call.key is not None:
             self.chunks.put(call.key, decision)
         return decision
-
-
-def run_as_written(jaxpr: Any, *flat: Any) -> list:
-    """The traced program evaluated as written (no region)."""
-    return _interpret.eval_jaxpr(jaxpr, flat)

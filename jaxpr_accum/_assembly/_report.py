@@ -27,6 +27,18 @@ def _streamed(split: Split) -> list[str]:
     ]
 
 
+def _described(layout: _layout.Layout, split: Split, chunk: int) -> str:
+    """Where the axis lives, for the report."""
+    if not isinstance(layout, _layout.ShardedLayout):
+        return "one device, contiguous chunks"
+    per = chunk // layout.devices
+    return (
+        f"sharded over mesh axis {layout.axes} ({layout.devices} devices): each device scans its "
+        f"own shard of {split.size // layout.devices} in chunks of {per} (chunk i takes {per} "
+        "rows from every shard); accumulators are summed across devices once, after the loop"
+    )
+
+
 def _saved(n: int) -> str:
     return format_bytes(n) if n >= 0 else f"-{format_bytes(-n)} (costs memory)"
 
@@ -144,7 +156,7 @@ class Plan:
             candidates=[
                 (c.split.size, c.split.born, c.net_saving, c is chosen) for c in candidates
             ],
-            layout=_layout.describe(decision.layout, split, chunk),
+            layout=_described(decision.layout, split, chunk),
             streamed=_streamed(split),
             warning=chosen.warning(),
             budget=decision.budget,

@@ -129,13 +129,3 @@ def detect(split: Split, inputs: list, mesh_axis: tuple[str, ...] | None, chunk:
         )
     return layout
 
-
-def describe(layout: Layout, split: Split, chunk: int) -> str:
-    if not isinstance(layout, ShardedLayout):
-        return "one device, contiguous chunks"
-    per = chunk // layout.devices
-    return (
-        f"sharded over mesh axis {layout.axes} ({layout.devices} devices): each device scans its "
-        f"own shard of {split.size // layout.devices} in chunks of {per} (chunk i takes {per} "
-        "rows from every shard); accumulators are summed across devices once, after the loop"
-    )

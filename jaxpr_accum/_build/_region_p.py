@@ -1,6 +1,7 @@
 """The region as one JAX primitive, ``serialized_region``, whose rules run it in chunks.
 
-``call(region, mode, inputs)`` binds the primitive on the region's flat inputs. Its
+``call(region, mode, inputs)`` binds the primitive on the region's flat inputs (``NATIVE``
+runs the chunk loop with checkpointed bodies instead, which JAX differentiates itself). Its
 parameters are the ``Region`` (``_region``), the gradient ``Mode``, the forward pass as a
 jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop) and ``used_outputs``:
 which of the region's outputs the equation returns (None: all; the forward jaxpr returns
@@ -74,7 +75,10 @@ NATIVE = Mode("native")
 
 
 def call(region: Region, mode: Mode, inputs: Inputs) -> Outputs:
-    """The region's outputs on ``inputs``, through the primitive."""
+    """The region's outputs on ``inputs`` in ``mode``: through the primitive, or under
+    ``NATIVE`` without it, the chunk loop with checkpointed bodies (JAX differentiates it)."""
+    if mode is NATIVE:
+        return region.forward(inputs, checkpoint=True)
     flat = inputs.flat()
     outs = _bind(region, mode, flat, linearizing=False)
     return region.signature.outputs(outs)

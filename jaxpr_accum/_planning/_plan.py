@@ -37,13 +37,19 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import is_float
-from jaxpr_accum._base._lattice import AxisLoc, is_mapped
+from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._engine._axes import Analysis
 from jaxpr_accum._engine._conv import is_conv
-from jaxpr_accum._planning import _cost
-from jaxpr_accum._planning._cost import nbytes
-from jaxpr_accum._planning._stages import BODY, EPILOGUE, PROLOGUE, Stages, Stop, variables
+from jaxpr_accum._planning._cost import carrying_bytes, float_bytes, materialised_bytes, nbytes
+from jaxpr_accum._planning._stages import (
+    BODY,
+    EPILOGUE,
+    PROLOGUE,
+    Stages,
+    Stop,
+    variables,
+)
 
 __all__ = ["BODY", "EPILOGUE", "PROLOGUE", "Split", "Stop", "make_split"]
 
@@ -51,7 +57,8 @@ __all__ = ["BODY", "EPILOGUE", "PROLOGUE", "Split", "Stop", "make_split"]
 @dataclasses.dataclass(frozen=True, eq=False)
 class Split:
     """The stages of every top-level equation, and the region's inputs and outputs: program
-    structure, the same at every chunk size (``_cost.Candidate`` is a split at a chunk)."""
+    structure, the same at every chunk size (``_cost.Candidate`` is a split at a chunk), and
+    the byte figures the cost model reads off them."""
 
     jaxpr: Jaxpr
     analysis: Analysis
@@ -66,17 +73,60 @@ class Split:
     stops: tuple[Stop, ...]
     hoisted_draws: tuple[Stop, ...]
     reductions: tuple[Stop, ...]
-    stacked_bytes: int  # bytes of the body outputs stacked back to full size
-    body_bytes: int  # bytes of the body's axis-carrying intermediates at full size
-    held_bytes: int  # the materialised ones among them (``_cost``), at full size
-    invariant_bytes: int  # the floating invariants (each gets a gradient accumulator)
-    input_bytes: int  # every floating input of the region, invariant or chunked
-    epilogue_bytes: int  # the epilogue's materialised results (``_cost``)
-    outside_bytes: int  # every result of the prologue and the epilogue (computed once)
-    gradient_sums: tuple[bool, ...]  # which sums carry gradients (``_gradient_sums``)
     sinks: tuple = ()  # streamed sums (``_stream.Sink``)
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
+
+    # -- what the cost model reads, each computed once from the stages (``_cost``) ---------
+    @functools.cached_property
+    def stacked_bytes(self) -> int:
+        """Bytes of the body outputs stacked back to full size."""
+        return sum(nbytes(v) for v, _ in self.stacked)
+
+    @functools.cached_property
+    def held_bytes(self) -> int:
+        """Bytes of the body's materialised axis-carrying intermediates at full size."""
+        stacked = {v for v, _ in self.stacked}
+        eqns, body = self.jaxpr.eqns, self.indices(BODY)
+        return carrying_bytes(
+            self.analysis, (), eqns, body, exclude=stacked, materialised_only=True
+        )
+
+    @functools.cached_property
+    def invariant_bytes(self) -> int:
+        """Bytes of the floating invariants (each gets a gradient accumulator)."""
+        return float_bytes(self.invariants)
+
+    @functools.cached_property
+    def input_bytes(self) -> int:
+        """Bytes of every floating input of the region, invariant or chunked."""
+        return self.invariant_bytes + float_bytes(v for v, _ in self.chunked)
+
+    @functools.cached_property
+    def epilogue_bytes(self) -> int:
+        """Bytes of the epilogue's materialised results."""
+        return materialised_bytes(self.jaxpr.eqns[i] for i in self.indices(EPILOGUE))
+
+    @functools.cached_property
+    def outside_bytes(self) -> int:
+        """Bytes of every result of the prologue and the epilogue (computed once)."""
+        outside = zip(self.jaxpr.eqns, self.stages, strict=True)
+        return sum(nbytes(v) for e, s in outside if s != BODY for v in e.outvars)
+
+    @functools.cached_property
+    def gradient_sums(self) -> tuple[bool, ...]:
+        """Which of the ``sums`` carry gradients: computed from a floating input of the
+        region through floating values only, never through ``stop_gradient``. A token count
+        made from integer labels, an accuracy (through ``argmax`` and a comparison), or a sum
+        of stopped values carries none (its Jacobian rows would be zeros)."""
+        dependent = {v for v in (*self.invariants, *(v for v, _ in self.chunked)) if is_float(v)}
+        for i in self.indices(BODY):
+            eqn = self.jaxpr.eqns[i]
+            if eqn.primitive.name == "stop_gradient":
+                continue
+            if any(v in dependent for v in variables(eqn.invars)):
+                dependent.update(v for v in eqn.outvars if is_float(v))
+        return tuple(v in dependent for v in self.sums)
 
     @functools.cached_property
     def custom_vjp_in_body(self) -> str | None:
@@ -136,18 +186,9 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True)
     ``_fanout``: all prologue); ``stream=False``: no equation is streamed (``_fallback``'s
     narrower plan)."""
     stages = _stages_to_fixpoint(jaxpr, analysis, stream)
-    places = {v: loc for (ctx, v), loc in analysis.locs.items() if ctx == ()}  # at the top
-    invariants, chunked = _region_inputs(jaxpr, places, stages)
-    read_after = _read_after_the_loop(jaxpr, stages)
-    kinds = _reduction_kinds(jaxpr, analysis, stages.stages)
-    sums, partials, stacked = _region_outputs(places, kinds, stages, read_after)
-    stacked_vars = {v for v, _ in stacked}
-    body = [i for i, s in enumerate(stages.stages) if s == BODY]
-    carrying = _cost.carrying_bytes(analysis, (), jaxpr.eqns, body, exclude=stacked_vars)
-    held = _cost.carrying_bytes(
-        analysis, (), jaxpr.eqns, body, exclude=stacked_vars, materialised_only=True
-    )
-    invariant_bytes = _cost.float_bytes(invariants)
+    invariants, chunked = stages.region_inputs()
+    read_after = stages.read_after_the_loop()
+    sums, partials, stacked = stages.region_outputs(read_after)
     return Split(
         jaxpr=jaxpr,
         analysis=analysis,
@@ -162,42 +203,10 @@ def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True)
         stops=tuple(stages.stops),
         hoisted_draws=tuple(stages.hoisted),
         reductions=tuple(stages.reductions),
-        stacked_bytes=sum(nbytes(v) for v in stacked_vars),
-        body_bytes=carrying,
-        held_bytes=held,
-        invariant_bytes=invariant_bytes,
-        input_bytes=invariant_bytes + _cost.float_bytes(v for v, _ in chunked),
-        epilogue_bytes=_cost.materialised_bytes(
-            jaxpr.eqns[i] for i, s in enumerate(stages.stages) if s == EPILOGUE
-        ),
-        outside_bytes=sum(
-            nbytes(v)
-            for e, s in zip(jaxpr.eqns, stages.stages, strict=True)
-            if s != BODY
-            for v in e.outvars
-        ),
-        gradient_sums=_gradient_sums(jaxpr, body, [*invariants, *(v for v, _ in chunked)], sums),
         sinks=tuple(sink for sink in stages.sinks if sink.var in set(read_after)),
         streamed=frozenset(stages.streamed_eqns),
         deferred=frozenset(stages.deferred),
     )
-
-
-def _gradient_sums(
-    jaxpr: Jaxpr, body: list[int], inputs: list[Var], sums: list[Var]
-) -> tuple[bool, ...]:
-    """Which of the region's ``sums`` carry gradients: computed from a floating input of the
-    region through floating values only, never through ``stop_gradient``. A token count made
-    from integer labels, an accuracy (through ``argmax`` and a comparison), or a sum of
-    stopped values carries none (its Jacobian rows would be zeros)."""
-    dependent = {v for v in inputs if is_float(v)}
-    for i in body:
-        eqn = jaxpr.eqns[i]
-        if eqn.primitive.name == "stop_gradient":
-            continue
-        if any(v in dependent for v in variables(eqn.invars)):
-            dependent.update(v for v in eqn.outvars if is_float(v))
-    return tuple(v in dependent for v in sums)
 
 
 def _stages_to_fixpoint(jaxpr: Jaxpr, analysis: Analysis, stream: bool) -> Stages:
@@ -219,71 +228,3 @@ def _stages_to_fixpoint(jaxpr: Jaxpr, analysis: Analysis, stream: bool) -> Stage
         if not unstackable:
             return draft
         unstacked.update(unstackable)
-
-
-def _region_inputs(jaxpr: Jaxpr, places: dict[Var, AxisLoc], stages: Stages) -> tuple[list, list]:
-    """``(invariants, chunked with their axis positions)``: the prologue values the body
-    reads, in order of first reading (``places``: where the axis sits in top-level values)."""
-    invariants: list[Var] = []
-    chunked: list[tuple[Var, AxisLoc]] = []
-    seen: set = set()
-    for idx in (i for i, s in enumerate(stages.stages) if s == BODY):
-        for v in variables(jaxpr.eqns[idx].invars):
-            if stages.stage[v] == PROLOGUE and v not in seen:
-                seen.add(v)
-                where = places.get(v)
-                if where is None or is_mapped(where):  # a mapped one: its windows, in the body
-                    invariants.append(v)
-                else:
-                    chunked.append((v, where))
-    return invariants, chunked
-
-
-def _read_after_the_loop(jaxpr: Jaxpr, stages: Stages) -> list[Var]:
-    """The values read after the loop: by the outputs, the epilogue, and the combination of
-    streamed sums (the deferred values), in program order within each."""
-    order = {v: i for i, v in enumerate(_defined_in_order(jaxpr))}
-    read_after: list[Var] = list(variables(jaxpr.outvars))
-    for idx, s in enumerate(stages.stages):
-        if s == EPILOGUE:
-            read_after.extend(variables(jaxpr.eqns[idx].invars))
-    read_after.extend(sorted(stages.deferred, key=lambda v: order[v]))
-    return read_after
-
-
-def _region_outputs(
-    places: dict[Var, AxisLoc], kinds: dict, stages: Stages, read_after: list[Var]
-) -> tuple[list, list, list]:
-    """``(sums, partials with their monoid, stacked with their axis positions)``: the body
-    values read after the loop (a streamed sum is an output of its own kind; ``kinds``: the
-    monoid of each reduction over the axis)."""
-    sums: list[Var] = []
-    partials: list[tuple[Var, str]] = []
-    stacked: list[tuple[Var, AxisLoc]] = []
-    seen = {sink.var for sink in stages.sinks}
-    for v in read_after:
-        if stages.stage.get(v) != BODY or v in seen:
-            continue
-        seen.add(v)
-        where = places.get(v)
-        if where is not None:
-            stacked.append((v, where))
-        elif kinds[v] == "sum":
-            sums.append(v)
-        else:
-            partials.append((v, kinds[v]))
-    return sums, partials, stacked
-
-
-def _defined_in_order(jaxpr: Jaxpr) -> list[Var]:
-    return [*jaxpr.invars, *(v for e in jaxpr.eqns for v in e.outvars)]
-
-
-def _reduction_kinds(jaxpr: Jaxpr, analysis: Analysis, stages: list[str]) -> dict:
-    kinds = {}
-    for idx, s in enumerate(stages):
-        if s != BODY:
-            continue
-        for j, kind in analysis.reductions.get(((), idx), {}).items():
-            kinds[jaxpr.eqns[idx].outvars[j]] = kind
-    return kinds

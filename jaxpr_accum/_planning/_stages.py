@@ -5,16 +5,19 @@ epilogue, streams what the normaliser algebra can (``_stream``), and records whe
 the region stops (``Stop``, with the stop that forced it where a retreat is not its own).
 ``_plan.make_split`` runs it to a fixpoint: streaming undone where a streamed value has a
 reader outside the algebra (``misused``), and equations whose result holds the axis as a
-middle factor moved after the loop where that result is read there (``unstackable``).
+middle factor moved after the loop where that result is read there (``unstackable``); the
+stages it ends with give the region's inputs and outputs (``region_inputs``,
+``region_outputs``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from jaxpr_accum import _compat, _stream
-from jaxpr_accum._base._lattice import is_mapped, is_middle_factor
+from jaxpr_accum._base._lattice import AxisLoc, is_mapped, is_middle_factor
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
 from jaxpr_accum._engine._axes import Analysis
 
@@ -191,6 +194,75 @@ class Stages:
                 continue
             bad.update(self.producer[v] for v in variables(eqn.invars) if v in self.values)
         return bad
+
+    # -- the region's inputs and outputs, as these stages place them -----------------------
+    @functools.cached_property
+    def places(self) -> dict[Var, AxisLoc]:
+        """Where the axis sits in the top-level values."""
+        return {v: loc for (ctx, v), loc in self.analysis.locs.items() if ctx == ()}
+
+    def region_inputs(self) -> tuple[list, list]:
+        """``(invariants, chunked with their axis positions)``: the prologue values the body
+        reads, in order of first reading."""
+        places = self.places
+        invariants: list[Var] = []
+        chunked: list[tuple[Var, AxisLoc]] = []
+        seen: set = set()
+        for idx in (i for i, s in enumerate(self.stages) if s == BODY):
+            for v in variables(self.jaxpr.eqns[idx].invars):
+                if self.stage[v] == PROLOGUE and v not in seen:
+                    seen.add(v)
+                    where = places.get(v)
+                    if where is None or is_mapped(where):  # a mapped one: its windows, in the body
+                        invariants.append(v)
+                    else:
+                        chunked.append((v, where))
+        return invariants, chunked
+
+    def read_after_the_loop(self) -> list[Var]:
+        """The values read after the loop: by the outputs, the epilogue, and the combination
+        of streamed sums (the deferred values), in program order within each."""
+        jaxpr = self.jaxpr
+        defined = [*jaxpr.invars, *(v for e in jaxpr.eqns for v in e.outvars)]
+        order = {v: i for i, v in enumerate(defined)}
+        read_after: list[Var] = list(variables(jaxpr.outvars))
+        for idx, s in enumerate(self.stages):
+            if s == EPILOGUE:
+                read_after.extend(variables(jaxpr.eqns[idx].invars))
+        read_after.extend(sorted(self.deferred, key=lambda v: order[v]))
+        return read_after
+
+    def region_outputs(self, read_after: list[Var]) -> tuple[list, list, list]:
+        """``(sums, partials with their monoid, stacked with their axis positions)``: the body
+        values read after the loop (``read_after``; a streamed sum is an output of its own
+        kind)."""
+        places, kinds = self.places, self._reduction_kinds()
+        sums: list[Var] = []
+        partials: list[tuple[Var, str]] = []
+        stacked: list[tuple[Var, AxisLoc]] = []
+        seen = {sink.var for sink in self.sinks}
+        for v in read_after:
+            if self.stage.get(v) != BODY or v in seen:
+                continue
+            seen.add(v)
+            where = places.get(v)
+            if where is not None:
+                stacked.append((v, where))
+            elif kinds[v] == "sum":
+                sums.append(v)
+            else:
+                partials.append((v, kinds[v]))
+        return sums, partials, stacked
+
+    def _reduction_kinds(self) -> dict:
+        """The monoid of each reduction over the axis in the body."""
+        kinds = {}
+        for idx, s in enumerate(self.stages):
+            if s != BODY:
+                continue
+            for j, kind in self.analysis.reductions.get(((), idx), {}).items():
+                kinds[self.jaxpr.eqns[idx].outvars[j]] = kind
+        return kinds
 
 
 def _not_a_block(loc: Any) -> bool:

@@ -722,6 +722,28 @@ def test_no_internal_error_reaches_the_user():
         assert int(ints(jnp.arange(7))) == 42
 
 
+@pytest.mark.parametrize("mode", ["auto", "remat", "fused", "native"])
+def test_an_empty_axis_runs_as_written_in_every_mode_and_says_so(mode):
+    """Size 0: every mode runs the program as written, and the plan says so (no loop, no hint
+    to force a loop that an empty axis never builds)."""
+    w, b, _ = _args("float32")
+    x = jnp.ones((0, 4))
+    sf = ja.serialize_axis(real_loss, chunk=3, argnums=2, grad=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a call on an empty axis warns nothing
+        got = jax.value_and_grad(sf, argnums=(0, 1))(w, b, x)
+    assert_tree_close(got, jax.value_and_grad(real_loss, argnums=(0, 1))(w, b, x))
+    plan = sf.explain(w, b, x)
+    assert plan.grad == "none"
+    assert (
+        plan.grad_reason
+        == "the axis has size 0: there is nothing to chunk; the function runs as written"
+    )
+    text = str(plan)
+    assert "all run as written (no loop)" in text
+    assert "anyway" not in text and "hoisted" not in text and "fused does not apply" not in text
+
+
 # -- 11. settings are read-only ----------------------------------------------------------------
 
 

@@ -222,6 +222,15 @@ class Plan:
             )
         return lines
 
+    def _equations_line(self) -> str:
+        counts = self.counts
+        if self.axis_size == 0:  # no loop is built
+            return f"  equations: {sum(counts.values())}, all run as written (no loop)"
+        return (
+            f"  equations: {counts[PROLOGUE]} hoisted before the loop, {counts[BODY]} chunked, "
+            f"{counts[EPILOGUE]} left after the loop"
+        )
+
     def _lines(self, title: str, pass_: int = 1) -> list[str]:
         """The section of one pass; of ``stops``, those of pass ``pass_`` (a plain string: 1)."""
         stops = [s for s in self.stops if getattr(s, "pass_", 1) == pass_]
@@ -234,8 +243,7 @@ class Plan:
             f"  gradient mode: {self.grad} ({self.grad_reason})",
             *([] if self.budget is None else self.budget.lines()),
             f"  layout: {self.layout}",
-            f"  equations: {self.counts[PROLOGUE]} hoisted before the loop, "
-            f"{self.counts[BODY]} chunked, {self.counts[EPILOGUE]} left after the loop",
+            self._equations_line(),
         ]
         if self.reduced_at:
             lines.append("  reduced at:")

@@ -58,6 +58,8 @@ def as_written_instead(
     """Why the function should run as written instead of ``programs.run`` (None: keep the
     loop)."""
     warning = candidate.warning()
+    if candidate.split.size == 0:  # the build is the program as written, whatever the mode
+        return f"{warning}; the function runs as written"
     if warning is None or requested is not AUTO:
         return None
     if not candidate.no_saving_is_certain():

@@ -197,6 +197,7 @@ def _linearize(
     return _used(outs, used), _used(nz, used), res, linearized_used
 
 
+_compat.held_weakly_in_caches(Region)  # the region owns its plan: freed with its function
 region_p = _compat.define_primitive(
     "serialized_region",
     abstract_eval=_abstract_eval,

@@ -62,6 +62,7 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     define_primitive,
     differentiated,
     has_effects,
+    held_weakly_in_caches,
     instantiate,
     is_undefined_primal,
     is_zero,

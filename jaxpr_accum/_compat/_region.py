@@ -61,6 +61,14 @@ def define_primitive(
     return p
 
 
+def held_weakly_in_caches(cls: type) -> None:
+    """JAX's caches keyed by equation parameters (abstract evaluation's, for one) hold the
+    instances of ``cls`` weakly, as they hold a jaxpr: a parameter that owns a whole plan
+    (the region) is freed with the function that made it, not when 2,048 later entries evict
+    it. JAX holds a parameter strongly unless its exact type is registered."""
+    internal("jax._src.util.weakref_cache_key_types").add(cls)
+
+
 def _batcher(p: Any, rule: Callable) -> Callable:
     """``rule`` as JAX's batching table calls it (for every argument dims, under any
     ``jax.vmap``): where no argument is batched, the primitive itself, unbatched."""

@@ -21,7 +21,9 @@ and a new closure: no trace or compile cache is hit), and the pairs are interlea
   compiled by XLA (``.compile``), each timed on its own, original and ``sf``.
 
 Figures are process CPU time (the machine is shared: CPU time is what the load inflates
-least), medians over the repeats, with wall times and the load average beside them. Exit 1
+least); the table shows medians over the repeats, and each comparison is the median over the
+repeats of that repeat's ratio (or difference) of the interleaved pair, with wall times and
+the load average beside them. Exit 1
 if a target is missed.
 """
 
@@ -83,6 +85,48 @@ def measured_cases(cfg: TransformerConfig, args: tuple) -> dict[str, Callable[[]
     }
 
 
+Times = dict[str, list[float]]
+
+
+def paired(times: Times, sf: str, original: str, ratio: bool) -> float:
+    """The median over the repeats of each repeat's ratio (or difference) of the pair."""
+    each = [s / o if ratio else s - o for s, o in zip(times[sf], times[original], strict=True)]
+    return statistics.median(each)
+
+
+def report(cpu: Times, wall: Times, plan: ja.Plan) -> bool:
+    """Print the medians and the targets' verdicts; whether both targets are met."""
+    med = {n: (statistics.median(cpu[n]), statistics.median(wall[n])) for n in cpu}
+    print_table(
+        ["what", "median CPU", "median wall"],
+        [[n, f"{c:.2f} s", f"{w:.2f} s"] for n, (c, w) in med.items()],
+    )
+    print(f"\nauto's mode: {plan.grad} ({plan.grad_reason})")
+    extra_cpu = paired(cpu, "sf.jaxpr", "make_jaxpr(loss)", ratio=False)
+    extra_wall = paired(wall, "sf.jaxpr", "make_jaxpr(loss)", ratio=False)
+    ratio_cpu = paired(cpu, "first call, sf", "first call, original", ratio=True)
+    ratio_wall = paired(wall, "first call, sf", "first call, original", ratio=True)
+    first_calls = zip(cpu["first call, sf"], cpu["first call, original"], strict=True)
+    ok_plan, ok_call = extra_cpu <= EXTRA_S, ratio_cpu <= FIRST_CALL_RATIO
+    print(
+        f"planning: sf.jaxpr - make_jaxpr = {extra_cpu:+.2f} s CPU ({extra_wall:+.2f} s wall; "
+        f"ratio {med['sf.jaxpr'][0] / med['make_jaxpr(loss)'][0]:.2f}x CPU), target <= "
+        f"{EXTRA_S:.0f} s: {'PASS' if ok_plan else 'FAIL'}"
+    )
+    print(
+        f"first call: sf / original = {ratio_cpu:.2f}x CPU ({ratio_wall:.2f}x wall), target "
+        f"<= {FIRST_CALL_RATIO}x: {'PASS' if ok_call else 'FAIL'} (each repeat: "
+        + ", ".join(f"{s / o:.2f}x" for s, o in first_calls)
+        + ")"
+    )
+    for part in ("lower", "compile"):
+        sf_name, orig_name = f"  {part}, sf", f"  {part}, original"
+        ratio = paired(cpu, sf_name, orig_name, ratio=True)
+        extra = paired(cpu, sf_name, orig_name, ratio=False)
+        print(f"  {part}: sf / original = {ratio:.2f}x CPU ({extra:+.2f} s)")
+    return ok_plan and ok_call
+
+
 def main(argv: list[str] | None = None) -> int:
     def repeats_option(parser: Any) -> None:
         parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats")
@@ -92,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TransformerConfig(batch=16, seq=32, embed=64, layers=4 if opts.quick else 12)
     _, args = transformer_problem(cfg)
     cases = measured_cases(cfg, args)
-    cpu: dict[str, list[float]] = {n: [] for n in cases}
-    wall: dict[str, list[float]] = {n: [] for n in cases}
+    cpu: Times = {n: [] for n in cases}
+    wall: Times = {n: [] for n in cases}
     loads = [os.getloadavg()[0]]
     print(
         f"jax {jax.__version__}: {cfg.layers}-layer transformer (batch {cfg.batch}, seq "
@@ -107,31 +151,11 @@ def main(argv: list[str] | None = None) -> int:
             cpu[name].append(c)
             wall[name].append(w)
         loads.append(os.getloadavg()[0])
-    med = {n: (statistics.median(cpu[n]), statistics.median(wall[n])) for n in cases}
-    extra_cpu = med["sf.jaxpr"][0] - med["make_jaxpr(loss)"][0]
-    extra_wall = med["sf.jaxpr"][1] - med["make_jaxpr(loss)"][1]
-    ratio_cpu = med["first call, sf"][0] / med["first call, original"][0]
-    ratio_wall = med["first call, sf"][1] / med["first call, original"][1]
-    rows = [[n, f"{c:.2f} s", f"{w:.2f} s"] for n, (c, w) in med.items()]
-    print_table(["what", "median CPU", "median wall"], rows)
-    plan = ja.serialize_axis(make_transformer_loss(cfg), chunk=4, argnums=1).explain(*args)
-    print(f"\nauto's mode: {plan.grad} ({plan.grad_reason})")
-    ok_plan, ok_call = extra_cpu <= EXTRA_S, ratio_cpu <= FIRST_CALL_RATIO
-    print(
-        f"planning: sf.jaxpr - make_jaxpr = {extra_cpu:+.2f} s CPU ({extra_wall:+.2f} s wall; "
-        f"ratio {med['sf.jaxpr'][0] / med['make_jaxpr(loss)'][0]:.2f}x CPU), target <= "
-        f"{EXTRA_S:.0f} s: {'PASS' if ok_plan else 'FAIL'}"
+    ok = report(
+        cpu, wall, ja.serialize_axis(make_transformer_loss(cfg), chunk=4, argnums=1).explain(*args)
     )
-    print(
-        f"first call: sf / original = {ratio_cpu:.2f}x CPU ({ratio_wall:.2f}x wall), target "
-        f"<= {FIRST_CALL_RATIO}x: {'PASS' if ok_call else 'FAIL'}"
-    )
-    for part in ("lower", "compile"):
-        sf_cpu, orig_cpu = med[f"  {part}, sf"][0], med[f"  {part}, original"][0]
-        extra = sf_cpu - orig_cpu
-        print(f"  {part}: sf / original = {sf_cpu / orig_cpu:.2f}x CPU ({extra:+.2f} s)")
     print("load average (1 min): " + ", ".join(f"{x:.1f}" for x in loads))
-    return 0 if ok_plan and ok_call else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

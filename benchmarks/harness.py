@@ -1,8 +1,7 @@
 """The harness the benchmark scripts share: compiling, timing, comparing and reporting.
 
 - ``compile_all``: ``jit(value_and_grad(f))`` of several functions, compiled two at a time;
-- ``time_paired``: interleaved rounds, per-round time ratios against a reference, medians of
-  those (``PairedTimes``);
+- ``time_paired``: interleaved rounds, medians of per-round time ratios (``PairedTimes``);
 - ``tree_rel_error``: the largest per-leaf relative difference of two pytrees of arrays
   (``jaxpr_accum.testing.tree_difference``);
 - ``fmt_bytes`` (bytes in B, KiB, MiB or GiB, as the package prints them; ``n/a`` for None),
@@ -224,6 +223,7 @@ DOC_SECTIONS = (
     "peers",
     "accuracy",
     "tracing",
+    "planning_cost",
     "random_memory",
     "budget",
     "normalisers",
@@ -236,14 +236,14 @@ DOC_HEADER = """# Benchmarks
 
 Written by the scripts in `benchmarks/` (each one rewrites its own section below): `python
 benchmarks/peers.py`, `python benchmarks/accuracy.py`, `python benchmarks/tracing.py`, `python
-benchmarks/random_memory.py`, `python benchmarks/budget.py`, `python benchmarks/normalisers.py
---write`, `python benchmarks/forward.py`, `python benchmarks/auto_choice.py --write`, `python
-benchmarks/pairwise.py --write`. Memory is XLA's own accounting of the compiled
-`jax.jit(jax.value_and_grad(f))`
+benchmarks/planning_cost.py`, `python benchmarks/random_memory.py`, `python benchmarks/budget.py`,
+`python benchmarks/normalisers.py --write`, `python benchmarks/forward.py`, `python
+benchmarks/auto_choice.py --write`, `python benchmarks/pairwise.py --write`. Memory is XLA's own
+accounting of the compiled `jax.jit(jax.value_and_grad(f))`
 (`compiled.memory_analysis().temp_size_in_bytes`); times are medians of *paired* ratios from
-interleaved repeats (every round runs the original and each variant back to back, the ratio is
-taken per round, then the median over rounds), so that drift on a shared machine affects both
-sides of every ratio alike.
+interleaved repeats (every round runs the original and each variant back to back, the ratio is taken
+per round, then the median over rounds), so that drift on a shared machine affects both sides of
+every ratio alike.
 
 The scripts use the public API only (`jaxpr_accum`, `ja.temp_bytes`, `jaxpr_accum.testing`)
 and their own modules (`harness.py`, `measuring.py`, the models of `models.py`, `transformer.py`

@@ -36,6 +36,8 @@ class Estimate(Protocol):
 
     def warning(self) -> str | None: ...
 
+    def builds_no_loop(self) -> bool: ...
+
     def no_saving_is_certain(self) -> bool: ...
 
 
@@ -58,7 +60,7 @@ def as_written_instead(
     """Why the function should run as written instead of ``programs.run`` (None: keep the
     loop)."""
     warning = candidate.warning()
-    if candidate.split.size == 0:  # the build is the program as written, whatever the mode
+    if candidate.builds_no_loop():  # an empty axis: the program as written, whatever the mode
         return f"{warning}; the function runs as written"
     if warning is None or requested is not AUTO:
         return None

@@ -135,6 +135,10 @@ class Candidate:
         cotangents = split.invariant_bytes
         return self.avoided_bytes - split.stacked_bytes - accumulators - cotangents
 
+    def builds_no_loop(self) -> bool:
+        """Whether the build is the program as written whatever the mode: the axis is empty."""
+        return self.split.size == 0
+
     def no_saving_is_certain(self) -> bool:
         """Whether an estimate of no saving needs no measurement: the axis is empty, one
         chunk covers it, or none of the region's intermediates is materialised at full size."""

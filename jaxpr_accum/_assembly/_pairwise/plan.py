@@ -85,6 +85,9 @@ class TwoPass:
     def net_saving(self) -> int:
         return sum(c.net_saving for c in self.passes)
 
+    def builds_no_loop(self) -> bool:
+        return any(c.builds_no_loop() for c in self.passes)
+
     def no_saving_is_certain(self) -> bool:
         return all(c.no_saving_is_certain() for c in self.passes)
 

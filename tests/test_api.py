@@ -241,7 +241,16 @@ def test_unequal_sizes_within_one_argument():
     assert str(N) in msg and str(N + 1) in msg, msg
 
 
-@pytest.mark.parametrize("grad", ["bogus", "", None, 1])
+class _LooksLikeRemat:
+    """Not a string, though it compares equal to one."""
+
+    def __eq__(self, other):
+        return other == "remat"
+
+    __hash__ = object.__hash__
+
+
+@pytest.mark.parametrize("grad", ["bogus", "", None, 1, "Remat", _LooksLikeRemat()])
 def test_bad_grad_mode(grad):
     _raises_naming("grad", lambda: ja.serialize_axis(loss, chunk=4, argnums=1, grad=grad))
 
@@ -252,8 +261,17 @@ def test_bad_size(size):
 
 
 def test_not_callable():
-    with pytest.raises(TypeError):
-        ja.serialize_axis(3, chunk=4)
+    for make in (lambda: ja.serialize_axis(3, chunk=4), lambda: ja.serialize_axis(4)):
+        with pytest.raises(TypeError, match="`fun` must be callable, got [34]"):
+            make()
+    with pytest.raises(TypeError, match="`fun` must be callable"):
+        ja.serialize_axis(chunk=4)(5)
+
+
+def test_a_traced_chunk_is_named():
+    """A setting passed in as a traced value (inside ``jax.jit``) says which setting."""
+    with pytest.raises(TypeError, match="`chunk` must be a concrete integer"):
+        jax.jit(lambda c: ja.serialize_axis(loss, chunk=c, argnums=1)(W, X))(4)
 
 
 # --------------------------------------------------------------------------------------

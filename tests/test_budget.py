@@ -121,6 +121,16 @@ def test_impossible_budget_names_the_smallest_memory_and_what_dominates():
     msg = str(info.value)
     assert "the smallest measured is" in msg and "at chunk 1" in msg
     assert "What dominates it" in msg and "parameter gradients" in msg
+    assert "grad='remat'" not in msg  # auto tried remat itself
+
+
+def test_impossible_fused_budget_points_to_remat():
+    """Fused requested and fitting at no chunk: the error says remat holds no Jacobian rows,
+    and names no part whose estimate exceeds what was measured."""
+    sf = ja.serialize_axis(loss, memory="1 KiB", argnums=(1, 2), grad="fused")
+    with pytest.raises(ja.SerializeError, match="`grad='remat'` holds no Jacobian rows") as info:
+        sf(*ARGS)
+    assert "(fused gradients;" in str(info.value)
 
 
 def test_impossible_budget_dominated_by_the_unchunked_prologue():
@@ -141,6 +151,8 @@ def test_impossible_budget_dominated_by_the_unchunked_prologue():
         ({"memory": "lots"}, ValueError, "cannot parse"),
         ({"memory": "2 XB"}, ValueError, "cannot parse"),
         ({"memory": "0 MiB"}, ValueError, "at least 1 byte"),
+        ({"memory": "1e400B"}, ValueError, "out of range"),
+        ({"memory": "1e309 GB"}, ValueError, "out of range"),
         ({"memory": 1.5}, ValueError, r"\(0, 1\]"),
         ({"memory": 0.0}, ValueError, r"\(0, 1\]"),
         ({"memory": True}, TypeError, "memory"),
@@ -156,7 +168,15 @@ def test_bad_budgets_fail_at_decoration(kwargs, error, needle):
 
 @pytest.mark.parametrize(
     "text, nbytes",
-    [("512 MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("1.5 GiB", 3 * 2**29), ("100", 100)],
+    [
+        ("512 MiB", 512 * 2**20),
+        ("2GB", 2 * 10**9),
+        ("2 g", 2 * 10**9),
+        ("1.5 GiB", 3 * 2**29),
+        ("100", 100),
+        (np.int64(100), 100),
+        (np.float32(0.5), 0.5),
+    ],
 )
 def test_units(text, nbytes):
     assert ja.serialize_axis(loss, memory=text).memory == nbytes

@@ -74,6 +74,15 @@ def test_the_warning_points_at_the_callers_line(how):
     assert w.lineno == line, (w.lineno, line, how)
 
 
+def test_a_function_warns_once_across_kinds_of_call():
+    """A plain call, ``jax.grad`` and ``jax.jit`` plan apart (per perturbation pattern and
+    kind of call); the same warning is given once per function, as the docs say."""
+    sf = whole_axis()
+    caught = _record(lambda: (sf(X), jax.grad(sf)(X), jax.jit(sf)(X), sf(X)))
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert len(_record(lambda: whole_axis()(X))) == 1  # a new function warns again
+
+
 def test_ignoring_the_category_silences_it():
     sf = whole_axis()
     with warnings.catch_warnings(record=True) as caught:

@@ -128,6 +128,8 @@ def serialize_axis(
         >>> bool(jnp.allclose(g, jax.grad(mse.original)(w, x, y), rtol=1e-5))
         True
     """
+    if fun is not None:
+        _callable(fun)  # before the settings: `serialize_axis(4)` meant `chunk=4`
     settings = Settings.validated(
         chunk=chunk,
         memory=memory,
@@ -140,5 +142,14 @@ def serialize_axis(
         in_axes=in_axes,
     )
     if fun is None:
-        return lambda f: SerializedFunction(f, settings)
+        return lambda f: SerializedFunction(_callable(f), settings)
     return SerializedFunction(fun, settings)
+
+
+def _callable(fun: Any) -> Any:
+    if not callable(fun):
+        raise TypeError(
+            f"`fun` must be callable, got {fun!r} ({type(fun).__name__}); pass `chunk` and "
+            "the other settings by keyword: `serialize_axis(f, chunk=4)`"
+        )
+    return fun

@@ -60,6 +60,7 @@ class SerializedFunction(Generic[P, R]):
     _cache: LRU
     _planner: Planner
     _pure: SerializedFunction | None
+    _warned: set[str]
 
     chunk = _setting("chunk")
     memory = _setting("memory")
@@ -72,13 +73,12 @@ class SerializedFunction(Generic[P, R]):
     in_axes = _setting("in_axes")
 
     def __init__(self, fun: Callable[P, R], settings: Settings):
-        if not callable(fun):
-            raise TypeError(f"`fun` must be callable, got {fun!r}")
         object.__setattr__(self, "settings", settings)
         object.__setattr__(self, "original", fun)
         object.__setattr__(self, "_cache", LRU(CACHE_SIZE))
         object.__setattr__(self, "_planner", Planner(settings))
         object.__setattr__(self, "_pure", None)
+        object.__setattr__(self, "_warned", set())  # the plan warnings given (each once)
         functools.update_wrapper(self, fun)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -122,9 +122,10 @@ class SerializedFunction(Generic[P, R]):
             return out
         prepared, inputs = self._prepare(args, kwargs)
         split = prepared.split
-        if prepared.plan.warning and not prepared.warned and split is not None and split.size:
-            prepared.warned = True
-            warn(f"{self!r}: {prepared.plan.warning}")
+        warning = prepared.plan.warning
+        if warning and split is not None and split.size and warning not in self._warned:
+            self._warned.add(warning)  # once per function, whatever the call's plan
+            warn(f"{self!r}: {warning}")
         original = functools.partial(run_as_written, prepared.traced.jaxpr)
         try:  # the library's stages of the call, before anything of the user's runs
             compiles = _fallback.ready(prepared.jitted, inputs, prepared.ready, original)

@@ -251,16 +251,25 @@ def impossible(split: Split, tried: list, devices: int, request: Request) -> Ser
         f"the stacked outputs of the region ({format_bytes(split.stacked_bytes)}, plus their "
         "cotangents)": 2 * split.stacked_bytes,
         f"the parameter gradients ({format_bytes(params)} of floating loop-invariant inputs, "
-        "each with an accumulator and a gradient)": 2 * params,
+        "each with an accumulator)": params,
     }
-    dominant = max(parts, key=lambda p: parts[p])
+    # named only where the estimate is a large part of the measurement, not above it (XLA
+    # writes the gradients into the outputs, outside its temp memory)
+    fitting = [p for p in parts if best / 4 <= parts[p] <= best]
+    dominant = max(fitting, key=lambda p: parts[p]) if fitting else None
     per = f" per device ({devices} devices)" if devices > 1 else ""
+    remat = (
+        "; `grad='remat'` holds no Jacobian rows and may need less"
+        if all(m == "fused" for m, _, _ in tried)
+        else ""
+    )
     return SerializeError(
         f"the memory budget {format_bytes(limit)}{per} is below what this function needs at "
         f"any chunk for value_and_grad with respect to {wrt}: the smallest measured is "
         f"{format_bytes(best)}, at chunk {k} ({mode} gradients; tried: "
         + ", ".join(f"{kk} -> {format_bytes(m)}" for _, kk, m in tried)
-        + f"). What dominates it (estimated): {dominant}. Raise `memory` to at least "
-        f"{format_bytes(best)} ({best} bytes); `explain` of the function with `chunk=1` shows "
-        "what runs outside the region and what it stacks."
+        + ")."
+        + ("" if dominant is None else f" What dominates it (estimated): {dominant}.")
+        + f" Raise `memory` to at least {format_bytes(best)} ({best} bytes){remat}; `explain` "
+        "of the function with `chunk=1` shows what runs outside the region and what it stacks."
     )

@@ -12,7 +12,6 @@ from html import escape
 from typing import Any
 
 from jaxpr_accum._planning._cost import format_bytes
-from jaxpr_accum._planning._plan import BODY, EPILOGUE, PROLOGUE
 
 TABLE = 'style="border-collapse: collapse; text-align: left; font-size: 0.9em"'
 _CELL = 'style="padding: 2px 8px; vertical-align: top; text-align: {align}"'
@@ -90,16 +89,13 @@ def _one_plan(plan: Any, title: str, pass_: int = 1) -> str:
     """One region at a glance: axis, chunks, gradient mode and why, equation counts, the
     estimated saving, the warning; then the stops of pass ``pass_`` (with their source
     lines) and the rest."""
-    counts = [plan.counts[s] for s in (PROLOGUE, BODY, EPILOGUE)]
-    chunks = f"{plan.chunk} ({plan.n_chunks} chunk{'s' if plan.n_chunks != 1 else ''}" + (
-        f", the last of {plan.remainder})" if plan.remainder else ")"
-    )
+    chunks = f"{plan.chunk} ({plan.chunks_text()})"
     chosen = next((c for c in plan.candidates if c[3]), None)
     rows = [
         ("axis", f"size {plan.axis_size}, born at {plan.born}"),
         ("chunk", chunks),
         ("gradient mode", f"{plan.grad}: {plan.grad_reason}"),
-        ("equations", f"{counts[0]} hoisted, {counts[1]} chunked, {counts[2]} after the loop"),
+        ("equations", plan.equations_text()),
         ("layout", plan.layout),
     ]
     if chosen is not None:

@@ -78,7 +78,6 @@ class Prepared:
         self.run = run if run is not None else functools.partial(run_as_written, traced.jaxpr)
         self.jitted = jax.jit(self.run)
         self.ready: set[bool] = set()  # the kinds of call compiled for (``_fallback.ready``)
-        self.warned = split is None
 
     @classmethod
     def unchunked(cls, traced: _trace.Traced, why: str) -> Prepared:

@@ -222,28 +222,38 @@ class Plan:
             )
         return lines
 
-    def _equations_line(self) -> str:
+    def chunks_text(self) -> str:
+        """How the axis is cut: ``3 chunks, the last of 2``, ``1 chunk of 10``."""
+        if self.n_chunks == 1 and self.remainder:  # one chunk, shorter than ``chunk``
+            return f"1 chunk of {self.remainder}"
+        plural = "s" if self.n_chunks != 1 else ""
+        last = f", the last of {self.remainder}" if self.remainder else ""
+        return f"{self.n_chunks} chunk{plural}{last}"
+
+    def equations_text(self) -> str:
+        """Where the program's equations run: before, in and after the loop, or as written."""
         counts = self.counts
-        if self.axis_size == 0:  # no loop is built
-            return f"  equations: {sum(counts.values())}, all run as written (no loop)"
-        return (
-            f"  equations: {counts[PROLOGUE]} hoisted before the loop, {counts[BODY]} chunked, "
-            f"{counts[EPILOGUE]} left after the loop"
-        )
+        before, body, after = counts[PROLOGUE], counts[BODY], counts[EPILOGUE]
+        if self.axis_size == 0:
+            return f"{before + body + after}, all run as written (no loop)"
+        if self.grad == "none":
+            return (
+                f"{before + body + after}, all run as written (no loop; the loop would hoist "
+                f"{before}, chunk {body} and leave {after} after it)"
+            )
+        return f"{before} hoisted before the loop, {body} chunked, {after} left after the loop"
 
     def _lines(self, title: str, pass_: int = 1) -> list[str]:
         """The section of one pass; of ``stops``, those of pass ``pass_`` (a plain string: 1)."""
         stops = [s for s in self.stops if getattr(s, "pass_", 1) == pass_]
         lines = [
             f"{title}axis of size {self.axis_size} in chunks of {self.chunk} "
-            f"({self.n_chunks} chunk{'s' if self.n_chunks != 1 else ''}"
-            + (f", the last of {self.remainder}" if self.remainder else "")
-            + ")",
+            f"({self.chunks_text()})",
             f"  born at: {self.born}",
             f"  gradient mode: {self.grad} ({self.grad_reason})",
             *([] if self.budget is None else self.budget.lines()),
             f"  layout: {self.layout}",
-            self._equations_line(),
+            f"  equations: {self.equations_text()}",
         ]
         if self.reduced_at:
             lines.append("  reduced at:")

@@ -14,12 +14,14 @@ Exactly one of ``chunk`` and ``memory`` is given. ``memory`` is parsed here into
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import re
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 GRAD_MODES = ("auto", "remat", "fused", "native")
 
@@ -30,8 +32,8 @@ _UNITS = {
 }  # fmt: skip
 _MEMORY_HELP = (
     "bytes as a positive int, a string with a unit such as '512 MiB', '2GB' or '1.5 GiB' "
-    "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), or a float in (0, 1] for a fraction of the "
-    "device's memory limit"
+    "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB; K, M, G, T as KB to TB), or a float in (0, 1] "
+    "for a fraction of the device's memory limit"
 )
 _MEMORY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
@@ -46,6 +48,8 @@ def check_memory(memory: Any) -> int | float:
         if m is None or unit not in _UNITS:
             raise ValueError(f"`memory` must be {_MEMORY_HELP}; cannot parse {memory!r}")
         n = float(m.group(1)) * _UNITS[unit]
+        if not math.isfinite(n):
+            raise ValueError(f"`memory` must be {_MEMORY_HELP}; {memory!r} is out of range")
         if not n >= 1:
             raise ValueError(f"`memory` must be at least 1 byte; got {memory!r}")
         return int(n)
@@ -54,7 +58,8 @@ def check_memory(memory: Any) -> int | float:
         if n <= 0:
             raise ValueError(f"`memory` must be {_MEMORY_HELP}; got {n}")
         return n
-    if isinstance(memory, float):
+    if isinstance(memory, (float, np.floating)):
+        memory = float(memory)
         if not 0.0 < memory <= 1.0:
             raise ValueError(
                 f"`memory` as a float is a fraction of the device's memory limit and must be "
@@ -66,6 +71,11 @@ def check_memory(memory: Any) -> int | float:
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"`{name}` must be a concrete integer, known when the function is decorated; got a "
+            "traced value (decorate outside `jax.jit`, or make it a static argument)"
+        )
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__})")
     value = operator.index(value)
@@ -129,7 +139,7 @@ class Settings:
         size = None if size is None else _check_int("size", size, 1)
         if argnums is not None and size is not None:
             raise ValueError("pass either `argnums` or `size`, not both")
-        if grad not in GRAD_MODES:
+        if not isinstance(grad, str) or grad not in GRAD_MODES:
             raise ValueError(
                 f"`grad` must be one of {', '.join(map(repr, GRAD_MODES))}; got {grad!r}"
             )

@@ -65,6 +65,8 @@ def choose_split(
                 if size is not None
                 else "pass `argnums=` or `size=` to name it"
             )
+            if axis is not None:
+                hint += "; `axis=None` looks at every position"
             raise SerializeError(f"found no {what[3:]} {where}; {hint}")
     usable = [Candidate(c, chunk) for c in candidates if c.usable]
     if not usable:

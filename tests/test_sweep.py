@@ -278,7 +278,7 @@ def test_plan_html_shows_the_plan_at_a_glance():
         "size 10, born at x at axis 0",
         "4 (3 chunks, the last of 2)",
         f"remat: {plan.grad_reason}",
-        "0 hoisted, 2 chunked, 4 after the loop",
+        "0 hoisted before the loop, 2 chunked, 4 left after the loop",
         "estimated saving",
         "-404 B (costs memory)",
         f"test_sweep.py:{line}",

@@ -281,3 +281,35 @@ def test_a_plan_is_freed_with_its_function(grad):
     del sf
     assert function() is None
     assert live_regions() == before
+
+
+def test_planning_pauses_the_collector_and_restores_it():
+    """Planning runs with Python's cyclic collector paused (its full collections walked the
+    whole heap several times per plan) and leaves it as it found it: enabled again after a
+    plan, after a plan that raised, and still disabled where the caller disabled it."""
+    import gc
+
+    seen: list[bool] = []
+
+    def f(w, x):
+        seen.append(gc.isenabled())
+        return jnp.sum(jnp.tanh(x @ w))
+
+    x = _x(10)
+    assert gc.isenabled()
+    ja.serialize_axis(f, chunk=4, argnums=1)(W, x)
+    assert seen == [False] and gc.isenabled()
+
+    def raises(w, x):
+        raise RuntimeError("the user's own error")
+
+    with pytest.raises(RuntimeError, match="the user's own error"):
+        ja.serialize_axis(raises, chunk=4, argnums=1)(W, x)
+    assert gc.isenabled()
+
+    gc.disable()
+    try:
+        ja.serialize_axis(f, chunk=4, argnums=1)(W, x)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

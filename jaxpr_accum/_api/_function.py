@@ -24,6 +24,7 @@ from jaxpr_accum._assembly._assemble import run_as_written
 from jaxpr_accum._assembly._prepare import CACHE_SIZE, LRU, Planner, Prepared
 from jaxpr_accum._assembly._report import Plan
 from jaxpr_accum._base import _nnx
+from jaxpr_accum._base._collector import collector_paused
 from jaxpr_accum._base._errors import warn
 from jaxpr_accum._base._settings import SETTING_NAMES, Settings
 from jaxpr_accum._build._region_p import AUTO
@@ -290,8 +291,9 @@ class SerializedFunction(Generic[P, R]):
         if prepared is None:
             _arguments.check_concrete_shapes(call)
             seeds = _arguments.seed_axes(self.settings, call)
-            traced = _trace.trace(self.original, call, seeds)
-            prepared = self._planner.prepare(traced, [*traced.consts, *call.dyn], key, pattern)
+            with collector_paused():
+                traced = _trace.trace(self.original, call, seeds)
+                prepared = self._planner.prepare(traced, [*traced.consts, *call.dyn], key, pattern)
             if key is not None and not traced.has_tracer_consts:
                 self._cache.put(key, prepared)
         return prepared, [*prepared.traced.consts, *call.dyn]

@@ -286,19 +286,40 @@ def test_a_plan_is_freed_with_its_function(grad):
 def test_planning_pauses_the_collector_and_restores_it():
     """Planning runs with Python's cyclic collector paused (its full collections walked the
     whole heap several times per plan) and leaves it as it found it: enabled again after a
-    plan, after a plan that raised, and still disabled where the caller disabled it."""
+    plan, after a plan that raised, and still disabled where the caller disabled it. The
+    user's function is traced with the collector as the caller has it, and a process with
+    another Python thread is not paused at all. Planning is seen from a custom JVP rule,
+    which the validation of the backward pass calls; a plain call never does."""
     import gc
+    import threading
 
-    seen: list[bool] = []
+    in_rule: list[bool] = []
+    in_trace: list[bool] = []
+
+    @jax.custom_jvp
+    def act(v):
+        return jnp.tanh(v)
+
+    @act.defjvp
+    def _(primals, tangents):
+        in_rule.append(gc.isenabled())
+        return act(primals[0]), (1 - jnp.tanh(primals[0]) ** 2) * tangents[0]
 
     def f(w, x):
-        seen.append(gc.isenabled())
-        return jnp.sum(jnp.tanh(x @ w))
+        in_trace.append(gc.isenabled())
+        return jnp.sum(act(x @ w))
+
+    def planned() -> tuple[list[bool], list[bool]]:
+        in_rule.clear()
+        in_trace.clear()
+        ja.serialize_axis(f, chunk=4, argnums=1)(W, x)
+        return list(in_rule), list(in_trace)
 
     x = _x(10)
     assert gc.isenabled()
-    ja.serialize_axis(f, chunk=4, argnums=1)(W, x)
-    assert seen == [False] and gc.isenabled()
+    assert threading.active_count() == 1, "needs a process with no other Python thread"
+    rule, trace = planned()
+    assert rule and not any(rule) and all(trace) and gc.isenabled()
 
     def raises(w, x):
         raise RuntimeError("the user's own error")
@@ -309,7 +330,17 @@ def test_planning_pauses_the_collector_and_restores_it():
 
     gc.disable()
     try:
-        ja.serialize_axis(f, chunk=4, argnums=1)(W, x)
-        assert not gc.isenabled()
+        rule, trace = planned()
+        assert rule and not any(rule) and not any(trace) and not gc.isenabled()
     finally:
         gc.enable()
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        rule, trace = planned()
+        assert rule and all(rule) and all(trace) and gc.isenabled()
+    finally:
+        release.set()
+        other.join()

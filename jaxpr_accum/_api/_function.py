@@ -291,8 +291,8 @@ class SerializedFunction(Generic[P, R]):
         if prepared is None:
             _arguments.check_concrete_shapes(call)
             seeds = _arguments.seed_axes(self.settings, call)
+            traced = _trace.trace(self.original, call, seeds)
             with collector_paused():
-                traced = _trace.trace(self.original, call, seeds)
                 prepared = self._planner.prepare(traced, [*traced.consts, *call.dyn], key, pattern)
             if key is not None and not traced.has_tracer_consts:
                 self._cache.put(key, prepared)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import warnings
 
 import jax
+import jax.experimental
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -137,6 +138,47 @@ def test_labels_and_masks_built_inside_run_per_block():
     assert _full_pairs(sf.jaxpr(*args), n) == []
     assert _full_pairs(jax.make_jaxpr(jax.grad(sf, argnums=(0, 1, 2)))(*args), n) == []
     assert _full_pairs(jax.make_jaxpr(supcon)(*args), n)  # the original holds them whole
+
+
+def _with_callback(kind: str):
+    """``positives_roll`` (its ``roll`` positives computed whole before pass 2) with the
+    user's callback on the loss: an effect that dead-code elimination keeps, with the
+    whole forward it reads."""
+    seen: list[int] = []
+
+    def count(v):
+        seen.append(int(np.size(v)))
+
+    def loss(w, x, t):
+        value = PROGRAMS["positives_roll"](w, x, t)
+        if kind == "io_callback":
+            jax.experimental.io_callback(count, None, jax.lax.stop_gradient(value), ordered=True)
+        else:
+            jax.debug.callback(count, jax.lax.stop_gradient(value))
+        return value
+
+    return loss, seen
+
+
+@pytest.mark.parametrize("kind", ["io_callback", "debug_callback"])
+def test_constants_computed_before_pass_2_leave_the_callbacks_out(kind):
+    """Fuzz finding: the program computing the constants before pass 2 kept the user's
+    callback and the forward it reads (dead-code elimination keeps effects), reading the
+    inputs it does not have. It holds the constants' equations alone: values and gradients
+    are the original's, and the callback sees what it sees under the original."""
+    f, seen = _with_callback(kind)
+    plan = _exact(f, 16, 5, "remat")
+    assert plan.second is not None, str(plan)
+    args = _args(16)
+    seen.clear()
+    jax.effects_barrier()
+    jax.block_until_ready(jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(*args))
+    jax.effects_barrier()
+    want, seen[:] = list(seen), []
+    sf = ja.serialize_axis(f, chunk=5, argnums=1, grad="remat")
+    jax.block_until_ready(jax.jit(jax.value_and_grad(sf, argnums=(0, 1)))(*args))
+    jax.effects_barrier()
+    assert seen == want
 
 
 SIZES = [(16, 5), (12, 4), (16, 1), (12, 7), (16, 16), (16, 4)]  # (N, chunk): some divide

@@ -118,5 +118,13 @@ def materialise(jaxpr: Jaxpr, analysis: Analysis) -> tuple[Jaxpr, Sequence[Var]]
 
 
 def program_of(jaxpr: Jaxpr, values: Sequence[Var]) -> ClosedJaxpr:
-    """The equations of ``jaxpr`` that compute the constants ``values``, with no inputs."""
-    return _compat.dce(ClosedJaxpr(jaxpr.replace(invars=[], outvars=list(values)), []))
+    """The equations of ``jaxpr`` that compute the constants ``values``, with no inputs: the
+    backward slice from ``values`` (pure equations all, by ``constants``), never an effect of
+    the program that dead-code elimination would keep, nor the data that effect reads."""
+    needed, kept = set(values), []
+    for eqn in reversed(jaxpr.eqns):
+        if needed.intersection(eqn.outvars):
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if not isinstance(v, Literal))
+    program = jaxpr.replace(invars=[], outvars=list(values), eqns=kept[::-1], effects=set())
+    return ClosedJaxpr(program, [])

@@ -44,9 +44,10 @@ from typing import Any
 import jax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._engine import _table
+from jaxpr_accum._engine import _interpret, _table
 from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._signature import Inputs, Outputs
+from jaxpr_accum._planning._plan import BODY
 
 
 class Mode:
@@ -112,6 +113,14 @@ def _abstract_eval(*avals: Any, jaxpr: Any, **_: Any) -> tuple:
 
 def _impl(*flat: Any, jaxpr: Any, **_: Any) -> list:
     return jax.extend.core.jaxpr_as_fun(jaxpr)(*flat)
+
+
+def _deoptimized(*flat: Any, region: Region, **_: Any) -> None:
+    """The region's equations as written, one by one (``jax_debug_nans``): the first that
+    makes an invalid value raises JAX's error naming it, as in the original's de-optimized
+    run."""
+    env = dict(zip(region.signature.input_vars, flat, strict=True))
+    _interpret.eval_eqns(region.split.jaxpr.eqns, env, indices=region.split.indices(BODY))
 
 
 def _jvp(
@@ -206,6 +215,7 @@ region_p = _compat.define_primitive(
     batch=_batch,
     linearize=_linearize,
     dce=_dce,
+    deoptimized=_deoptimized,
 )
 
 # An outer ``serialize_axis`` does not enter an inner one's region: its loop is already chunked.

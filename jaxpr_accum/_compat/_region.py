@@ -4,7 +4,6 @@ they need, looked up through ``internal`` (a moved piece is a ``MissingInternal`
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ def define_primitive(
     transpose: Callable | None = None,
     linearize: Callable | None = None,
     dce: Callable | None = None,
+    deoptimized: Callable | None = None,
 ) -> Any:
     """A multiple-results primitive: ``abstract_eval(*avals, **params) -> (avals, effects)``,
     ``impl(*args, **params) -> outs`` (lowered through JAX, so any traceable function),
@@ -41,10 +41,23 @@ def define_primitive(
     dims)`` (``axis``: JAX's description of the vmapped axis, for ``batch_jaxpr``; called
     only when some argument is batched, an output dim of None is an unbatched output),
     ``transpose(cts, *args, **params)``, ``linearize(is_vjp, nonzeros, *primals, **params)``,
-    ``dce(used_outputs, eqn) -> (used_inputs, eqn or None)``."""
+    ``dce(used_outputs, eqn) -> (used_inputs, eqn or None)``; ``deoptimized(*args,
+    **params)``: run where ``jax_debug_nans`` / ``jax_debug_infs`` finds an invalid value in
+    an eager (compiled) application, as JAX runs a ``jit`` function's de-optimized version,
+    to raise the error that names the operation."""
     p = jax.extend.core.Primitive(name)
     p.multiple_results = True
-    p.def_impl(functools.partial(internal("jax._src.dispatch.apply_primitive"), p))
+    apply_primitive = internal("jax._src.dispatch.apply_primitive")
+
+    def eager(*args: Any, **params: Any) -> Any:
+        try:
+            return apply_primitive(p, *args, **params)
+        except FloatingPointError:  # raised only under jax_debug_nans / jax_debug_infs
+            if deoptimized is not None:
+                deoptimized(*args, **params)
+            raise
+
+    p.def_impl(eager)
     p.def_effectful_abstract_eval(abstract_eval)
     lower_fun = internal("jax._src.interpreters.mlir.lower_fun")
     internal("jax._src.interpreters.mlir.register_lowering")(

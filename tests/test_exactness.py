@@ -435,6 +435,28 @@ def test_complex_sums_are_exact(mode):
     assert_matches_original(sf, *args, vmap=False)
 
 
+@pytest.mark.parametrize("mode", modes("fused", slow=GRAD_MODES))
+def test_complex_inputs_of_a_real_loss_are_exact_and_quiet(mode):
+    """Review finding: fused contracted a complex input's Jacobian rows with its tangent and
+    cast the complex part to the real sum with ``astype``, which JAX deprecates (a
+    ``DeprecationWarning`` now, an error soon). The real part is taken explicitly."""
+    rs = np.random.RandomState(5)
+    w = jnp.asarray(rs.normal(size=(5, 3)) + 1j * rs.normal(size=(5, 3)), jnp.complex64)
+    x = jnp.asarray(rs.normal(size=(10, 5)) + 1j * rs.normal(size=(10, 5)), jnp.complex64)
+
+    def loss(w, x):
+        return jnp.mean(jnp.abs(jnp.tanh(x @ w)) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=3, argnums=1, grad=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        warnings.filterwarnings("ignore", NOT_WORTH_IT, ja.PlanWarning)
+        got = jax.value_and_grad(sf, argnums=(0, 1))(w, x)
+        if mode == "fused":  # the contraction in question runs
+            assert sf.explain(w, x).grad == "fused"
+    assert_tree_close(got, jax.value_and_grad(loss, argnums=(0, 1))(w, x))
+
+
 def test_accum_dtype_float64_without_x64_is_a_clear_error():
     with pytest.raises(ValueError, match="accum_dtype.*x64|accum_dtype.*64-bit"):
         ja.serialize_axis(real_loss, chunk=4, argnums=2, accum_dtype=jnp.float64)

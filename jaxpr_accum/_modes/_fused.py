@@ -59,6 +59,8 @@ def linearize(
                 out.append(_compat.zero_tangent(a))
             else:
                 piece = rows[start : start + n] if rows is not None else jnp.zeros((n,))
+                if not jnp.issubdtype(s.aval.dtype, jnp.complexfloating):  # a real sum: its part
+                    piece = jnp.real(piece)
                 out.append(piece.reshape(s.aval.shape).astype(s.aval.dtype))
             start += n
         return out

@@ -164,7 +164,11 @@ def _raises_naming(name, make, call=True):
     return info.value
 
 
-@pytest.mark.parametrize("chunk", [0, -1, 2.5, "4", True, None])
+@pytest.mark.parametrize(
+    "chunk",
+    [0, -1, 2.5, "4", True, None, jnp.array(4.0), np.array([4]), np.array([4, 2]), np.float32(4)],
+    ids=lambda c: type(c).__name__ + str(getattr(c, "shape", "")),
+)
 def test_bad_chunk(chunk):
     _raises_naming("chunk", lambda: ja.serialize_axis(loss, chunk=chunk, argnums=1))
 
@@ -189,6 +193,20 @@ def test_chunk_numpy_integer_accepted():
 @pytest.mark.parametrize("argnums", [2, 5, (1, 3), -3])
 def test_argnums_out_of_range(argnums):
     _raises_naming("argnums", lambda: ja.serialize_axis(loss, chunk=4, argnums=argnums))
+
+
+@pytest.mark.parametrize("settings", [{"argnums": 1}, {"in_axes": (None, 0)}])
+def test_a_missing_argument_is_the_functions_error_not_a_settings(settings):
+    """Review finding: ``sf(W)`` for ``loss(w, x)`` blamed ``argnums``. The function's
+    signature does not take the call either: its own ``TypeError`` names the argument."""
+    sf = ja.serialize_axis(loss, chunk=4, **settings)
+    with pytest.raises(TypeError, match=r"loss\(\) missing a required argument: 'x'"):
+        sf(W)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'z'"):
+        sf(W, X, z=1)
+    assert_tree_close(sf(W, X), loss(W, X))
+    if "argnums" in settings:  # a call the function takes: the setting's own error
+        _raises_naming("argnums", lambda: sf(W, x=X), call=False)
 
 
 @pytest.mark.parametrize("argnums", [(1, 1), (1, -1), (0, 1, -2)])

@@ -5,6 +5,7 @@ respect to the floating arguments. Each test checks a property of the choice aga
 force over fixed chunks, never the search's internals.
 """
 
+import re
 import warnings
 
 import jax
@@ -122,6 +123,9 @@ def test_impossible_budget_names_the_smallest_memory_and_what_dominates():
     assert "the smallest measured is" in msg and "at chunk 1" in msg
     assert "What dominates it" in msg and "parameter gradients" in msg
     assert "grad='remat'" not in msg  # auto tried remat itself
+    # each measurement names its mode: the same chunk in two modes is two figures
+    tried = re.search(r"tried: (.*?)\)\.", msg).group(1).split(", ")
+    assert all(re.fullmatch(r"\d+ -> \S+ \S+ \[(fused|remat)\]", t) for t in tried), tried
 
 
 def test_impossible_fused_budget_points_to_remat():

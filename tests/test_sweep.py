@@ -117,6 +117,26 @@ def test_copies_keep_every_setting_but_chunk_and_grad_and_a_failure_is_a_row():
     assert "chunk 3 &lt;is&gt; broken" in sweep._repr_html_()
 
 
+def test_an_automatic_axis_is_pinned_by_its_size_in_every_copy():
+    """Review finding: the default chunks end at the axis's length, where automatic selection
+    (which wants an axis longer than the chunk) found none: the last row was an error. The
+    copies keep the axis found, by its size."""
+
+    def sampled(w, mu, key):
+        z = mu + jax.random.normal(key, (8, *mu.shape))
+        return jnp.mean(jax.vmap(lambda z: jnp.tanh(z @ w))(z) ** 2)
+
+    sf = ja.serialize_axis(sampled, chunk=4)
+    args = (W[:, :8], jnp.zeros((3, 8)), jax.random.key(0))
+    sweep = sf.sweep(*args, grads="remat", repeats=1, progress=False)
+    assert [r["chunk"] for r in sweep.rows[1:]] == [1, 2, 4, 8]
+    assert all(r["error"] is None and r["max_rel_err"] < 1e-5 for r in sweep.rows[1:]), sweep
+    assert {r["axis"] for r in sweep.rows} == {sweep.rows[0]["axis"]}, sweep
+    assert sf.settings.at(8, "remat", 8) == dataclasses.replace(
+        sf.settings, chunk=8, grad="remat", size=8
+    )
+
+
 def test_the_text_table_has_a_line_per_row(sweep):
     lines = str(sweep).splitlines()
     assert lines[0].startswith("jaxpr_accum sweep of loss: axis of size 2")

@@ -290,7 +290,7 @@ class SerializedFunction(Generic[P, R]):
         prepared = self._cache.get(key) if key is not None else None
         if prepared is None:
             _arguments.check_concrete_shapes(call)
-            seeds = _arguments.seed_axes(self.settings, call)
+            seeds = _arguments.seed_axes(self.settings, call, self.original)
             traced = _trace.trace(self.original, call, seeds)
             with collector_paused():
                 prepared = self._planner.prepare(traced, [*traced.consts, *call.dyn], key, pattern)

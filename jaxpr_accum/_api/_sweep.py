@@ -1,10 +1,11 @@
 """``SerializedFunction.sweep``: the original and every ``(chunk, grad)`` pair, side by side.
 
 Each function measured is the original, ``sf.original``, or a copy of ``sf`` with one chunk and
-one gradient mode and the rest of ``sf``'s settings (``Settings`` with ``chunk`` and ``grad``
-replaced, ``memory`` dropped). For each, ``jax.jit(jax.value_and_grad(g, grad_argnums))`` is
-lowered at the arguments and compiled once, where ``g`` reduces the function's floating
-outputs to a scalar as the memory budget does (``_budget.scalar_of``). Then:
+one gradient mode and the rest of ``sf``'s settings (``Settings.at``: ``chunk`` and ``grad``
+replaced, ``memory`` dropped, an automatic axis pinned by its size). For each,
+``jax.jit(jax.value_and_grad(g, grad_argnums))`` is lowered at the arguments and compiled once,
+where ``g`` reduces the function's floating outputs to a scalar as the memory budget does
+(``_budget.scalar_of``). Then:
 
 - memory: XLA's temp bytes of that compiled program (None where the backend has none);
 - error: its first call (the warm-up) gives value and gradients, compared with the original's
@@ -36,7 +37,7 @@ from jaxpr_accum._api import _sweep_view
 from jaxpr_accum._api._measure import Program, difference
 from jaxpr_accum._assembly._budget import temp_bytes_of
 from jaxpr_accum._base._errors import PlanWarning
-from jaxpr_accum._base._settings import GRAD_MODES, Settings
+from jaxpr_accum._base._settings import GRAD_MODES
 
 
 @dataclasses.dataclass
@@ -182,10 +183,9 @@ def measure_sweep(
     diff = tuple(dynamic.index(i) for i in nums)
     program = Program(args, dynamic, diff[0] if isinstance(grad_argnums, int) else diff)
     entries = [(_row(None, None) | {"axis": _axis(plan)}, sf.original)]
-    fields = {f.name: getattr(sf.settings, f.name) for f in dataclasses.fields(Settings)}
     for g in modes:
         for c in check_chunks(chunks, plan.axis_size):
-            settings = Settings.validated(**{**fields, "chunk": c, "grad": g, "memory": None})
+            settings = sf.settings.at(c, g, plan.axis_size)
             entries.append((_row(c, g), type(sf)(sf.original, settings)))
 
     compiled, results, first_calls = [], [], []

@@ -267,7 +267,7 @@ def impossible(split: Split, tried: list, devices: int, request: Request) -> Ser
         f"the memory budget {format_bytes(limit)}{per} is below what this function needs at "
         f"any chunk for value_and_grad with respect to {wrt}: the smallest measured is "
         f"{format_bytes(best)}, at chunk {k} ({mode} gradients; tried: "
-        + ", ".join(f"{kk} -> {format_bytes(m)}" for _, kk, m in tried)
+        + ", ".join(f"{kk} -> {format_bytes(m)} [{md}]" for md, kk, m in tried)
         + ")."
         + ("" if dominant is None else f" What dominates it (estimated): {dominant}.")
         + f" Raise `memory` to at least {format_bytes(best)} ({best} bytes){remat}; `explain` "

@@ -76,9 +76,13 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
             f"`{name}` must be a concrete integer, known when the function is decorated; got a "
             "traced value (decorate outside `jax.jit`, or make it a static argument)"
         )
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
+    try:  # a float or a non-scalar array has ``__index__`` too, and raises in it
+        index = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        index = None
+    if index is None:
         raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__})")
-    value = operator.index(value)
+    value = index
     if value < minimum:
         raise ValueError(f"`{name}` must be >= {minimum}, got {value}")
     return value
@@ -157,6 +161,14 @@ class Settings:
         if in_axes is not None:
             in_axes = _check_in_axes(in_axes, argnums, size)
         return cls(chunk, axis, argnums, size, grad, accum_dtype, mesh_axis, memory, in_axes)
+
+    def at(self, chunk: int, grad: str, axis_size: int) -> Settings:
+        """These settings at another (checked) chunk and mode, as a sweep copies them. An
+        axis found automatically is pinned by its size: automatic selection considers only
+        axes longer than ``chunk``, so at the axis's length it would look for another."""
+        automatic = self.argnums is None and self.in_axes is None and self.size is None
+        size = axis_size if automatic else self.size
+        return dataclasses.replace(self, chunk=chunk, grad=grad, memory=None, size=size)
 
 
 def _check_accum_dtype(accum_dtype: Any) -> Any:

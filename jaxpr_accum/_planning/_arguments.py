@@ -128,9 +128,29 @@ def check_concrete_shapes(call: Call) -> None:
             )
 
 
-def seed_axes(settings: Any, call: Call) -> list | None:
+def seed_axes(settings: Any, call: Call, fun: Callable) -> list | None:
     """The serialized axis of each dynamic leaf (None: not serialized) when ``argnums`` or
-    ``in_axes`` names it, checked against the call; None for ``size=`` / automatic."""
+    ``in_axes`` names it, checked against the call; None for ``size=`` / automatic. Where the
+    check fails on a call that ``fun``'s signature does not take either (a missing
+    argument), the error is the function's own ``TypeError``, not the setting's."""
+    try:
+        return _named_axes(settings, call)
+    except ValueError:  # an ``ArgumentError``, or ``in_axes`` not a prefix of the arguments
+        _check_binds(fun, call)
+        raise
+
+
+def _check_binds(fun: Callable, call: Call) -> None:
+    try:
+        inspect.signature(fun).bind(*call.args, **call.kwargs)
+    except ValueError:  # no signature to read
+        return
+    except TypeError as error:
+        name = getattr(fun, "__name__", type(fun).__name__)
+        raise TypeError(f"{name}() {error}") from None
+
+
+def _named_axes(settings: Any, call: Call) -> list | None:
     if settings.argnums is not None:
         return _argnums_axes(settings, call)
     if settings.in_axes is None:

@@ -54,7 +54,12 @@ def define_primitive(
             return apply_primitive(p, *args, **params)
         except FloatingPointError:  # raised only under jax_debug_nans / jax_debug_infs
             if deoptimized is not None:
-                deoptimized(*args, **params)
+                try:
+                    deoptimized(*args, **params)
+                except (FloatingPointError, ZeroDivisionError):
+                    raise  # the error naming the operation
+                except Exception:  # noqa: BLE001  (it cannot say more: the first error stands)
+                    pass
             raise
 
     p.def_impl(eager)

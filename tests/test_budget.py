@@ -161,6 +161,8 @@ def test_impossible_budget_dominated_by_the_unchunked_prologue():
         ({"memory": 0.0}, ValueError, r"\(0, 1\]"),
         ({"memory": True}, TypeError, "memory"),
         ({"memory": [1]}, TypeError, "memory"),
+        ({"memory": jnp.array(0.5)}, TypeError, "`memory` must be"),  # not NumPy's message
+        ({"memory": np.array([4096])}, TypeError, "`memory` must be"),
         ({"memory": "1 GiB", "chunk": 4}, ValueError, "exactly one of `chunk`"),
         ({}, ValueError, "exactly one of `chunk`"),
     ],

@@ -261,6 +261,7 @@ def test_default_chunks_are_powers_of_two_and_the_axis_size():
         ({"chunks": [1.5]}, TypeError, "`chunks`"),
         ({"chunks": "4"}, TypeError, "`chunks`"),
         ({"chunks": [True]}, TypeError, "`chunks`"),
+        ({"chunks": [jnp.array(4.0)]}, TypeError, "`chunks` must hold positive ints"),
         ({"chunks": []}, ValueError, "`chunks`"),
         ({"grads": ("auto", "bogus")}, ValueError, "`grads`.*'bogus'"),
         ({"grads": ()}, ValueError, "`grads`"),

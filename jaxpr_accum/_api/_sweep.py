@@ -22,7 +22,6 @@ axis is not expected to save memory) is not issued: each row carries its plan's 
 from __future__ import annotations
 
 import dataclasses
-import operator
 import statistics
 import sys
 import time
@@ -37,7 +36,7 @@ from jaxpr_accum._api import _sweep_view
 from jaxpr_accum._api._measure import Program, difference
 from jaxpr_accum._assembly._budget import temp_bytes_of
 from jaxpr_accum._base._errors import PlanWarning
-from jaxpr_accum._base._settings import GRAD_MODES
+from jaxpr_accum._base._settings import GRAD_MODES, as_index
 
 
 @dataclasses.dataclass
@@ -107,11 +106,12 @@ def check_chunks(chunks: Any, axis_size: int) -> list[int]:
         raise TypeError(f"`chunks` must be None, an int or a sequence of ints, got {chunks!r}")
     out = []
     for c in items:
-        if isinstance(c, bool) or not hasattr(c, "__index__"):
+        k = None if isinstance(c, bool) else as_index(c)
+        if k is None:
             raise TypeError(f"`chunks` must hold positive ints, got {c!r} in {chunks!r}")
-        if operator.index(c) < 1:
+        if k < 1:
             raise ValueError(f"`chunks` must hold positive ints, got {c!r} in {chunks!r}")
-        out.append(operator.index(c))
+        out.append(k)
     if not out:
         raise ValueError("`chunks` is empty: pass at least one chunk size, or None")
     return sorted(set(out))

@@ -53,11 +53,11 @@ def check_memory(memory: Any) -> int | float:
         if not n >= 1:
             raise ValueError(f"`memory` must be at least 1 byte; got {memory!r}")
         return int(n)
-    if hasattr(memory, "__index__"):
-        n = operator.index(memory)
-        if n <= 0:
-            raise ValueError(f"`memory` must be {_MEMORY_HELP}; got {n}")
-        return n
+    nbytes = as_index(memory)
+    if nbytes is not None:
+        if nbytes <= 0:
+            raise ValueError(f"`memory` must be {_MEMORY_HELP}; got {nbytes}")
+        return nbytes
     if isinstance(memory, (float, np.floating)):
         memory = float(memory)
         if not 0.0 < memory <= 1.0:
@@ -70,16 +70,22 @@ def check_memory(memory: Any) -> int | float:
     raise TypeError(f"`memory` must be {_MEMORY_HELP}; got {memory!r} ({type(memory).__name__})")
 
 
+def as_index(value: Any) -> int | None:
+    """``operator.index(value)``, or None where ``value`` is no integer: a float, and also a
+    floating or non-scalar array, whose ``__index__`` exists and raises NumPy's message."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, jax.core.Tracer):
         raise TypeError(
             f"`{name}` must be a concrete integer, known when the function is decorated; got a "
             "traced value (decorate outside `jax.jit`, or make it a static argument)"
         )
-    try:  # a float or a non-scalar array has ``__index__`` too, and raises in it
-        index = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        index = None
+    index = None if isinstance(value, bool) else as_index(value)
     if index is None:
         raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__})")
     value = index

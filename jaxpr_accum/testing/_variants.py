@@ -7,25 +7,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from jaxpr_accum import serialize_axis
-
-
-def _settings(sf: Any, axis_size: int) -> dict:
-    """The settings of ``sf`` that a copy with another mode or chunk keeps.
-
-    An axis found automatically is pinned by its size: automatic selection only considers
-    axes longer than ``chunk``, so at a chunk of the axis's length or more it would choose
-    another axis (or none).
-    """
-    names = ("axis", "argnums", "size", "accum_dtype", "mesh_axis")
-    settings = {n: getattr(sf, n) for n in names}
-    in_axes = getattr(sf, "in_axes", None)
-    if in_axes is not None:
-        settings["in_axes"] = in_axes
-    elif settings["argnums"] is None and settings["size"] is None:
-        settings["size"] = axis_size
-    return settings
-
+from jaxpr_accum import SerializedFunction
 
 # Copies of a SerializedFunction in other modes and at other chunk sizes, kept as long as
 # the function itself, so that repeated checks reuse their traces and compiled runners.
@@ -46,5 +28,6 @@ def _variant(sf: Any, grad: str, chunk: int, axis_size: int) -> Any:
         cache = {}
     key = (grad, chunk, axis_size)
     if key not in cache:
-        cache[key] = serialize_axis(sf.original, chunk=chunk, grad=grad, **_settings(sf, axis_size))
+        # an automatic axis is pinned by its size (``Settings.at``), as ``sweep`` copies it
+        cache[key] = SerializedFunction(sf.original, sf.settings.at(chunk, grad, axis_size))
     return cache[key]

@@ -259,16 +259,16 @@ class Region:
             reached = reached_outputs(body, sig.input_vars, sig.written_outputs, perturbed)
         if reached is None:
             if as_written:
-                closed = self._jaxpr_at(("as written",), self._as_written, avals)[0]
+                closed = self._jaxpr_at(("as written",), self.as_written, avals)[0]
             else:
                 closed = self.forward_jaxpr(avals)
             reached = _compat.nonzero_tangents(closed, perturbed)
         flags = sig.differentiable().flat()
         return sig.outputs([f and r for f, r in zip(flags, reached, strict=True)])
 
-    def _as_written(self, *flat: Any) -> list:
+    def as_written(self, *flat: Any) -> list:
         """The region's equations as written, on its whole inputs: its flat outputs, where
-        it streams nothing (``tangent_flags``)."""
+        it streams nothing (``tangent_flags``; ``_region_p``'s de-optimized run)."""
         env = dict(zip(self.signature.input_vars, flat, strict=True))
         _interpret.eval_eqns(self.split.jaxpr.eqns, env, indices=self.split.indices(BODY))
         return [_interpret.read(env, v) for v in self.signature.written_outputs]

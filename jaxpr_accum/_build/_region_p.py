@@ -44,10 +44,9 @@ from typing import Any
 import jax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._engine import _interpret, _table
+from jaxpr_accum._engine import _table
 from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._signature import Inputs, Outputs
-from jaxpr_accum._planning._plan import BODY
 
 
 class Mode:
@@ -119,8 +118,7 @@ def _deoptimized(*flat: Any, region: Region, **_: Any) -> None:
     """The region's equations as written, one by one (``jax_debug_nans``): the first that
     makes an invalid value raises JAX's error naming it, as in the original's de-optimized
     run."""
-    env = dict(zip(region.signature.input_vars, flat, strict=True))
-    _interpret.eval_eqns(region.split.jaxpr.eqns, env, indices=region.split.indices(BODY))
+    region.as_written(*flat)
 
 
 def _jvp(

@@ -58,7 +58,7 @@ def define_primitive(
                     deoptimized(*args, **params)
                 except (FloatingPointError, ZeroDivisionError):
                     raise  # the error naming the operation
-                except Exception:  # noqa: BLE001  (it cannot say more: the first error stands)
+                except Exception:  # it cannot say more: the first error stands
                     pass
             raise
 

@@ -37,7 +37,7 @@ from jaxpr_accum._assembly import _pairwise
 from jaxpr_accum._assembly._budget import temp_bytes
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import GRAD_MODES, covering, iter_eqns
+from .oracle import GRAD_MODES, covering, find_eqns, iter_eqns
 
 N, D, H, E = 16, 5, 6, 4  # views (2 x 8), input, hidden and embedding widths
 
@@ -473,6 +473,53 @@ def test_a_failing_second_pass_falls_back_to_one_pass(monkeypatch):
     assert not plan.pairs and plan.counts["body"] > 0
     weights = [jnp.float32(1.0)]
     assert_tree_close(_value_and_grad(sf, args, weights), _value_and_grad(f, args, weights))
+
+
+@jax.custom_vjp
+def _rescaled(z):
+    """The identity, whose backward divides the cotangent by its batch mean: a rule that is
+    nonlinear in the cotangent and mixes the batch (a barrier: it runs unchunked)."""
+    return z
+
+
+_rescaled.defvjp(lambda z: (z, None), lambda _, g: (g / (jnp.mean(jnp.abs(g), axis=0) + 1.0),))
+CALLED = {"as_is": lambda f: f, "jit": jax.jit, "checkpoint": jax.checkpoint}
+
+
+@pytest.mark.parametrize(
+    "called, grad",
+    [("as_is", "remat")]
+    + [
+        pytest.param(c, g, marks=pytest.mark.slow)
+        for c in CALLED
+        for g in GRAD_MODES
+        if (c, g) != ("as_is", "remat")
+    ],
+)
+def test_a_custom_vjp_that_both_passes_need_runs_once(called, grad):
+    """Fuzz finding: a custom VJP call upstream of the pairs whose result another term also
+    reads ran in both passes, so each copy's backward rule got a part of the cotangent; a rule
+    nonlinear in it (``g / mean(|g|)``) then gave wrong gradients. The call runs in pass 1,
+    which stacks its result for pass 2: one call, as in the original, at any depth of
+    ``jit`` or ``checkpoint``, in every mode."""
+
+    def loss(w, x, v):
+        h = jnp.tanh(CALLED[called](_rescaled)(x @ w[0]))
+        other = jnp.mean(jax.nn.logsumexp(h @ v, axis=1))
+        return nt_xent(h @ w[1], 0.5, "matmul", -jnp.inf) + other
+
+    rs = np.random.RandomState(7)
+    args = (_params(8), _normal(rs, N, D), _normal(rs, H, 3))
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=grad)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=ja.PlanWarning)
+        plan = sf.explain(*args)
+        ja_testing.assert_matches_original(sf, *args, vmap=False)
+    assert plan.pairs or grad == "auto", str(plan)
+    calls = [
+        find_eqns(j, "custom_vjp_call") for j in (sf.jaxpr(*args), jax.make_jaxpr(loss)(*args))
+    ]
+    assert len(calls[0]) == len(calls[1]) == 1
 
 
 # -- memory ----------------------------------------------------------------------------------

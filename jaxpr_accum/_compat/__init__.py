@@ -83,6 +83,7 @@ from jaxpr_accum._compat._sharding import (  # noqa: F401 (re-exported)
     placement_key,
 )
 from jaxpr_accum._compat._types import Array, Atom, Float0Array, Params, Primitive  # noqa: F401
+from jaxpr_accum._compat._walk import first_eqn, open_jaxpr, sub_jaxprs  # noqa: F401
 
 # Public in jax.extend.core since JAX 0.10; private (jax._src.core) in 0.9.
 DropVar = getattr(jax.extend.core, "DropVar", None) or _jax("jax._src.core.DropVar")
@@ -184,11 +185,6 @@ def _user_frame(eqn: JaxprEqn) -> Any:
     return _jax("jax._src.source_info_util.user_frame")(eqn.source_info.traceback)
 
 
-def open_jaxpr(j: Jaxpr | ClosedJaxpr) -> Jaxpr:
-    """The ``Jaxpr`` of a jaxpr, closed or not (the one place that knows the two classes)."""
-    return j.jaxpr if isinstance(j, ClosedJaxpr) else j
-
-
 def open_closed(j: Jaxpr | ClosedJaxpr) -> tuple[Jaxpr, list]:
     """``(jaxpr, consts)`` of a jaxpr, closed (its constants) or not (none)."""
     return (j.jaxpr, list(j.consts)) if isinstance(j, ClosedJaxpr) else (j, [])
@@ -212,17 +208,6 @@ def is_checkpoint(eqn: JaxprEqn) -> bool:
 def called_jaxpr(eqn: JaxprEqn) -> Jaxpr | ClosedJaxpr:
     """The body of a call equation (``jit``'s ``jaxpr``, ``closed_call``'s ``call_jaxpr``)."""
     return eqn.params["jaxpr"] if "jaxpr" in eqn.params else _param(eqn, "call_jaxpr")
-
-
-def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[tuple, ClosedJaxpr | Jaxpr]]:
-    """Every sub-jaxpr in ``params`` with its path: ``(key,)`` or ``(key, index)``."""
-    for key, value in params.items():
-        if isinstance(value, (Jaxpr, ClosedJaxpr)):
-            yield (key,), value
-        elif isinstance(value, (tuple, list)):
-            for i, item in enumerate(value):
-                if isinstance(item, (Jaxpr, ClosedJaxpr)):
-                    yield (key, i), item
 
 
 def dce(closed: ClosedJaxpr, used: Sequence[bool] | None = None) -> ClosedJaxpr:

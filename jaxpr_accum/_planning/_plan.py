@@ -33,7 +33,6 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import is_float
@@ -149,17 +148,7 @@ class Split:
         return self.custom_rule_in_body is not None or self._first_in_body(is_conv) is not None
 
     def _first_in_body(self, is_match: Callable[[JaxprEqn], bool]) -> JaxprEqn | None:
-        def search(eqns: Any) -> JaxprEqn | None:
-            for eqn in eqns:
-                if is_match(eqn):
-                    return eqn
-                for _, sub in _compat.sub_jaxprs(eqn.params):
-                    found = search(_compat.open_jaxpr(sub).eqns)
-                    if found is not None:
-                        return found
-            return None
-
-        return search([self.jaxpr.eqns[i] for i in self.indices(BODY)])
+        return _compat.first_eqn([self.jaxpr.eqns[i] for i in self.indices(BODY)], is_match)
 
     def indices(self, stage: str) -> list[int]:
         return [i for i, s in enumerate(self.stages) if s == stage]

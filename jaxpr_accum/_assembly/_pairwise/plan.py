@@ -2,9 +2,9 @@
 
 ``plan(single, stream)`` takes the one-pass candidate (where the pairing is a barrier and
 the pairs run after the loop, on the full axis) and, when ``detect`` finds pairings, cuts the
-program in two (``rewrite``: each equation with effects in exactly one pass; no two-pass plan
-where the cut would reorder them) and plans each part as any other program is planned
-(``_plan.make_split``):
+program in two (``rewrite``: each effect and each custom VJP call in exactly one pass; no
+two-pass plan where the cut would reorder the effects) and plans each part as any other
+program is planned (``_plan.make_split``):
 
 - pass 1 is analysed with the one-pass plan's own facts (the same axis, where the program's
   inputs and values carry it), so it chunks exactly what the one-pass plan chunks before the
@@ -115,10 +115,10 @@ def plan(single: Candidate, names: dict, stream: bool = True) -> TwoPass | None:
     found = rewrite.cut(pairing)
     if found is None:
         return None
-    stacked, effects = found
+    stacked, once = found
     first = None
     if stacked:
-        program = rewrite.first_pass(jaxpr, stacked, effects)
+        program = rewrite.first_pass(jaxpr, stacked, once)
         values = {*program.invars, *(v for e in program.eqns for v in e.outvars)}
         facts = [
             (v, loc) for (ctx, v), loc in split.analysis.locs.items() if ctx == () and v in values
@@ -127,7 +127,7 @@ def plan(single: Candidate, names: dict, stream: bool = True) -> TwoPass | None:
         first = Candidate(make_split(program, analysis, split.born, stream), single.chunk)
         if not first.split.has_body:
             return None
-    program, columns = rewrite.second_pass(pairing, stacked, effects)
+    program, columns = rewrite.second_pass(pairing, stacked, once)
     program = constants.private(program)
     seeds = [(v, loc) for v in program.invars if (loc := pairing.loc(v)) is not None]
     analysis = Analysis(program, pairing.analysis.size).run(seeds)

@@ -11,14 +11,22 @@
   ``z_col``; a roll's slices and ``concatenate``); every other reader of a root, the row side
   included, reads the root itself.
 
-*Effects* (``eqn.effects``: a ``jax.debug.callback``, an ``io_callback``, a print) run in
-exactly one pass (``cut``): pass 1 runs those that the stacked values need and, in program
-order, those it can run (every input computed without a pairing: a callback on the
-embeddings or on the encoder's values) until the first that it cannot (a callback on the
-loss); pass 2 runs every other one, and pass 1 stacks any result of its effects that pass 2
-reads, so that pass 2 never runs them again. All of pass 1's effects precede all of pass 2's,
-as in the program; where the stacked values need an effect that comes after one that pass 2
-must run, there is no two-pass plan.
+Two kinds of equation run in exactly one pass (``cut``), where any other equation that both
+passes need (the encoder's hidden layer, read by the pairs and by another term) is computed
+in each:
+
+- *effects* (``eqn.effects``: a ``jax.debug.callback``, an ``io_callback``, a print): pass 1
+  runs those that the stacked values need and, in program order, those it can run (every
+  input computed without a pairing: a callback on the embeddings or on the encoder's values)
+  until the first that it cannot (a callback on the loss); pass 2 runs every other one. All
+  of pass 1's effects precede all of pass 2's, as in the program; where the stacked values
+  need an effect that comes after one that pass 2 must run, there is no two-pass plan.
+- *custom VJP calls* (at any depth) that the stacked values need run in pass 1. A backward
+  rule may be nonlinear in its cotangent (``g / mean(|g|)``): JAX calls it once, with the
+  sum of every use's cotangent, and two copies of the call would each get a part.
+
+Pass 1 stacks any result of these equations that pass 2 reads, so pass 2 never runs them
+again.
 
 Pass 2 is an ordinary program: its analysis, seeded where the pairing's axis sits in its
 inputs, finds the axis on the rows of every pair (the column copies carry no axis: they are
@@ -26,8 +34,10 @@ loop-invariant inputs, the full stacked value), so the planner chunks the pairs 
 
 Why this is exact: every equation of pass 2 is an equation of the original (or a copy of a
 layout equation) reading the same values, since the column copy is fed the same array as the
-root; pass 1 computes the stacked values with the original's own equations. Every effect of
-the original is in one pass's program, once.
+root; pass 1 computes the stacked values with the original's own equations. Every effect and
+every custom VJP call of the original is in one pass's program, once. A pure equation
+computed in both passes gets its uses' cotangents in two parts, and its pullback, linear in
+the cotangent, adds them up as the original's does.
 """
 
 from __future__ import annotations
@@ -63,12 +73,13 @@ def stacked_values(pairing: Pairing) -> tuple[Var, ...]:
 
 
 def cut(pairing: Pairing) -> tuple[tuple[Var, ...], frozenset[int]] | None:
-    """``(what pass 1 returns, the indices of the equations with effects that it runs)``, or
-    None when the effects cannot keep their order in two passes (see the module docstring)."""
+    """``(what pass 1 returns, the indices of the equations that pass 1 runs and pass 2 does
+    not)``, or None when the effects cannot keep their order in two passes (see the module
+    docstring)."""
     stacked = stacked_values(pairing)
     if not stacked:  # no pass 1: pass 2 runs every effect
         return stacked, frozenset()
-    first = _first_effects(pairing, stacked)
+    first = _only_in_pass_1(pairing, stacked)
     if first is None:
         return None
     eqns = pairing.jaxpr.eqns
@@ -82,9 +93,10 @@ def cut(pairing: Pairing) -> tuple[tuple[Var, ...], frozenset[int]] | None:
     return (*stacked, *read), first
 
 
-def _first_effects(pairing: Pairing, stacked: tuple[Var, ...]) -> frozenset[int] | None:
-    """The equations with effects that pass 1 runs: those upstream of ``stacked`` and, in
-    program order, those whose inputs pass 1 can compute, until the first it cannot."""
+def _only_in_pass_1(pairing: Pairing, stacked: tuple[Var, ...]) -> frozenset[int] | None:
+    """The equations that pass 1 runs and pass 2 does not: the custom VJP calls upstream of
+    ``stacked``, and the equations with effects upstream of ``stacked`` and, in program order,
+    those whose inputs pass 1 can compute, until the first it cannot."""
     eqns = pairing.jaxpr.eqns
     upstream: set[int] = set()
     needed = set(stacked)
@@ -101,6 +113,8 @@ def _first_effects(pairing: Pairing, stacked: tuple[Var, ...]) -> frozenset[int]
         if ready:
             computable.update(eqn.outvars)
         if not eqn.effects:
+            if idx in upstream and _compat.first_eqn([eqn], _compat.is_custom_vjp_call):
+                first.add(idx)
             continue
         if idx in upstream and late:
             return None
@@ -111,25 +125,25 @@ def _first_effects(pairing: Pairing, stacked: tuple[Var, ...]) -> frozenset[int]
     return frozenset(first)
 
 
-def first_pass(jaxpr: Jaxpr, stacked: tuple[Var, ...], effects: frozenset[int]) -> Jaxpr:
+def first_pass(jaxpr: Jaxpr, stacked: tuple[Var, ...], once: frozenset[int]) -> Jaxpr:
     """The program from its inputs to ``stacked`` (the same inputs), with the equations with
-    effects of ``effects`` only."""
-    eqns = [e for i, e in enumerate(jaxpr.eqns) if not e.effects or i in effects]
+    effects of ``once`` only."""
+    eqns = [e for i, e in enumerate(jaxpr.eqns) if not e.effects or i in once]
     return _dce(jaxpr.replace(eqns=eqns, outvars=list(stacked)))
 
 
 def second_pass(
-    pairing: Pairing, stacked: tuple[Var, ...], effects: frozenset[int]
+    pairing: Pairing, stacked: tuple[Var, ...], once: frozenset[int]
 ) -> tuple[Jaxpr, dict[Var, Var]]:
-    """``(pass 2, {column copy: its root})``, without pass 1's ``effects``: see the module
-    docstring."""
+    """``(pass 2, {column copy: its root})``, without the equations that pass 1 ran
+    (``once``): see the module docstring."""
     jaxpr = pairing.jaxpr
     columns = {root: _compat.new_var(root.aval) for root in pairing.column_roots}
     defined_here = set(stacked)
     uses = {u.index: u for u in pairing.uses}
     eqns = []
     for idx, eqn in enumerate(jaxpr.eqns):
-        if defined_here & set(eqn.outvars) or idx in effects:
+        if defined_here & set(eqn.outvars) or idx in once:
             continue
         use = uses.get(idx)
         if use is not None:

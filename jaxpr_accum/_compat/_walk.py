@@ -1,0 +1,38 @@
+"""Jaxprs nested in an equation's parameters, found generically (by type, not by parameter
+name, whose layouts change between JAX versions), and a search through them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn
+
+
+def open_jaxpr(j: Jaxpr | ClosedJaxpr) -> Jaxpr:
+    """The ``Jaxpr`` of a jaxpr, closed or not (the one place that knows the two classes)."""
+    return j.jaxpr if isinstance(j, ClosedJaxpr) else j
+
+
+def sub_jaxprs(params: dict[str, Any]) -> Iterator[tuple[tuple, ClosedJaxpr | Jaxpr]]:
+    """Every sub-jaxpr in ``params`` with its path: ``(key,)`` or ``(key, index)``."""
+    for key, value in params.items():
+        if isinstance(value, (Jaxpr, ClosedJaxpr)):
+            yield (key,), value
+        elif isinstance(value, (tuple, list)):
+            for i, item in enumerate(value):
+                if isinstance(item, (Jaxpr, ClosedJaxpr)):
+                    yield (key, i), item
+
+
+def first_eqn(eqns: Iterable[JaxprEqn], is_match: Callable[[JaxprEqn], bool]) -> JaxprEqn | None:
+    """The first equation of ``eqns`` or of a jaxpr nested in one, at any depth, that
+    ``is_match``; None when there is none."""
+    for eqn in eqns:
+        if is_match(eqn):
+            return eqn
+        for _, sub in sub_jaxprs(eqn.params):
+            found = first_eqn(open_jaxpr(sub).eqns, is_match)
+            if found is not None:
+                return found
+    return None

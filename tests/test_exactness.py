@@ -286,6 +286,35 @@ def test_custom_rule_that_mixes_the_batch_is_exact(name, mode):
     assert_matches_original(sf, w, x, vmap=False)
 
 
+@jax.custom_vjp
+def position_scaled(v):
+    return v * (1.0 + jnp.arange(v.shape[0], dtype=v.dtype)[:, None] / 16.0)
+
+
+position_scaled.defvjp(
+    lambda v: (position_scaled(v), jnp.arange(v.shape[0], dtype=v.dtype)),
+    lambda i, g: (g * (1.0 + i[:, None] / 16.0),),
+)
+
+
+@pytest.mark.filterwarnings(NOT_WORTH_IT)  # the region stops at the rule: may save nothing
+@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
+def test_a_rule_reading_a_whole_residual_along_the_axis_runs_unchunked(mode):
+    """Review finding: a forward rule's residual computed from no input (``jnp.arange(n)``,
+    so whole at chunk size too) that the backward rule reads row by row with the cotangent
+    was sliced in the chunked backward rule: an internal shape error at plan time. Such a
+    call runs unchunked, exactly, and ``explain`` names it."""
+    w, _, x = _args("float32")
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(position_scaled(x @ w)) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+    plan = sf.explain(w, x)
+    assert any("position_scaled" in s and "computes whole" in s for s in plan.stops), plan.stops
+    assert_matches_original(sf, w, x, vmap=False)
+
+
 @pytest.mark.parametrize("mode", modes("remat", "fused", slow=GRAD_MODES))
 def test_polymorphic_custom_rules_are_chunked(mode):
     """r11: per-example custom rules (directly and under vmap) and a weight-gradient sum in a

@@ -85,7 +85,26 @@ def check_rule(
             return CheckedRule(jaxpr, analysis, (None, "returns a constant where the axis is"))
         seeds.append((v, loc))
     analysis.run(seeds)
-    return CheckedRule(jaxpr, analysis, _first_problem(analysis, inner, out_locs, partial_outputs))
+    problem = _input_read_with_the_axis(analysis, inner, in_locs) or _first_problem(
+        analysis, inner, out_locs, partial_outputs
+    )
+    return CheckedRule(jaxpr, analysis, problem)
+
+
+def _input_read_with_the_axis(
+    analysis: Analysis, inner: Jaxpr, in_locs: Sequence[AxisLoc | None]
+) -> Problem | None:
+    """An input that the caller gives without the axis, which the rule reads as carrying it
+    (a forward rule's residual ``jnp.arange(n)``, computed whole, meeting the cotangent's
+    rows in the backward rule): per chunk the caller would pass the whole value where the
+    rule takes the chunk's rows."""
+    for j, (v, loc) in enumerate(zip(inner.invars, in_locs, strict=True)):
+        if loc is None and analysis.loc((), v) is not None:
+            return None, (
+                f"reads its input {j} ({v.aval.str_short()}) along the axis, which the call "
+                "computes whole"
+            )
+    return None
 
 
 def _first_problem(

@@ -315,6 +315,36 @@ def test_a_rule_reading_a_whole_residual_along_the_axis_runs_unchunked(mode):
     assert_matches_original(sf, w, x, vmap=False)
 
 
+@jax.custom_vjp
+def position_scaled_cotangent(v):
+    return v
+
+
+position_scaled_cotangent.defvjp(
+    lambda v: (v, None),
+    lambda _, g: (g * (1.0 + jnp.arange(g.shape[0], dtype=g.dtype)[:, None] / 16.0),),
+)
+
+
+@pytest.mark.parametrize("mode", modes("native", slow=GRAD_MODES))
+def test_a_rule_reading_positions_is_chunked_under_jit_in_every_mode(mode):
+    """Review finding: a backward rule that reads its positions (``jnp.arange(g.shape[0])``)
+    is resized per chunk, from the chunk's first position. Under ``grad="native"`` JAX traces
+    the rules when it transposes the loop, outside the chunk's trace, and the first position
+    they closed over escaped: ``jax.jit`` failed to lower ("No constant handler for type:
+    DynamicJaxprTracer"). The position is now an argument of the rules."""
+    w, _, x = _args("float32")
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(position_scaled_cotangent(x @ w)) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+    assert not sf.explain(w, x).stops
+    got = jax.jit(jax.value_and_grad(sf, (0, 1)))(w, x)
+    assert_tree_close(got, jax.jit(jax.value_and_grad(loss, (0, 1)))(w, x))
+    assert_matches_original(sf, w, x, vmap=False)
+
+
 @pytest.mark.parametrize("mode", modes("remat", "fused", slow=GRAD_MODES))
 def test_polymorphic_custom_rules_are_chunked(mode):
     """r11: per-example custom rules (directly and under vmap) and a weight-gradient sum in a

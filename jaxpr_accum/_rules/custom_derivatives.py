@@ -223,29 +223,40 @@ class CustomVJP(CustomJVP):
         call, nc = _compat.custom_call_body(eqn)
         consts, args = invals[:nc], invals[nc:]
 
+        # The chunk's first position (traced inside the loop) is an argument of the rules,
+        # and a residual of the backward rule: JAX may trace the forward and backward rules
+        # later, outside the chunk's trace (the transpose of ``grad="native"``'s loop), where
+        # a closed-over tracer would escape. The cotangent of an integer argument is None. A
+        # static first position (a remainder chunk's) stays a Python integer.
+        static = isinstance(r.start, int)
+
+        def at(start: Array) -> Array | int:
+            return r.start if static else start
+
         @jax.custom_vjp
-        def fun(*a: Array) -> Arrays:
+        def fun(start: Array, *a: Array) -> Arrays:
+            del start  # the primal is traced at once, inside the chunk's trace
             return tuple(r.eval(("call_jaxpr",), call, [*consts, *a]))
 
-        def fwd(*a: Array) -> tuple[Arrays, Arrays]:
+        def fwd(start: Array, *a: Array) -> tuple[Arrays, Arrays]:
             fwd_checked, extra = self._rules(eqn, r)["forward rule"]
             assert isinstance(extra, tuple)
             n_res_out, input_fwds = extra
-            outs = fwd_checked.resized(r, a)
+            outs = fwd_checked.resized(r, a, at(start))
             res_out = iter(outs[:n_res_out])
             everything = [*consts, *a]
             res = [next(res_out) if f is None else everything[f] for f in input_fwds]
-            return tuple(outs[n_res_out:]), tuple(res)
+            return tuple(outs[n_res_out:]), (start, *res)
 
         def bwd(res: Arrays, cts: Arrays) -> tuple[Array | None, ...]:
             bwd_checked, returned = self._rules(eqn, r)["backward rule"]
             assert isinstance(returned, list)
-            outs = iter(bwd_checked.resized(r, [*res, *cts]))
-            return tuple(next(outs) if kept else None for kept in returned)
+            outs = iter(bwd_checked.resized(r, [*res[1:], *cts], at(res[0])))
+            return (None, *(next(outs) if kept else None for kept in returned))
 
         fun.defvjp(fwd, bwd)
         with _compat.user_context(eqn):
-            return list(fun(*args))
+            return list(fun(jnp.asarray(r.start, jnp.int32), *args))
 
 
 def _describe(eqn: JaxprEqn, what: str, problem: Problem) -> str:

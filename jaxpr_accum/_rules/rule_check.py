@@ -57,8 +57,13 @@ class CheckedRule:
     analysis: Analysis
     problem: Problem | None
 
-    def resized(self, r: EqnResize, args: Sequence[Array]) -> list[Array]:
-        return Resizer(self.analysis, r.k, r.start).eval_jaxpr((), self.jaxpr, list(args))
+    def resized(
+        self, r: EqnResize, args: Sequence[Array], start: Array | int | None = None
+    ) -> list[Array]:
+        """The rule at ``r``'s chunk, whose first position is ``start`` (``r.start`` where
+        None)."""
+        at = r.start if start is None else start
+        return Resizer(self.analysis, r.k, at).eval_jaxpr((), self.jaxpr, list(args))
 
 
 def check_rule(

@@ -345,6 +345,22 @@ def test_a_rule_reading_positions_is_chunked_under_jit_in_every_mode(mode):
     assert_matches_original(sf, w, x, vmap=False)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
+def test_a_custom_vjp_of_a_half_precision_value_is_chunked(mode, dtype):
+    """Review finding: a custom VJP of a bfloat16 value had its cotangent typed ``float0``
+    (NumPy does not count bfloat16 as inexact), so the user's backward rule failed at plan
+    time ("Called clip with a float0 array"): an internal error, and the original ran."""
+    w, _, x = _args("float32")
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(clip_grad((x @ w).astype(dtype))).astype(jnp.float32) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+    assert not sf.explain(w, x).stops
+    assert_matches_original(sf, w, x, vmap=False)
+
+
 @pytest.mark.parametrize("mode", modes("remat", "fused", slow=GRAD_MODES))
 def test_polymorphic_custom_rules_are_chunked(mode):
     """r11: per-example custom rules (directly and under vmap) and a weight-gradient sum in a

@@ -261,7 +261,7 @@ def gather_fill_value(eqn: JaxprEqn) -> Any:
     if fill is not None:
         return fill
     dtype = dtype_of(eqn.outvars[0])
-    if np.issubdtype(dtype, np.inexact):
+    if jax.dtypes.issubdtype(dtype, np.inexact):  # bfloat16 too (NumPy's says no)
         return np.nan
     if np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype.type)  # type: ignore[type-var]

@@ -326,23 +326,82 @@ position_scaled_cotangent.defvjp(
 )
 
 
+@jax.custom_vjp
+def noised_cotangent(v, key):
+    return v
+
+
+noised_cotangent.defvjp(
+    lambda v, key: (v, key),
+    lambda key, g: (g + 0.01 * jax.random.normal(key, g.shape, g.dtype), None),
+)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [position_scaled_cotangent, lambda v: noised_cotangent(v, jax.random.key(1))],
+    ids=["positions", "noise-from-a-key-residual"],
+)
 @pytest.mark.parametrize("mode", modes("native", slow=GRAD_MODES))
-def test_a_rule_reading_positions_is_chunked_under_jit_in_every_mode(mode):
+def test_a_rule_reading_positions_is_chunked_under_jit_in_every_mode(mode, rule):
     """Review finding: a backward rule that reads its positions (``jnp.arange(g.shape[0])``)
     is resized per chunk, from the chunk's first position. Under ``grad="native"`` JAX traces
     the rules when it transposes the loop, outside the chunk's trace, and the first position
     they closed over escaped: ``jax.jit`` failed to lower ("No constant handler for type:
-    DynamicJaxprTracer"). The position is now an argument of the rules."""
+    DynamicJaxprTracer"). The position is now an argument of the rules. A DP-style rule
+    drawing noise from a key residual reads its positions the same way."""
     w, _, x = _args("float32")
 
     def loss(w, x):
-        return jnp.sum(jnp.tanh(position_scaled_cotangent(x @ w)) ** 2)
+        return jnp.sum(jnp.tanh(rule(x @ w)) ** 2)
 
     sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
     assert not sf.explain(w, x).stops
     got = jax.jit(jax.value_and_grad(sf, (0, 1)))(w, x)
     assert_tree_close(got, jax.jit(jax.value_and_grad(loss, (0, 1)))(w, x))
     assert_matches_original(sf, w, x, vmap=False)
+
+
+def _rule_closing_over_a_value_of_the_loss(kind: str):
+    def loss(w, x):
+        s = jnp.sum(w**2)  # read by the rule, which the loss defines
+
+        if kind == "custom_vjp":
+
+            @jax.custom_vjp
+            def scaled(v):
+                return v * s
+
+            scaled.defvjp(lambda v: (v * s, (v, s)), lambda res, g: (g * res[1],))
+        else:
+
+            @jax.custom_jvp
+            def scaled(v):
+                return v * s
+
+            scaled.defjvp(lambda p, t: (p[0] * s, t[0] * s))
+        return jnp.sum(jnp.tanh(scaled(x @ w)) ** 2)
+
+    return loss
+
+
+@pytest.mark.parametrize("kind", ["custom_vjp", "custom_jvp"])
+@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
+def test_a_rule_closing_over_a_value_of_the_function_runs_as_written(mode, kind):
+    """A custom rule defined inside the loss that reads a value the loss computed closes
+    over a tracer of the library's trace, dead once tracing is over: JAX cannot
+    differentiate such a program once staged (``jax.grad(jax.jit(loss))`` fails alike, "No
+    constant handler for type"), and the chunked program failed so in every mode. The
+    original differentiates it (``jax.grad`` before ``jax.jit``): the function runs as
+    written, with a warning that says how to have it chunked."""
+    w, _, x = _args("float32")
+    loss = _rule_closing_over_a_value_of_the_loss(kind)
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+    with pytest.warns(ja.PlanWarning, match="closes over a value computed inside"):
+        got = jax.jit(jax.value_and_grad(sf, 1))(w, x)
+    assert_tree_close(got, jax.jit(jax.value_and_grad(loss, 1))(w, x))
+    assert_tree_close(jax.grad(sf, 1)(w, x), jax.grad(loss, 1)(w, x))
+    assert sf.explain(w, x).chunk == 0
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])

@@ -129,7 +129,9 @@ class SerializedFunction(Generic[P, R]):
             warn(f"{self!r}: {warning}")
         original = functools.partial(run_as_written, prepared.traced.jaxpr)
         try:  # the library's stages of the call, before anything of the user's runs
-            compiles = _fallback.ready(prepared.jitted, inputs, prepared.ready, original)
+            compiles = prepared.staged and _fallback.ready(
+                prepared.jitted, inputs, prepared.ready, original
+            )
         except Exception as error:
             if prepared.as_written or _fallback.strict():
                 raise
@@ -281,8 +283,7 @@ class SerializedFunction(Generic[P, R]):
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[Prepared, list]:
         call = _arguments.flatten(args, kwargs)
         key = _arguments.cache_key(call)
-        # ``memory=`` budgets, and auto measures, what the caller differentiates: a plan per
-        # perturbation pattern
+        # ``memory=`` budgets, and auto measures, what the caller differentiates: a plan each
         weighs = self.memory is not None or self._planner.requested is AUTO
         pattern = _arguments.perturbation(call) if weighs else None
         if key is not None and weighs:

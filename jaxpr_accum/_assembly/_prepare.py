@@ -27,6 +27,7 @@ import jax
 from jaxpr_accum._assembly import _budget, _fallback, _pairwise, _worth
 from jaxpr_accum._assembly._assemble import build, run_as_written
 from jaxpr_accum._assembly._report import Plan
+from jaxpr_accum._base._errors import warn
 from jaxpr_accum._base._settings import Settings
 from jaxpr_accum._build import _layout
 from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
@@ -63,7 +64,9 @@ class LRU(collections.OrderedDict):
 class Prepared:
     """One call signature's trace, plan and runnable program: the chunked one, or the
     function as written (``as_written``: not expected to save memory, ``_worth``; or no plan
-    at all, ``split`` None, after internal errors, ``_fallback``, which has warned)."""
+    at all, ``split`` None, after internal errors, ``_fallback``, which has warned). Not
+    ``staged``: the trace cannot be differentiated (``Traced.unstageable``), the call runs the
+    user's function itself."""
 
     def __init__(
         self,
@@ -73,15 +76,17 @@ class Prepared:
         *,
         as_written: bool = False,
         run: Callable | None = None,
+        staged: bool = True,
     ):
         self.traced, self.split, self.plan, self.as_written = traced, split, plan, as_written
+        self.staged = staged
         self.run = run if run is not None else functools.partial(run_as_written, traced.jaxpr)
         self.jitted = jax.jit(self.run)
         self.ready: set[bool] = set()  # the kinds of call compiled for (``_fallback.ready``)
 
     @classmethod
-    def unchunked(cls, traced: _trace.Traced, why: str) -> Prepared:
-        return cls(traced, None, Plan.unchunked(why), as_written=True)
+    def unchunked(cls, traced: _trace.Traced, why: str, staged: bool = True) -> Prepared:
+        return cls(traced, None, Plan.unchunked(why), as_written=True, staged=staged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +156,10 @@ class Planner:
     ) -> Prepared:
         """The widest plan that plans, builds and validates (``_fallback``): in two passes,
         in one, without streamed normalisers, with native gradients."""
+        why = traced.why_unstageable()
+        if why is not None:
+            warn(why)
+            return Prepared.unchunked(traced, why, staged=False)
         call = Planning(traced, inputs, key, traced.differentiated(inputs, pattern))
         requested = self.requested
         attempts = [

@@ -101,5 +101,27 @@ def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJax
     return jax.make_jaxpr(arrays_only)(*avals), returned
 
 
+def current_trace() -> Any:
+    """JAX's current trace (inside ``jax.make_jaxpr``: the trace being made)."""
+    return _jax("jax._src.core.trace_ctx").trace
+
+
+def rules_close_over(eqn: JaxprEqn, trace: Any) -> bool:
+    """Whether a custom JVP/VJP call's rule (its JVP rule, or its forward rule) closes over
+    a tracer of ``trace``: the rule was defined inside the function ``trace`` traced, and
+    reads a value computed there. Once that trace is over, the call cannot be
+    differentiated: JAX traces the rule when it differentiates, and the tracer is dead
+    (``jax.grad(jax.jit(f))`` fails alike, "No constant handler for type")."""
+    if not is_custom_rule_call(eqn):
+        return False
+    n = len(eqn.invars) - _param(eqn, "num_consts")
+    if is_custom_vjp_call(eqn):
+        consts = _param(eqn, "fwd_jaxpr_thunk").call_wrapped(*[True] * n)[1]
+    else:
+        consts = _param(eqn, "jvp_jaxpr_fun").call_wrapped(*[False] * n)[1]
+    tracer = _jax("jax.core.Tracer")
+    return any(isinstance(c, tracer) and c._trace is trace for c in consts)
+
+
 def zeros_float0(shape: Sequence[int]) -> np.ndarray:
     return np.zeros(tuple(shape), dtype=jax.dtypes.float0)

@@ -362,46 +362,115 @@ def test_a_rule_reading_positions_is_chunked_under_jit_in_every_mode(mode, rule)
     assert_matches_original(sf, w, x, vmap=False)
 
 
-def _rule_closing_over_a_value_of_the_loss(kind: str):
-    def loss(w, x):
-        s = jnp.sum(w**2)  # read by the rule, which the loss defines
+def _custom_rule_closing_over(s, kind: str):
+    """``v * 2`` with a custom rule that reads ``s`` from its closure: in the forward rule,
+    the backward rule only, or a JVP rule."""
+    if kind == "custom_jvp":
 
-        if kind == "custom_vjp":
+        @jax.custom_jvp
+        def scaled(v):
+            return v * 2.0
 
-            @jax.custom_vjp
-            def scaled(v):
-                return v * s
+        scaled.defjvp(lambda p, t: (p[0] * 2.0, t[0] * 2.0 * s))
+        return scaled
 
-            scaled.defvjp(lambda v: (v * s, (v, s)), lambda res, g: (g * res[1],))
-        else:
+    @jax.custom_vjp
+    def scaled(v):
+        return v * 2.0
 
-            @jax.custom_jvp
-            def scaled(v):
-                return v * s
-
-            scaled.defjvp(lambda p, t: (p[0] * s, t[0] * s))
-        return jnp.sum(jnp.tanh(scaled(x @ w)) ** 2)
-
-    return loss
+    if kind == "custom_vjp forward":
+        scaled.defvjp(lambda v: (v * 2.0, (s,)), lambda res, g: (g * 2.0 * res[0],))
+    else:
+        scaled.defvjp(lambda v: (v * 2.0, None), lambda _, g: (g * 2.0 * s,))
+    return scaled
 
 
-@pytest.mark.parametrize("kind", ["custom_vjp", "custom_jvp"])
+CLOSURES = ["custom_vjp forward", "custom_vjp backward", "custom_jvp"]
+
+
+@pytest.mark.parametrize("kind", CLOSURES)
 @pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
 def test_a_rule_closing_over_a_value_of_the_function_runs_as_written(mode, kind):
     """A custom rule defined inside the loss that reads a value the loss computed closes
     over a tracer of the library's trace, dead once tracing is over: JAX cannot
     differentiate such a program once staged (``jax.grad(jax.jit(loss))`` fails alike, "No
-    constant handler for type"), and the chunked program failed so in every mode. The
-    original differentiates it (``jax.grad`` before ``jax.jit``): the function runs as
-    written, with a warning that says how to have it chunked."""
+    constant handler for type"), and the chunked program failed so in every mode (review
+    findings: a closure in the forward, the backward or the JVP rule). The original
+    differentiates it (``jax.grad`` before ``jax.jit``): the function runs as written, with
+    a warning that says how to have it chunked."""
     w, _, x = _args("float32")
-    loss = _rule_closing_over_a_value_of_the_loss(kind)
+
+    def loss(w, x):
+        scaled = _custom_rule_closing_over(jnp.sum(w**2), kind)
+        return jnp.sum(jnp.tanh(scaled(x @ w)) ** 2)
+
     sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
-    with pytest.warns(ja.PlanWarning, match="closes over a value computed inside"):
+    with pytest.warns(ja.PlanWarning, match="closes over a traced value"):
         got = jax.jit(jax.value_and_grad(sf, 1))(w, x)
     assert_tree_close(got, jax.jit(jax.value_and_grad(loss, 1))(w, x))
     assert_tree_close(jax.grad(sf, 1)(w, x), jax.grad(loss, 1)(w, x))
     assert sf.explain(w, x).chunk == 0
+
+
+@pytest.mark.parametrize("outer", ["jit", "grad", "vmap"])
+@pytest.mark.parametrize("kind", CLOSURES)
+@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
+def test_a_rule_closing_over_a_value_of_an_outer_transformation_runs_as_written(mode, kind, outer):
+    """Review finding: a custom rule reading a tracer of a transformation around the call
+    (``s = p ** 2`` under ``jax.jit``, ``jax.grad`` or ``jax.vmap`` of ``p``) failed to lower
+    as well: it runs as written too, and an outer derivative through the rule's closure is
+    the original's."""
+    w, _, x = _args("float32")
+
+    def outer_of(serialize: bool):
+        def run(p, w, x):
+            def loss(w, x):
+                scaled = _custom_rule_closing_over(p**2, kind)
+                return jnp.sum(jnp.tanh(scaled(x @ w)) ** 2)
+
+            f = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode) if serialize else loss
+            return jnp.sum(jax.grad(f, 1)(w, x))
+
+        if outer == "jit":
+            return jax.jit(run), jnp.float32(1.3)
+        if outer == "grad":
+            return jax.grad(run), jnp.float32(1.3)
+        return jax.vmap(run, (0, None, None)), jnp.asarray([1.3, 0.2], jnp.float32)
+
+    (want_of, p), (got_of, _) = outer_of(False), outer_of(True)
+    with pytest.warns(ja.PlanWarning, match="closes over a traced value"):
+        got = got_of(p, w, x)
+    assert_tree_close(got, want_of(p, w, x))
+
+
+@pytest.mark.parametrize(
+    "residual",
+    [3.0, np.float32(3.0), jnp.int32(3), (2.0, None)],
+    ids=["python-float", "numpy-scalar", "jax-int", "float-and-none"],
+)
+@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
+def test_a_rule_returning_a_constant_residual_is_chunked(mode, residual):
+    """Review finding: a forward rule whose residual is a constant (a Python or NumPy
+    number: a literal of the rule's jaxpr) failed the rule check ("unhashable type:
+    'Literal'"), an internal error in every mode."""
+    w, _, x = _args("float32")
+
+    @jax.custom_vjp
+    def scaled_gradient(v):
+        return v
+
+    def backward(res, g):
+        n = res[0] if isinstance(res, tuple) else res
+        return (g * n,)
+
+    scaled_gradient.defvjp(lambda v: (v, residual), backward)
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(scaled_gradient(x @ w)) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+    assert not sf.explain(w, x).stops
+    assert_matches_original(sf, w, x, vmap=False)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])

@@ -26,7 +26,6 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var  # noqa: 
 
 from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
     cotangent_aval,
-    current_trace,
     custom_call_body,
     custom_call_identity,
     custom_jvp_rule_jaxpr,
@@ -34,7 +33,7 @@ from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
     is_array,
     is_custom_rule_call,
     is_custom_vjp_call,
-    rules_close_over,
+    rules_close_over_tracers,
     trace_custom_vjp_bwd,
     zeros_float0,
 )

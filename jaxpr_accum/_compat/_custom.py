@@ -101,26 +101,31 @@ def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJax
     return jax.make_jaxpr(arrays_only)(*avals), returned
 
 
-def current_trace() -> Any:
-    """JAX's current trace (inside ``jax.make_jaxpr``: the trace being made)."""
-    return _jax("jax._src.core.trace_ctx").trace
-
-
-def rules_close_over(eqn: JaxprEqn, trace: Any) -> bool:
-    """Whether a custom JVP/VJP call's rule (its JVP rule, or its forward rule) closes over
-    a tracer of ``trace``: the rule was defined inside the function ``trace`` traced, and
-    reads a value computed there. Once that trace is over, the call cannot be
-    differentiated: JAX traces the rule when it differentiates, and the tracer is dead
-    (``jax.grad(jax.jit(f))`` fails alike, "No constant handler for type")."""
+def rules_close_over_tracers(eqn: JaxprEqn) -> bool:
+    """Whether a custom JVP/VJP call's rules (its JVP rule; its forward or backward rule)
+    close over a tracer: a value computed inside the traced function (the rule is defined
+    there), or one of a transformation around it. Once staged, such a call cannot be
+    differentiated: JAX traces the rules when it differentiates, and the tracer becomes a
+    constant of that trace, which does not lower ("No constant handler for type";
+    ``jax.grad(jax.jit(f))`` fails alike)."""
     if not is_custom_rule_call(eqn):
         return False
-    n = len(eqn.invars) - _param(eqn, "num_consts")
-    if is_custom_vjp_call(eqn):
-        consts = _param(eqn, "fwd_jaxpr_thunk").call_wrapped(*[True] * n)[1]
-    else:
-        consts = _param(eqn, "jvp_jaxpr_fun").call_wrapped(*[False] * n)[1]
-    tracer = _jax("jax.core.Tracer")
-    return any(isinstance(c, tracer) and c._trace is trace for c in consts)
+    nc = _param(eqn, "num_consts")
+    n = len(eqn.invars) - nc
+    if not is_custom_vjp_call(eqn):
+        return _any_tracer(_param(eqn, "jvp_jaxpr_fun").call_wrapped(*[False] * n)[1])
+    fwd_of, bwd = custom_vjp_parts(eqn)
+    fwd, (_, input_fwds) = fwd_of([True] * n)
+    if _any_tracer(fwd.consts):
+        return True
+    computed = iter(fwd.jaxpr.outvars)  # the residuals the rule computes come first
+    res = [next(computed).aval if f is None else eqn.invars[f].aval for f in input_fwds]
+    cts = [cotangent_aval(v.aval) for v in eqn.outvars]
+    return _any_tracer(trace_custom_vjp_bwd(bwd, [*res, *cts])[0].consts)
+
+
+def _any_tracer(values: Sequence[Any]) -> bool:
+    return any(isinstance(x, _jax("jax.core.Tracer")) for x in values)
 
 
 def zeros_float0(shape: Sequence[int]) -> np.ndarray:

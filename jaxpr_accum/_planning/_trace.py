@@ -11,8 +11,9 @@
    way) from that input instead; then drop dead equations.
 4. Turn the jaxpr's constants into leading inputs: closed-over tracers (parameters closed
    over inside an outer ``jax.grad``) become explicit, differentiable inputs.
-5. Find a custom rule that closes over a value the function computed (a tracer of this
-   trace): such a program cannot be differentiated once staged (``unstageable``).
+5. Find a custom rule that closes over a tracer (a value the function computed, or one of a
+   transformation around it): such a program cannot be differentiated once staged
+   (``unstageable``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Traced:
     arg_leaf_ranges: list[range]  # positional argument i owns dynamic leaves in this range
     leaf_names: list[str]  # a readable name per dynamic leaf: ``params['Dense_0']['kernel']``
     seed_axes: list | None = None  # the serialized axis per dynamic leaf (argnums / in_axes)
-    #: a custom rule call whose rule reads a value computed in the function (``unstageable``)
+    #: a custom rule call whose rules close over a tracer (``why_unstageable``)
     unstageable: JaxprEqn | None = None
 
     @property
@@ -53,19 +54,19 @@ class Traced:
         return any(isinstance(c, jax.core.Tracer) for c in self.consts)
 
     def why_unstageable(self) -> str | None:
-        """Why the program cannot be differentiated once staged, or None: a custom rule
-        defined inside the function reads a value the function computed (a dead tracer once
-        the trace is over). JAX has the same limit: ``jax.grad(jax.jit(f))`` fails alike."""
+        """Why the program cannot be differentiated once staged, or None: a custom rule reads
+        a traced value it closes over (computed inside the function, or of a transformation
+        around it). JAX has the same limit: ``jax.grad(jax.jit(f))`` fails alike."""
         if self.unstageable is None:
             return None
         name, where = _compat.custom_call_identity(self.unstageable)
         return (
-            f"the rule of custom-derivative function `{name}` (defined at "
-            f"{where.rpartition(' at ')[2]}) closes over a value computed inside the function, "
-            "which JAX cannot differentiate once the function is staged "
-            "(`jax.grad(jax.jit(f))` fails alike): the function runs as written, unchunked. "
-            f"Pass that value to `{name}` as an argument (or use `jax.closure_convert`) to "
-            "have it chunked."
+            f"a rule of custom-derivative function `{name}` (defined at "
+            f"{where.rpartition(' at ')[2]}) closes over a traced value (computed inside the "
+            "function, or by a transformation around it), which JAX cannot differentiate once "
+            "the function is staged (`jax.grad(jax.jit(f))` fails alike): the function runs "
+            f"as written, unchunked. Pass that value to `{name}` as an argument (or use "
+            "`jax.closure_convert`) to have it chunked."
         )
 
     def differentiated(self, inputs: list, pattern: tuple | None) -> list[int]:
@@ -91,10 +92,8 @@ def trace(fun: Callable, call: _arguments.Call, seed_axes: list | None = None) -
     """``fun`` traced at ``call``'s dynamic leaves (the static ones fixed)."""
     leaves, treedef, dynamic = call.leaves, call.treedef, call.dynamic
     out_store: list = []
-    traces: list = []
 
     def flat_fun(*dyn_leaves: Any) -> list:
-        traces.append(_compat.current_trace())
         it = iter(dyn_leaves)
         merged = [next(it) if d else leaf for leaf, d in zip(leaves, dynamic, strict=True)]
         args, kwargs = jax.tree_util.tree_unflatten(treedef, merged)
@@ -119,8 +118,8 @@ def trace(fun: Callable, call: _arguments.Call, seed_axes: list | None = None) -
     jaxpr, consts = _compat.constvars_to_invars(closed)
     names = _arguments.leaf_names(fun, call)
     with collector_paused():  # traces the custom rules, as planning does
-        dead = _compat.first_eqn(jaxpr.eqns, lambda e: _compat.rules_close_over(e, traces[0]))
-    return Traced(jaxpr, consts, out_store[0], call.ranges, names, seed_axes, dead)
+        closing = _compat.first_eqn(jaxpr.eqns, _compat.rules_close_over_tracers)
+    return Traced(jaxpr, consts, out_store[0], call.ranges, names, seed_axes, closing)
 
 
 def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:

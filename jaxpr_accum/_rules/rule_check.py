@@ -154,9 +154,11 @@ def _first_problem(
         partials.update(eqn.outvars)
         tainted.update(dict.fromkeys(eqn.outvars, origin))
     for j, v in enumerate(inner.outvars):
+        if isinstance(v, Literal):  # a constant output (a rule's residual ``3.0``)
+            continue
         if v in tainted and not (j < len(partial_outputs) and partial_outputs[j]):
             return tainted[v], "returns a value reduced over the axis"
-        if out_locs[j] is None and not isinstance(v, Literal) and analysis.loc((), v) is not None:
+        if out_locs[j] is None and analysis.loc((), v) is not None:
             return None, "returns the axis where the primal has none"
     return None
 

@@ -412,6 +412,27 @@ def test_a_rule_closing_over_a_value_of_the_function_runs_as_written(mode, kind)
     assert sf.explain(w, x).chunk == 0
 
 
+@pytest.mark.parametrize("kind", CLOSURES)
+def test_a_rule_closing_over_a_row_of_a_vmap_inside_the_function_runs_as_written(kind):
+    """Review finding: a custom rule inside a ``jax.vmap`` of the loss reading a per-row value
+    closes over a tracer of that ``vmap``, dead once it returns: looking for closures traced
+    the rule and raised ``UnexpectedTracerError``, so even a forward call failed. Such a rule
+    runs as written: its forward calls are the original's (JAX cannot differentiate it)."""
+    w, _, x = _args("float32")
+
+    def loss(w, x):
+        def row(r):
+            return _custom_rule_closing_over(jnp.sum(r**2), kind)(r @ w)
+
+        return jnp.sum(jnp.tanh(jax.vmap(row)(x)) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1)
+    with pytest.warns(ja.PlanWarning, match="closes over a traced value"):
+        assert_tree_close(sf(w, x), loss(w, x))
+    assert_tree_close(jax.jit(sf)(w, x), jax.jit(loss)(w, x))
+    assert_tree_close(jax.vmap(sf, (None, 0))(w, x[None]), jax.vmap(loss, (None, 0))(w, x[None]))
+
+
 @pytest.mark.parametrize("outer", ["jit", "grad", "vmap"])
 @pytest.mark.parametrize("kind", CLOSURES)
 @pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))

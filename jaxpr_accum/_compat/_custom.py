@@ -112,16 +112,19 @@ def rules_close_over_tracers(eqn: JaxprEqn) -> bool:
         return False
     nc = _param(eqn, "num_consts")
     n = len(eqn.invars) - nc
-    if not is_custom_vjp_call(eqn):
-        return _any_tracer(_param(eqn, "jvp_jaxpr_fun").call_wrapped(*[False] * n)[1])
-    fwd_of, bwd = custom_vjp_parts(eqn)
-    fwd, (_, input_fwds) = fwd_of([True] * n)
-    if _any_tracer(fwd.consts):
-        return True
-    computed = iter(fwd.jaxpr.outvars)  # the residuals the rule computes come first
-    res = [next(computed).aval if f is None else eqn.invars[f].aval for f in input_fwds]
-    cts = [cotangent_aval(v.aval) for v in eqn.outvars]
-    return _any_tracer(trace_custom_vjp_bwd(bwd, [*res, *cts])[0].consts)
+    try:
+        if not is_custom_vjp_call(eqn):
+            return _any_tracer(_param(eqn, "jvp_jaxpr_fun").call_wrapped(*[False] * n)[1])
+        fwd_of, bwd = custom_vjp_parts(eqn)
+        fwd, (_, input_fwds) = fwd_of([True] * n)
+        if _any_tracer(fwd.consts):
+            return True
+        computed = iter(fwd.jaxpr.outvars)  # the residuals the rule computes come first
+        res = [next(computed).aval if f is None else eqn.invars[f].aval for f in input_fwds]
+        cts = [cotangent_aval(v.aval) for v in eqn.outvars]
+        return _any_tracer(trace_custom_vjp_bwd(bwd, [*res, *cts])[0].consts)
+    except jax.errors.UnexpectedTracerError:  # a tracer of a transformation that has ended
+        return True  # (a ``jax.vmap`` inside the function): JAX cannot differentiate it either
 
 
 def _any_tracer(values: Sequence[Any]) -> bool:

@@ -168,3 +168,29 @@ def test_a_program_that_is_not_reverse_differentiable_keeps_its_plan():
     sf = ja.serialize_axis(f, chunk=3, argnums=1)
     assert_tree_close(sf(W, X), f(W, X))
     assert sf.explain(W, X).counts["body"] > 0
+
+
+@jax.custom_vjp
+def _doubled(v):
+    return v * 2.0
+
+
+_doubled.defvjp(lambda v: (v * 2.0, None), lambda _, g: (g, g))  # one cotangent too many
+
+
+def test_a_forward_call_with_a_broken_backward_rule_runs_as_the_original(monkeypatch):
+    """Review finding: the search for rules closing over tracers traces every backward rule,
+    and one that does not trace (the user's bug, which the original's forward never meets)
+    made even a forward call fail, outside the fallbacks. It is left to planning, whose
+    fallback runs the function as written (strict mode raises the user's error)."""
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(_doubled(x @ w)) ** 2)
+
+    monkeypatch.setenv("JAXPR_ACCUM_STRICT", "0")
+    sf = ja.serialize_axis(loss, chunk=3, argnums=1)
+    with pytest.warns(ja.PlanWarning, match="bwd rule"):
+        assert_tree_close(sf(W, X), loss(W, X))
+    monkeypatch.setenv("JAXPR_ACCUM_STRICT", "1")
+    with pytest.raises(TypeError, match="bwd rule"):
+        ja.serialize_axis(loss, chunk=3, argnums=1)(W, X)

@@ -125,6 +125,8 @@ def rules_close_over_tracers(eqn: JaxprEqn) -> bool:
         return _any_tracer(trace_custom_vjp_bwd(bwd, [*res, *cts])[0].consts)
     except jax.errors.UnexpectedTracerError:  # a tracer of a transformation that has ended
         return True  # (a ``jax.vmap`` inside the function): JAX cannot differentiate it either
+    except Exception:  # a rule that does not trace (the user's): planning's fallbacks decide
+        return False
 
 
 def _any_tracer(values: Sequence[Any]) -> bool:

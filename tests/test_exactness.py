@@ -364,7 +364,7 @@ def test_a_rule_reading_positions_is_chunked_under_jit_in_every_mode(mode, rule)
 
 def _custom_rule_closing_over(s, kind: str):
     """``v * 2`` with a custom rule that reads ``s`` from its closure: in the forward rule,
-    the backward rule only, or a JVP rule."""
+    the backward rule only, or a JVP rule; or ``v * 2 * s``, all three reading it."""
     if kind == "custom_jvp":
 
         @jax.custom_jvp
@@ -372,6 +372,15 @@ def _custom_rule_closing_over(s, kind: str):
             return v * 2.0
 
         scaled.defjvp(lambda p, t: (p[0] * 2.0, t[0] * 2.0 * s))
+        return scaled
+
+    if kind == "custom_vjp everywhere":  # the primal too: JAX makes ``s`` a constant operand
+
+        @jax.custom_vjp
+        def scaled(v):
+            return v * 2.0 * s
+
+        scaled.defvjp(lambda v: (v * 2.0 * s, (s,)), lambda res, g: (g * 2.0 * res[0],))
         return scaled
 
     @jax.custom_vjp
@@ -385,31 +394,34 @@ def _custom_rule_closing_over(s, kind: str):
     return scaled
 
 
-CLOSURES = ["custom_vjp forward", "custom_vjp backward", "custom_jvp"]
+CLOSURES = ["custom_vjp forward", "custom_vjp backward", "custom_vjp everywhere", "custom_jvp"]
 
 
+@pytest.mark.parametrize("activation", [jnp.tanh, jax.jit(jnp.tanh)], ids=["plain", "jitted"])
 @pytest.mark.parametrize("kind", CLOSURES)
 @pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
-def test_a_rule_closing_over_a_value_of_the_function_runs_as_written(mode, kind):
+def test_a_rule_closing_over_a_value_of_the_function_runs_as_written(mode, kind, activation):
     """A custom rule defined inside the loss that reads a value the loss computed closes
     over a tracer of the library's trace, dead once tracing is over: JAX cannot
     differentiate such a program once staged (``jax.grad(jax.jit(loss))`` fails alike, "No
     constant handler for type"), and the chunked program failed so in every mode (review
     findings: a closure in the forward, the backward or the JVP rule). The original
     differentiates it (``jax.grad`` before ``jax.jit``): the function runs as written, with
-    a warning that says how to have it chunked."""
+    a warning that says how to have it chunked. A jitted call in the function makes tracing
+    inline it, and the retraced custom function takes the closed-over value as an operand,
+    whose forward rule JAX refuses a perturbed one (fuzz finding: planning failed there)."""
     w, _, x = _args("float32")
 
     def loss(w, x):
         scaled = _custom_rule_closing_over(jnp.sum(w**2), kind)
-        return jnp.sum(jnp.tanh(scaled(x @ w)) ** 2)
+        return jnp.sum(activation(scaled(x @ w)) ** 2)
 
-    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
-    with pytest.warns(ja.PlanWarning, match="closes over a traced value"):
-        got = jax.jit(jax.value_and_grad(sf, 1))(w, x)
-    assert_tree_close(got, jax.jit(jax.value_and_grad(loss, 1))(w, x))
-    assert_tree_close(jax.grad(sf, 1)(w, x), jax.grad(loss, 1)(w, x))
-    assert sf.explain(w, x).chunk == 0
+    for transform in (jax.grad, lambda f, i: jax.jit(jax.value_and_grad(f, i))):
+        sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+        with pytest.warns(ja.PlanWarning, match="closes over a traced value"):
+            got = transform(sf, 1)(w, x)
+        assert_tree_close(got, transform(loss, 1)(w, x))
+        assert sf.explain(w, x).chunk == 0
 
 
 @pytest.mark.parametrize("kind", CLOSURES)

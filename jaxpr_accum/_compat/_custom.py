@@ -123,10 +123,16 @@ def rules_close_over_tracers(eqn: JaxprEqn) -> bool:
         res = [next(computed).aval if f is None else eqn.invars[f].aval for f in input_fwds]
         cts = [cotangent_aval(v.aval) for v in eqn.outvars]
         return _any_tracer(trace_custom_vjp_bwd(bwd, [*res, *cts])[0].consts)
-    except jax.errors.UnexpectedTracerError:  # a tracer of a transformation that has ended
-        return True  # (a ``jax.vmap`` inside the function): JAX cannot differentiate it either
-    except Exception:  # a rule that does not trace (the user's): planning's fallbacks decide
-        return False
+    except Exception as error:
+        # A tracer of a transformation that has ended (a ``jax.vmap`` inside the function),
+        # or a primal closing over a traced value that a retrace made an operand (JAX refuses
+        # its forward rule a perturbed one): JAX cannot differentiate either. Any other error
+        # is a rule that does not trace (the user's): planning's fallbacks decide.
+        closed_over = (jax.errors.UnexpectedTracerError, _jax(_CLOSED_OVER_DIFFERENTIATED))
+        return isinstance(error, closed_over)
+
+
+_CLOSED_OVER_DIFFERENTIATED = "jax._src.interpreters.ad.CustomVJPException"
 
 
 def _any_tracer(values: Sequence[Any]) -> bool:

@@ -8,8 +8,9 @@ and a temperature ``t: f32[]`` (an argument that is never chunked). It has three
 * **features** (one of :data:`FEATURES`): a per-example network ``x -> h: f32[N, H]``, written
   with plain ``jnp``, a per-example ``vmap``, ``jax.checkpoint``, ``lax.scan`` over stacked
   layers (with and without ``jax.checkpoint``), ``lax.cond`` (on parameters, and per example),
-  ``custom_jvp`` activations (relu, softplus), a per-example ``custom_vjp`` and one whose
-  backward normalises the cotangent by a statistic over the batch, Flax linen modules (Dense,
+  ``custom_jvp`` activations (relu, softplus), a per-example ``custom_vjp``, one whose
+  backward normalises the cotangent by a statistic over the batch and one defined in the
+  program whose rules close over a value it computes, Flax linen modules (Dense,
   LayerNorm, Dropout) and Flax NNX modules (``nnx.Linear``, ``nnx.vmap``, ``nnx.cond``,
   ``nnx.scan`` over an ``nnx.remat`` body; merged from a pure dict of parameters, or the
   module objects themselves passed in ``p``); optionally a label lookup ``h + p['emb'][y]``;
@@ -195,6 +196,21 @@ FEATURES: dict[str, Feature] = {
     "custom_vjp_per_example": Feature("h = tanh_cv(x @ p['w1'] + p['b1'])", preamble=_TANH_CV),
     "custom_vjp_batch_bwd": Feature(
         "h = jnp.tanh(grad_norm(x @ p['w1'] + p['b1']))", preamble=_BATCH_BWD
+    ),
+    "custom_vjp_closure": Feature(  # runs as written (JAX cannot differentiate it staged)
+        """
+        scale = jnp.exp(jnp.float32(-0.1))  # a traced value the rules close over
+
+        @jax.custom_vjp
+        def scaled_tanh(z):
+            return jnp.tanh(z) * scale
+
+        scaled_tanh.defvjp(
+            lambda z: (jnp.tanh(z) * scale, z),
+            lambda z, g: (g * (1.0 - jnp.tanh(z) ** 2) * scale,),
+        )
+        h = scaled_tanh(x @ p['w1'] + p['b1'])
+        """
     ),
     "linen_dense_layernorm": Feature(
         "h = MODEL.apply(p['mlp'], x)",

@@ -476,39 +476,6 @@ def test_a_rule_closing_over_a_value_of_an_outer_transformation_runs_as_written(
     assert_tree_close(got, want_of(p, w, x))
 
 
-_GAINS = jnp.linspace(0.5, 1.5, 3, dtype=jnp.float32)  # a constant the rules below close over
-
-
-@jax.custom_vjp
-def gained_tanh(z):
-    return jnp.tanh(z) * _GAINS
-
-
-gained_tanh.defvjp(
-    lambda z: (jnp.tanh(z) * _GAINS, z),
-    lambda z, g: (g * (1.0 - jnp.tanh(z) ** 2) * _GAINS,),
-)
-
-
-@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
-def test_a_custom_vjp_closing_over_a_constant_array_is_chunked_beside_a_jitted_call(mode):
-    """A custom VJP whose primal and rules close over a constant array (concrete: nothing to
-    differentiate) takes it as a constant operand. Tracing inlines a jitted call by
-    re-emitting every equation, which makes that constant a plain leading operand whose
-    forward rule JAX refuses a tangent, and planning asked for one: an internal error in
-    every mode (found with the fuzz class f15). The rule is traced with it unperturbed, as
-    JAX differentiates it, and the call is chunked."""
-    w, _, x = _args("float32")
-
-    def loss(w, x):
-        return jnp.sum(jax.jit(jnp.tanh)(gained_tanh(x @ w)) ** 2)
-
-    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
-    plan = sf.explain(w, x)
-    assert plan.chunk == 5 and not plan.stops, str(plan)
-    assert_matches_original(sf, w, x, vmap=False)
-
-
 @pytest.mark.parametrize(
     "residual",
     [3.0, np.float32(3.0), jnp.int32(3), (2.0, None)],

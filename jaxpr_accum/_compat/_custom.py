@@ -60,22 +60,11 @@ def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable]:
     ``fwd`` jaxprs take the non-const primals and output the residuals then the primal
     outputs; residuals that the rule forwards straight from an operand are left out, and
     ``input_fwds[i]`` is then that operand's index among the equation's operands.
-
-    A call re-emitted (``bind``) takes its function's closed-over constants as its leading
-    operands, and its forward rule refuses them a tangent (JAX's ``CustomVJPException``): the
-    rule is traced with the shortest such prefix unperturbed, as JAX differentiates it (a
-    constant has no tangent; a perturbed one is a closure ``rules_close_over_tracers`` finds).
     """
     fwd, out_trees, bwd_fun = (_param(eqn, k) for k in ("fwd_jaxpr_thunk", "out_trees", "bwd"))
 
     def fwd_jaxpr_of(nonzeros: Sequence[bool]) -> tuple[ClosedJaxpr, list]:
-        for lifted in range(len(nonzeros) + 1):
-            try:
-                jaxpr, consts = fwd.call_wrapped(*[False] * lifted, *nonzeros[lifted:])
-                break
-            except _jax(_CLOSED_OVER_DIFFERENTIATED):
-                if lifted == len(nonzeros):
-                    raise
+        jaxpr, consts = fwd.call_wrapped(*nonzeros)
         _, res_tree, input_fwds = out_trees()
         return ClosedJaxpr(jaxpr, consts), [res_tree.num_leaves, list(input_fwds)]
 
@@ -134,10 +123,13 @@ def rules_close_over_tracers(eqn: JaxprEqn) -> bool:
         res = [next(computed).aval if f is None else eqn.invars[f].aval for f in input_fwds]
         cts = [cotangent_aval(v.aval) for v in eqn.outvars]
         return _any_tracer(trace_custom_vjp_bwd(bwd, [*res, *cts])[0].consts)
-    except jax.errors.UnexpectedTracerError:  # a tracer of a transformation that has ended
-        return True  # (a ``jax.vmap`` inside the function): JAX cannot differentiate it either
-    except Exception:  # a rule that does not trace (the user's): planning's fallbacks decide
-        return False
+    except Exception as error:
+        # A tracer of a transformation that has ended (a ``jax.vmap`` inside the function),
+        # or a primal closing over a traced value that a retrace made an operand (JAX refuses
+        # its forward rule a perturbed one): JAX cannot differentiate either. Any other error
+        # is a rule that does not trace (the user's): planning's fallbacks decide.
+        closed_over = (jax.errors.UnexpectedTracerError, _jax(_CLOSED_OVER_DIFFERENTIATED))
+        return isinstance(error, closed_over)
 
 
 _CLOSED_OVER_DIFFERENTIATED = "jax._src.interpreters.ad.CustomVJPException"

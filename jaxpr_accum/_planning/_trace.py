@@ -55,17 +55,19 @@ class Traced:
 
     def why_unstageable(self) -> str | None:
         """Why the program cannot be differentiated once staged, or None: a custom rule reads
-        a traced value it closes over (computed inside the function, or of a transformation
-        around it). JAX has the same limit: ``jax.grad(jax.jit(f))`` fails alike."""
+        an array it closes over: a traced value (computed inside the function, or of a
+        transformation around it; JAX has the same limit, ``jax.grad(jax.jit(f))`` fails
+        alike), or, where tracing re-emits the call to inline a jitted one, any array."""
         if self.unstageable is None:
             return None
         name, where = _compat.custom_call_identity(self.unstageable)
         return (
             f"a rule of custom-derivative function `{name}` (defined at "
-            f"{where.rpartition(' at ')[2]}) closes over a traced value (computed inside the "
-            "function, or by a transformation around it), which JAX cannot differentiate once "
-            "the function is staged (`jax.grad(jax.jit(f))` fails alike): the function runs "
-            f"as written, unchunked. Pass that value to `{name}` as an argument (or use "
+            f"{where.rpartition(' at ')[2]}) closes over an array that the staged program "
+            "cannot differentiate: a traced value (computed inside the function, or by a "
+            "transformation around it; `jax.grad(jax.jit(f))` fails alike), or, beside a "
+            "jitted call that tracing inlines, a constant array. The function runs as "
+            f"written, unchunked. Pass that array to `{name}` as an argument (or use "
             "`jax.closure_convert`) to have it chunked."
         )
 

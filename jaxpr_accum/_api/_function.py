@@ -137,7 +137,7 @@ class SerializedFunction(Generic[P, R]):
                 raise
             warn(_fallback.at_call(error))
             return self.original(*args, **kwargs)
-        if not compiles:  # nor does the function as written: it runs as written
+        if not compiles:  # not staged, or the function as written fails too: run it as is
             return self.original(*args, **kwargs)
         outs = prepared.jitted(*inputs)  # runs the user's code: what it raises is the user's
         return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)

@@ -76,17 +76,16 @@ class Prepared:
         *,
         as_written: bool = False,
         run: Callable | None = None,
-        staged: bool = True,
     ):
         self.traced, self.split, self.plan, self.as_written = traced, split, plan, as_written
-        self.staged = staged
+        self.staged = traced.unstageable is None
         self.run = run if run is not None else functools.partial(run_as_written, traced.jaxpr)
         self.jitted = jax.jit(self.run)
         self.ready: set[bool] = set()  # the kinds of call compiled for (``_fallback.ready``)
 
     @classmethod
-    def unchunked(cls, traced: _trace.Traced, why: str, staged: bool = True) -> Prepared:
-        return cls(traced, None, Plan.unchunked(why), as_written=True, staged=staged)
+    def unchunked(cls, traced: _trace.Traced, why: str) -> Prepared:
+        return cls(traced, None, Plan.unchunked(why), as_written=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +158,7 @@ class Planner:
         why = traced.why_unstageable()
         if why is not None:
             warn(why)
-            return Prepared.unchunked(traced, why, staged=False)
+            return Prepared.unchunked(traced, why)
         call = Planning(traced, inputs, key, traced.differentiated(inputs, pattern))
         requested = self.requested
         attempts = [

@@ -29,6 +29,7 @@ from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
     custom_call_body,
     custom_call_identity,
     custom_jvp_rule_jaxpr,
+    custom_vjp_backward,
     custom_vjp_parts,
     is_array,
     is_custom_rule_call,

@@ -101,6 +101,21 @@ def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJax
     return jax.make_jaxpr(arrays_only)(*avals), returned
 
 
+def custom_vjp_backward(
+    eqn: JaxprEqn, fwd: ClosedJaxpr, input_fwds: Sequence[int | None], bwd: Callable
+) -> tuple[ClosedJaxpr, list[bool], list[Any]]:
+    """A custom VJP call's backward rule traced at the call's shapes
+    (``trace_custom_vjp_bwd``, from its forward rule ``fwd`` of ``custom_vjp_parts``), and
+    where each residual it takes comes from: a variable (or literal) the forward rule
+    outputs, or, an ``int``, the index of the operand the rule forwards."""
+    computed = iter(fwd.jaxpr.outvars)  # the residuals the rule computes come first
+    sources = [next(computed) if f is None else f for f in input_fwds]
+    res = [eqn.invars[s].aval if isinstance(s, int) else s.aval for s in sources]
+    cts = [cotangent_aval(v.aval) for v in eqn.outvars]
+    jaxpr, returned = trace_custom_vjp_bwd(bwd, [*res, *cts])
+    return jaxpr, returned, sources
+
+
 def rules_close_over_tracers(eqn: JaxprEqn) -> bool:
     """Whether a custom JVP/VJP call's rules (its JVP rule; its forward or backward rule)
     close over a tracer: a value computed inside the traced function (the rule is defined
@@ -119,10 +134,7 @@ def rules_close_over_tracers(eqn: JaxprEqn) -> bool:
         fwd, (_, input_fwds) = fwd_of([True] * n)
         if _any_tracer(fwd.consts):
             return True
-        computed = iter(fwd.jaxpr.outvars)  # the residuals the rule computes come first
-        res = [next(computed).aval if f is None else eqn.invars[f].aval for f in input_fwds]
-        cts = [cotangent_aval(v.aval) for v in eqn.outvars]
-        return _any_tracer(trace_custom_vjp_bwd(bwd, [*res, *cts])[0].consts)
+        return _any_tracer(custom_vjp_backward(eqn, fwd, input_fwds, bwd)[0].consts)
     except Exception as error:
         # A tracer of a transformation that has ended (a ``jax.vmap`` inside the function),
         # or a primal closing over a traced value that a retrace made an operand (JAX refuses

@@ -192,20 +192,15 @@ class CustomVJP(CustomJVP):
         if fwd_checked.problem is not None:
             return [("forward rule", fwd_checked, None)]
 
-        # The residuals, in the order the backward rule takes them, and where the axis is.
+        bwd, returned, sources = _compat.custom_vjp_backward(eqn, fwd, input_fwds, bwd_fn)
         outer_locs = [None] * nc + in_locs
-        fwd_outs = iter(fwd.jaxpr.outvars[:n_res_out])
-        res_avals, res_locs = [], []
-        for f in input_fwds:
-            if f is None:
-                v = next(fwd_outs)
-                res_avals.append(v.aval)
-                res_locs.append(None if isinstance(v, Literal) else fwd_checked.analysis.loc((), v))
-            else:
-                res_avals.append(eqn.invars[f].aval)
-                res_locs.append(outer_locs[f])
-        ct_avals = [_compat.cotangent_aval(v.aval) for v in eqn.outvars]
-        bwd, returned = _compat.trace_custom_vjp_bwd(bwd_fn, [*res_avals, *ct_avals])
+
+        def residual_loc(source: Atom | int) -> AxisLoc | None:  # where the axis is in a residual
+            if isinstance(source, int):  # an operand the forward rule passes through
+                return outer_locs[source]
+            return None if isinstance(source, Literal) else fwd_checked.analysis.loc((), source)
+
+        res_locs = [residual_loc(s) for s in sources]
         arg_locs = [loc for loc, kept in zip(in_locs, returned, strict=True) if kept]
         bwd_checked = check_rule(
             bwd,

@@ -482,6 +482,7 @@ def test_counters_of_a_draw_beyond_two_to_the_32_are_exact_in_two_words(full_sha
     hi, lo = jax.jit(lambda s: chunk_counters(full_shape, AxisLoc(dim, 1), k, s))(start)
     shape = list(full_shape)
     shape[dim] = k
+    hi, lo = np.asarray(hi).reshape(shape), np.asarray(lo).reshape(shape)  # flat: row-major
     strides = [int(np.prod(full_shape[d + 1 :])) for d in range(len(full_shape))]
     index = sum(
         (np.arange(n, dtype=np.uint64) + (start if d == dim else 0)).reshape(

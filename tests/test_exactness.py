@@ -514,6 +514,34 @@ def test_a_custom_vjp_closing_over_a_constant_array_beside_a_jitted_call_runs_as
     assert sf.explain(w, x).chunk == 0
 
 
+_WRAPPED = {
+    "plain": lambda f: f,
+    "checkpoint": jax.checkpoint,
+    "scan": lambda f: lambda z: lax.scan(lambda c, _: (f(c), None), z, None, length=2)[0],
+}
+
+
+@pytest.mark.parametrize("wrapped", list(_WRAPPED))
+@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
+def test_forward_mode_over_a_custom_vjp_closing_over_a_constant_is_exact(mode, wrapped):
+    """Review finding: ``jax.hessian`` (forward over reverse) of a loss whose custom VJP
+    closes over a constant array, inside ``jax.checkpoint`` or a ``lax.scan``, raised JAX's
+    "differentiation of a custom_vjp function with respect to a closed-over value" in every
+    mode. The region's JVP differentiated every input, so the constant (an input of the
+    region) got a zero tangent where JAX keeps a symbolic zero; it now differentiates the
+    perturbed inputs only."""
+    w, _, x = _args("float32")
+    custom = _WRAPPED[wrapped](gained_tanh)
+
+    def loss(w, x):
+        return jnp.sum(custom(x @ w) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+    assert sf.explain(w, x).chunk == 5
+    want = jax.hessian(loss)(w, x)
+    assert_tree_close(jax.hessian(sf)(w, x), want, rtol={jnp.float32: 1e-4})
+
+
 @pytest.mark.parametrize(
     "residual",
     [3.0, np.float32(3.0), jnp.int32(3), (2.0, None)],

@@ -131,16 +131,30 @@ def _jvp(
     **_: Any,
 ) -> tuple:
     avals = [_compat.aval_of(p) for p in primals]
-    reached = region.tangent_flags(avals, [not _compat.is_zero(t) for t in tangents]).flat()
-    tangents = [_compat.instantiate(t) for t in tangents]
-    forward = _checkpointed(region)
+    perturbed = [not _compat.is_zero(t) for t in tangents]
+    reached = region.tangent_flags(avals, perturbed).flat()
+    # differentiated with respect to the perturbed inputs only, the others fixed: they keep
+    # JAX's symbolic zeros (a custom VJP refuses any other tangent for a value it closes over)
+    forward = _of_perturbed(_checkpointed(region), primals, perturbed)
     if linearizing:  # forward over reverse: differentiate the primal as a VJP computes it
         forward = _primal_of_vjp(forward)
-    outs, dots = jax.jvp(forward, tuple(primals), tuple(tangents))
+    dyn = [p for p, d in zip(primals, perturbed, strict=True) if d]
+    dyn_tangents = [t for t, d in zip(tangents, perturbed, strict=True) if d]
+    outs, dots = jax.jvp(forward, tuple(dyn), tuple(dyn_tangents))
     # symbolic zeros where no perturbed input reaches (``stop_gradient``), as JAX gives them
     zeros = [_compat.zero_tangent(_compat.aval_of(o)) for o in outs]
     dots = [t if r else z for t, r, z in zip(dots, reached, zeros, strict=True)]
     return _used(outs, used_outputs), _used(dots, used_outputs)
+
+
+def _of_perturbed(fun: Callable, primals: list, perturbed: list[bool]) -> Callable:
+    """``fun`` as a function of its ``perturbed`` arguments, the others fixed at ``primals``."""
+
+    def partial(*dyn: Any) -> list:
+        it = iter(dyn)
+        return fun(*(next(it) if d else p for p, d in zip(primals, perturbed, strict=True)))
+
+    return partial
 
 
 def _primal_of_vjp(fun: Callable) -> Callable:

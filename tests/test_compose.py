@@ -384,6 +384,35 @@ def test_cache_respects_shapes(mlp):
     assert_matches_original(sf, *args2, vmap=False)
 
 
+def _precisions(f, *args, precision: str) -> list[str]:
+    """The precisions of every dot in ``jit(value_and_grad(f))`` lowered under ``precision``."""
+    import re
+
+    with jax.default_matmul_precision(precision):
+        text = jax.jit(jax.value_and_grad(f)).lower(*args).as_text()
+    return sorted(re.findall(r"precision = \[(\w+), \w+\]", text))
+
+
+@pytest.mark.parametrize("grad", GRAD_MODES)
+@pytest.mark.parametrize("order", [("default", "highest"), ("highest", "default")])
+def test_a_plan_is_not_reused_under_another_matmul_precision(grad, order):
+    """Tracing bakes ``jax.default_matmul_precision`` into every dot: a plan cached at one
+    precision and reused at another ran the dots at the first (on a TPU a serialized gradient
+    compiled under ``highest`` after a call at the default differed by 0.4%). Each precision
+    gets its own plan, and the program's dots run at the original's precisions."""
+    rs = np.random.RandomState(3)
+    w = jnp.asarray(rs.normal(size=(4, 4)), jnp.float32)
+    x = jnp.asarray(rs.normal(size=(16, 4)), jnp.float32)
+
+    def f(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    sf = ja.serialize_axis(f, chunk=4, argnums=1, grad=grad)
+    for precision in order:
+        got = _precisions(sf, w, x, precision=precision)
+        assert got and set(got) == set(_precisions(f, w, x, precision=precision)), precision
+
+
 # --------------------------------------------------------------------------------------
 # Higher order (native mode is differentiated by JAX itself)
 # --------------------------------------------------------------------------------------

@@ -114,6 +114,13 @@ def api_boundary(fun: _F) -> _F:
         return fun
 
 
+def trace_config_key() -> tuple:
+    """The configuration that tracing bakes into a jaxpr (the default matmul precision, x64,
+    rank promotion, ...), as ``jax.jit`` keys its own trace cache by it: a plan traced under
+    one such setting is not reused under another."""
+    return tuple(_jax("jax._src.config.trace_context")())
+
+
 @contextlib.contextmanager
 def user_context(eqn: JaxprEqn) -> Iterator[None]:
     """Make equations emitted inside carry ``eqn``'s user source line and name stack."""

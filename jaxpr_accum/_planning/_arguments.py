@@ -88,8 +88,9 @@ def leaf_names(fun: Callable, call: Call) -> list[str]:
 
 def cache_key(call: Call) -> Any:
     """Hashable key of a call's avals (weak types and varying manual axes included),
-    placements, context mesh and static leaves; None if a static leaf is unhashable."""
-    parts: list = [call.treedef, _compat.context_mesh_key()]
+    placements, context mesh, tracing configuration (``jax.default_matmul_precision``, ...)
+    and static leaves; None if a static leaf is unhashable."""
+    parts: list = [call.treedef, _compat.context_mesh_key(), _compat.trace_config_key()]
     for leaf, dyn in zip(call.leaves, call.dynamic, strict=True):
         if dyn:
             aval = jax.typeof(leaf) if isinstance(leaf, jax.core.Tracer) else None

@@ -4,9 +4,8 @@
 - ``time_paired``: interleaved rounds, medians of per-round time ratios (``PairedTimes``);
 - ``tree_rel_error``: the largest per-leaf relative difference of two pytrees of arrays
   (``jaxpr_accum.testing.tree_difference``);
-- ``fmt_bytes`` (bytes in B, KiB, MiB or GiB, as the package prints them; ``n/a`` for None),
-  ``print_table`` (plain text), ``md_table`` (Markdown) and ``acceptance_table`` (a
-  benchmark's targets and verdicts);
+- ``fmt_bytes`` (B, KiB, MiB or GiB, as the package prints them; ``n/a`` for None),
+  ``print_table``, ``md_table`` and ``acceptance_table`` (a benchmark's targets and verdicts);
 - ``benchmark_options`` (``--quick``, ``--doc``) and ``write_doc_section`` (each script owns
   one marked section of ``docs/benchmarks.md``).
 
@@ -231,6 +230,7 @@ DOC_SECTIONS = (
     "auto_choice",
     "pairwise",
     "rollouts",  # hand-written from benchmarks/rollouts.py's output
+    "accelerator",  # hand-written from benchmarks/accelerator.py's output on a TPU
 )
 DOC_HEADER = """# Benchmarks
 

@@ -126,7 +126,7 @@ class SerializedFunction(Generic[P, R]):
         warning = prepared.plan.warning
         if warning and split is not None and split.size and warning not in self._warned:
             self._warned.add(warning)  # once per function, whatever the call's plan
-            warn(f"{self!r}: {warning}")
+            warn(f"{self!r}: {warning}{_caused_by(prepared.plan, split)}")
         original = functools.partial(run_as_written, prepared.traced.jaxpr)
         try:  # the library's stages of the call, before anything of the user's runs
             compiles = prepared.staged and _fallback.ready(
@@ -295,6 +295,22 @@ class SerializedFunction(Generic[P, R]):
             traced = _trace.trace(self.original, call, seeds)
             with collector_paused():
                 prepared = self._planner.prepare(traced, [*traced.consts, *call.dyn], key, pattern)
+            hint = _arguments.parameters_hint(self.settings, call)
+            if hint is not None:
+                warning = prepared.plan.warning
+                warning = hint if warning is None else f"{hint}; and {warning}"
+                prepared.plan = dataclasses.replace(prepared.plan, warning=warning)
             if key is not None and not traced.has_tracer_consts:
                 self._cache.put(key, prepared)
         return prepared, [*prepared.traced.consts, *call.dyn]
+
+
+def _caused_by(plan: Plan, split: Any) -> str:
+    """Where the region stopped (the primitive and the user's source line), for a warning
+    about a region that stacks values back to full size there; else nothing."""
+    if not split.stacked or not plan.stops:
+        return ""
+    more = len(plan.stops) - 1
+    places = "place" if more == 1 else "places"
+    others = f" (and {more} more {places}: explain lists them)" if more else ""
+    return f"; the region stops at {plan.stops[0]}{others}"

@@ -250,7 +250,7 @@ class Plan:
             f"{title}axis of size {self.axis_size} in chunks of {self.chunk} "
             f"({self.chunks_text()})",
             f"  born at: {self.born}",
-            f"  gradient mode: {self.grad} ({self.grad_reason})",
+            *_gradient_mode(self.grad, self.grad_reason),
             *([] if self.budget is None else self.budget.lines()),
             f"  layout: {self.layout}",
             f"  equations: {self.equations_text()}",
@@ -282,3 +282,12 @@ class Plan:
             if left_out:
                 lines.append(f"    {left_out} (Plan.candidates lists every one)")
         return lines
+
+
+def _gradient_mode(grad: str, reason: str) -> list[str]:
+    """The gradient-mode line: the reason's first line (one sentence: the mode, why, what the
+    other mode would cost), its further lines as indented detail."""
+    head, *detail = reason.split("\n")
+    if not head.startswith(f"{grad},"):
+        head = f"{grad}: {head}"
+    return [f"  gradient mode: {head}", *(f"    {d}" for d in detail)]

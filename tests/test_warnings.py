@@ -182,3 +182,22 @@ def test_argnums_naming_the_parameters_gets_a_hint():
         warnings.simplefilter("always")
         ja.serialize_axis(mse, chunk=128, argnums=(1, 2))(w, x, y)
     assert not [r for r in right if "looks like parameters" in str(r.message)], right
+
+
+def test_a_warning_without_a_stop_names_where_the_axis_is_born():
+    """Samples drawn inside, one chunk holding all 16: the warning names the draw that
+    creates the axis and its line in this file."""
+
+    def loss(w, key):
+        z = jax.random.normal(key, (16, 3))  # the line the warning names
+        return jnp.sum(jnp.tanh(z @ w))
+
+    line = loss.__code__.co_firstlineno + 1
+    sf = ja.serialize_axis(loss, chunk=16, size=16)
+    with pytest.warns(ja.PlanWarning) as record:
+        sf(jnp.ones((3, 2)), jax.random.key(0))
+    messages = [str(r.message) for r in record]
+    assert any(
+        f"the chunked axis is born at dimension 0 of `random_bits` at {__file__}:{line}" in m
+        for m in messages
+    ), messages

@@ -1,7 +1,7 @@
 """A call's plan warning, issued once per function (``warn_once``), with what caused it: the
 ``argnums`` hint where the named arguments look like parameters
 (``_arguments.parameters_hint``), and the stop (the primitive and the user's source line)
-where the region stacks values back to full size."""
+where the region stacks values back to full size, else where the chunked axis is born."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ def with_hint(plan: Plan, settings: Any, call: _arguments.Call) -> Plan:
 
 
 def caused_by(plan: Plan, split: Any) -> str:
-    """Where the region stopped (the primitive and the user's source line), for a warning
-    about a region that stacks values back to full size there; else nothing."""
+    """What the warning is about, where the program says it: the stop (the primitive and the
+    user's source line) of a region that stacks values back to full size there; else where
+    the chunked axis is born (an argument, or the primitive and line that create it)."""
     if not split.stacked or not plan.stops:
-        return ""
+        return f"; the chunked axis is born at {plan.born}"
     more = len(plan.stops) - 1
     places = "place" if more == 1 else "places"
     others = f" (and {more} more {places}: explain lists them)" if more else ""

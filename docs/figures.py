@@ -5,7 +5,8 @@ Usage: ``python docs/figures.py [--section NAME ...] [--no-pages]`` from the rep
 (default: every section, then the pages). A section measured anew replaces its entries in the
 JSON file; the others keep theirs. Sections:
 
-- ``tests``: how many tests each tier collects (``python -m pytest --collect-only``).
+- ``tests``: how many tests each tier collects (one ``python -m pytest --collect-only``, with
+  this file as a plugin that counts them by marker).
 - ``times``: wall and CPU seconds of the README's two commands' runs, the demo
   (``python -m jaxpr_accum demo``) and the default tier (``python -m pytest -q``), with the
   load average before each (minutes; run it on a machine with its cores free).
@@ -50,30 +51,46 @@ PAGES = [ROOT / "README.md", DOCS / "index.md", DOCS / "quickstart.md"]
 TOLERANCE = {"wall_s": 0.25, "cpu_s": 0.25, "minutes": 0.25}
 MARK = re.compile(r"<!--fig:([\w.]+)-->(\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]\d+)?)")
 
-TIERS = {
-    "default": "not slow and not integration",
-    "slow": "slow",
-    "integration": "integration",
-}
+#: The tiers, by their pytest markers (``pyproject.toml``).
+TIERS = ("default", "slow", "integration")
 
 
-def count_tests(marker: str) -> int:
-    """The number of tests ``python -m pytest -m marker`` collects."""
+def tier(item: Any) -> str:
+    """The tier of a collected test: its marker (``pyproject.toml``; one per test)."""
+    for name in ("slow", "integration"):
+        if item.get_closest_marker(name) is not None:
+            return name
+    return "default"
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """As a pytest plugin (``-p figures``, ``count_tests``): print the tests per tier."""
+    counts = {name: 0 for name in TIERS}
+    for item in session.items:
+        counts[tier(item)] += 1
+    sys.__stdout__.write(f"\nfigures: tests per tier {json.dumps(counts)}\n")
+
+
+def count_tests() -> dict[str, int]:
+    """How many tests each tier collects, from one ``pytest --collect-only -m ''``."""
+    path = os.pathsep.join(filter(None, [str(DOCS), os.environ.get("PYTHONPATH")]))
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-m", marker],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-m", "", "-p",
+         "figures", "-p", "no:cacheprovider"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
-    ).stdout
-    m = re.search(r"^(\d+)(?:/\d+)? tests? collected", out, re.M)
+        env={**os.environ, "PYTHONPATH": path},
+    ).stdout  # fmt: skip
+    m = re.search(r"^figures: tests per tier (.*)$", out, re.M)
     if m is None:
-        raise RuntimeError(f"pytest -m {marker!r} --collect-only printed no count:\n{out[-2000:]}")
-    return int(m.group(1))
+        raise RuntimeError(f"pytest --collect-only printed no counts:\n{out[-2000:]}")
+    return json.loads(m.group(1))
 
 
 def tests() -> dict[str, int]:
-    counts = {tier: count_tests(marker) for tier, marker in TIERS.items()}
+    counts = count_tests()
     counts["all"] = sum(counts.values())
     return counts
 

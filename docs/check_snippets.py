@@ -1,8 +1,16 @@
 """Run the Python snippets of the Markdown pages in docs/ and compare what they print.
 
-Usage: ``python docs/check_snippets.py [-v] [page ...]`` (default: every page in ``PAGES``;
-``-v`` prints what each block prints, e.g. to refresh the outputs shown on a page). The test
-suite runs it too: ``tests/test_docs_snippets.py``, in the ``integration`` tier.
+Usage: ``python docs/check_snippets.py [-v] [--venvs DIR] [page ...]`` (default: every page
+in ``PAGES``; ``-v`` prints what each block prints, e.g. to refresh the outputs shown on a
+page). The test suite runs it too: ``tests/test_docs_snippets.py``, in the ``integration``
+tier, with ``--venvs``'s isolation.
+
+**As a reader runs them.** With ``--venvs DIR``, each page runs in a virtualenv holding only
+the page's install line (``install_line``: the first ``pip install -e .`` or
+``pip install -e '.[extras]'`` on the page; a page with none needs only the library, ``pip
+install -e .``), made once under ``DIR`` per distinct line and shared by the pages that give
+it: a snippet that imports what its page's line does not install fails. Without it, the
+scripts run in this interpreter with the checkout on ``PYTHONPATH``.
 
 Every ```` ```python ```` block of a page runs, in order, in one script per page, so a
 block may use names defined by the blocks above it. An HTML comment just before a block
@@ -35,9 +43,12 @@ status: the number of failed scripts plus the number of outputs that do not matc
 
 from __future__ import annotations
 
+import argparse
 import difflib
+import fcntl
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -66,6 +77,7 @@ PAGES = [
 ]
 TIMEOUT_S = 900
 
+_INSTALL = re.compile(r"pip install -e (?:'\.\[[\w,]+\]'|\.(?![\w\[]))")
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 _MARK = re.compile(r"<!--\s*(.*?)\s*-->")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
@@ -183,19 +195,45 @@ class Result:
     problems: list[str]
 
 
-def run_script(page: Path, index: int, script: Script) -> Result:
+def install_line(page: Path) -> str:
+    """The page's install line (see the module docstring)."""
+    m = _INSTALL.search(page.read_text())
+    return m.group(0) if m else "pip install -e ."
+
+
+def venv_python(line: str, venvs: Path) -> Path:
+    """The python of a virtualenv under ``venvs`` holding only ``line``'s install (made once,
+    under a lock, so parallel test workers share it)."""
+    name = re.sub(r"\W+", "_", line.removeprefix("pip install -e ")).strip("_") or "library"
+    where = venvs / name
+    python = where / "bin" / "python"
+    venvs.mkdir(parents=True, exist_ok=True)
+    with open(venvs / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (where / "installed").exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(where)], check=True)
+            pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+            subprocess.run([*pip, *shlex.split(line)[2:]], cwd=ROOT, check=True)
+            (where / "installed").write_text(line + "\n")
+    return python
+
+
+def run_script(page: Path, index: int, script: Script, python: Path | None = None) -> Result:
     name = f"{page.name} script {index + 1}"
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env.setdefault("JAX_PLATFORMS", "cpu")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if python is None:  # this interpreter, the checkout importable
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    else:  # the page's virtualenv: only what its install line installed
+        env.pop("PYTHONPATH", None)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{page.stem.replace('-', '_')}.py"
         path.write_text(script.code)
         start = time.perf_counter()
         try:
             proc = subprocess.run(
-                [sys.executable, str(path)],
+                [str(python or sys.executable), str(path)],
                 capture_output=True,
                 text=True,
                 cwd=ROOT,
@@ -232,11 +270,13 @@ def run_script(page: Path, index: int, script: Script) -> Result:
     return Result(name, returncode, took, outputs, stdout, stderr, problems)
 
 
-def check_page(page: Path, verbose: bool = False) -> list[str]:
-    """Run every script of ``page``; the problems found (empty: the page is right)."""
+def check_page(page: Path, verbose: bool = False, venvs: Path | None = None) -> list[str]:
+    """Run every script of ``page`` (in its install line's virtualenv under ``venvs``, if
+    given); the problems found (empty: the page is right)."""
     problems: list[str] = []
+    python = None if venvs is None else venv_python(install_line(page), venvs)
     for i, script in enumerate(scripts(page)):
-        result = run_script(page, i, script)
+        result = run_script(page, i, script, python)
         status = "ok" if not result.problems else "FAILED"
         n_compared = sum(s.expected is not None for s in script.snippets)
         print(
@@ -256,9 +296,13 @@ def check_page(page: Path, verbose: bool = False) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    verbose = "-v" in argv
-    pages = [Path(p) for p in argv if p != "-v"] or [DOCS / p for p in PAGES]
-    return sum(len(check_page(page, verbose)) for page in pages)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--venvs", type=Path, help="run each page in its install line's venv")
+    parser.add_argument("pages", nargs="*", type=Path)
+    options = parser.parse_args(argv)
+    pages = options.pages or [DOCS / p for p in PAGES]
+    return sum(len(check_page(page, options.verbose, options.venvs)) for page in pages)
 
 
 if __name__ == "__main__":

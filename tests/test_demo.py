@@ -110,3 +110,18 @@ def test_the_wheel_ships_every_package_and_the_examples():
     assert set(setuptools["packages"]) == found | {"jaxpr_accum.examples"}
     assert setuptools["package-dir"] == {"jaxpr_accum.examples": "examples"}
     assert (ROOT / "examples" / "__init__.py").is_file()
+
+
+def test_install_hints_suit_how_the_package_was_installed(tmp_path):
+    """From a clone (a ``pyproject.toml`` beside the package): ``pip install -e '.[extra]'``;
+    from a wheel (site-packages): ``pip install 'jaxpr-accum[extra]'``. This checkout is a
+    clone, so the library's own hints (the demo's, ``Sweep.plot``'s) take the first form."""
+    from jaxpr_accum._base._install import from_a_clone, install_hint
+
+    clone, wheel = tmp_path / "jaxpr_accum", tmp_path / "site-packages"
+    (clone / "jaxpr_accum").mkdir(parents=True)
+    (clone / "pyproject.toml").write_text("[project]\n")
+    (wheel / "jaxpr_accum").mkdir(parents=True)
+    assert install_hint("flax", clone / "jaxpr_accum") == "pip install -e '.[flax]'"
+    assert install_hint("flax", wheel / "jaxpr_accum") == "pip install 'jaxpr-accum[flax]'"
+    assert from_a_clone() and install_hint("plot") == "pip install -e '.[plot]'"

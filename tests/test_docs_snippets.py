@@ -1,12 +1,15 @@
 """The docs run: every python snippet of every page in ``docs/check_snippets.PAGES`` runs, and
 what it prints matches the output the page shows after it (``docs/check_snippets.py`` has the
 rules: ``...`` placeholders, ``<!-- output: approximate -->``, ``<!-- fresh -->``,
-``<!-- skip -->``). Each page's scripts run in subprocesses, so this is the integration tier.
+``<!-- skip -->``). Each page's scripts run in subprocesses, in a virtualenv holding only the
+page's install line (one per distinct line, shared by the pages and the xdist workers of the
+run), so a snippet that imports what its page does not install fails: the integration tier.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -23,11 +26,40 @@ sys.modules[_spec.name] = check_snippets  # dataclasses look their module up the
 _spec.loader.exec_module(check_snippets)
 
 
+@pytest.fixture(scope="session")
+def venvs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the pages' virtualenvs are made: this run's, shared by its xdist workers."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "snippet-venvs"
+
+
 @pytest.mark.parametrize("page", check_snippets.PAGES)
-def test_page_snippets_run_and_print_what_the_page_shows(page: str) -> None:
+def test_page_snippets_run_and_print_what_the_page_shows(page: str, venvs: Path) -> None:
     path = ROOT / "docs" / page
-    problems = check_snippets.check_page(path)
+    problems = check_snippets.check_page(path, venvs=venvs)
     assert not problems, "\n\n".join(problems)
+
+
+def test_each_page_gives_the_install_line_its_snippets_need() -> None:
+    """The lines the pages give (the pages that import Flax or call ``plot()`` name its
+    extra); and a snippet run in a virtualenv without what it imports fails."""
+    lines = {
+        page: check_snippets.install_line(ROOT / "docs" / page) for page in check_snippets.PAGES
+    }
+    assert lines["quickstart.md"] == "pip install -e '.[flax,plot]'", lines
+    assert lines["testing.md"] == "pip install -e '.[flax,testing]'", lines
+    assert lines["faq.md"] == lines["index.md"] == "pip install -e '.[flax]'", lines
+    assert lines["api.md"] == lines["errors.md"] == "pip install -e .", lines
+    assert len(set(lines.values())) <= 4, lines  # the pages share four virtualenvs
+
+
+def test_a_snippet_importing_what_its_page_does_not_install_fails(
+    tmp_path: Path, venvs: Path
+) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("Install: `pip install -e .`.\n\n```python\nimport flax\n```\n")
+    (problem,) = check_snippets.check_page(page, venvs=venvs)
+    assert "No module named 'flax'" in problem, problem
 
 
 def test_every_page_with_python_snippets_is_checked() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -225,3 +227,60 @@ def test_each_mode_name_is_parsed_once_into_its_mode():
 
 def _tanh_sum(w, x):
     return jnp.sum(jnp.tanh(x @ w))
+
+
+def _mode_lines(plan) -> list[str]:
+    """The gradient-mode line of ``str(plan)`` and its indented detail lines."""
+    lines = str(plan).splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("  gradient mode: "))
+    end = start + 1
+    while end < len(lines) and lines[end].startswith("    "):
+        end += 1
+    return lines[start:end]
+
+
+@pytest.mark.parametrize(
+    "grad, sentence",
+    [
+        ("auto", r"remat, chosen by auto on measuring both: fused would save a forward pass per "
+         r"chunk but took .* against remat's .*"),
+        ("remat", r"remat, as requested: each chunk's forward pass runs again in the backward "
+         r"pass \(grad='auto' weighs it against fused, which runs it once\)"),
+        ("fused", r"fused, as requested: value and gradient in one pass"),
+        ("native", r"native, as requested: JAX differentiates the chunked scan itself .*"),
+    ],
+)  # fmt: skip
+def test_the_gradient_mode_line_is_one_sentence_then_indented_detail(grad, sentence):
+    """The mode, why, and what the other mode costs, in one line a user can act on; the
+    estimate's figures on further lines, indented under it."""
+    w, x = jnp.ones((16, 64)) / 4, jnp.ones((256, 16))
+    sf = ja.serialize_axis(lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2), chunk=32, argnums=1)
+    plan = ja.serialize_axis(sf.original, chunk=32, argnums=1, grad=grad).explain(w, x)
+    head, *detail = _mode_lines(plan)
+    assert re.fullmatch(r"  gradient mode: " + sentence, head), head
+    assert "(" not in head.split(": ", 2)[-1].split(")", 1)[-1], head  # no nested asides after
+    assert all(ln.startswith("    ") for ln in detail), detail
+    if grad in ("auto", "fused"):
+        assert any("1 gradient-carrying sum entry" in ln for ln in detail), detail
+    if grad == "auto":
+        assert any(ln.startswith("    measured: fused ") for ln in detail), detail
+
+
+def test_auto_choosing_fused_says_what_it_costs_against_remat():
+    """Samples born inside (the parameters differentiated, not the samples): the estimate
+    decides, and the sentence gives fused's extra memory against remat's estimate."""
+
+    def loss(w, key):
+        z = jax.random.normal(key, (16, 8, 64))
+        return jnp.mean(jax.vmap(lambda z: jnp.tanh(z @ w))(z) ** 2)
+
+    w = jnp.ones((64, 128)) / 8
+    plan = ja.serialize_axis(loss, chunk=4).explain(w, jax.random.key(0))
+    head, *detail = _mode_lines(plan)
+    sentence = (
+        r"  gradient mode: fused, chosen by auto: value and gradient in one pass, one forward "
+        r"pass per chunk fewer than remat, for \S+ \S*B more memory \(within 10% of remat's "
+        r"estimated \S+ \S*B\)"
+    )
+    assert re.fullmatch(sentence, head), head
+    assert "    the estimate decides (no compile): fused would hold no" in "\n".join(detail), detail

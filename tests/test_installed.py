@@ -148,3 +148,15 @@ def test_a_serialized_call_is_the_originals():
     for got, want in zip(grads, want_grads, strict=True):
         assert jnp.allclose(got, want, rtol=1e-5, atol=1e-7)
     assert sf.explain(w, x).n_chunks == 3
+
+
+def test_the_install_hints_suit_this_install():
+    """Installed from a wheel (``JAXPR_ACCUM_INSTALLED=1``, CI's wheel venv): the hints name
+    the distribution (``pip install 'jaxpr-accum[flax]'``); from a clone, the editable form."""
+    from jaxpr_accum._base._install import install_hint
+
+    wheel = not (PACKAGE.parent / "pyproject.toml").exists()
+    if os.environ.get("JAXPR_ACCUM_INSTALLED") == "1":
+        assert wheel, PACKAGE
+    expected = "pip install 'jaxpr-accum[flax]'" if wheel else "pip install -e '.[flax]'"
+    assert install_hint("flax") == expected

@@ -44,6 +44,28 @@ def test_the_jax_0_9_command_is_one_in_the_readme_the_docs_and_ci():
     assert "pip install -e '\\.\\[flax\\]' 'jax==0\\.9\\.[0-9]+' 'jaxlib==0\\.9\\.[0-9]+'" in ci
 
 
+def test_the_readme_starts_with_its_two_commands_and_ci_runs_the_second():
+    """A title, the one-line pitch, then the first code block: exactly the two commands for a
+    fresh machine (install and run the demo; install and pass the tests). CI reads the second
+    from the README with its own pattern, runs its setup in a clone named jaxpr_accum, and
+    its ``python -m pytest -q`` as the default tier."""
+    text = (ROOT / "README.md").read_text()
+    before, block = re.match(r"(.*?)^```bash\n(.*?)^```", text, re.S | re.M).groups()
+    assert before.startswith("# jaxpr_accum\n\n") and "`" in before, before
+    assert len([p for p in before.split("\n\n") if p.strip()]) == 2, before  # title, pitch
+    venv = "python3 -m venv .venv && . .venv/bin/activate && "
+    assert block.splitlines() == [
+        venv + "pip install -e '.[flax]' && python -m jaxpr_accum demo",
+        venv + "pip install -e '.[test]' && python -m pytest -q",
+    ], block
+    ci = (ROOT / ".ci" / "run").read_text()
+    pattern = re.search(r'readme_test="\$\(grep -m1 -E "(.*?)" README\.md\)"', ci).group(1)
+    pattern = pattern.replace("\\\\", "\\")  # as bash passes it to grep -E
+    assert [ln for ln in text.splitlines() if re.search(pattern, ln)][0] == block.splitlines()[1]
+    assert 'git clone --quiet --no-hardlinks "$source_tree" "$workdir/jaxpr_accum"' in ci
+    assert 'eval "$readme_setup"' in ci and "run_tier default" in ci
+
+
 def _source_version() -> str:
     tree = ast.parse((ROOT / "jaxpr_accum" / "__init__.py").read_text())
     for node in tree.body:

@@ -219,7 +219,7 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch):
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(ImportError, match=re.escape("pip install matplotlib")):
+    with pytest.raises(ImportError, match=re.escape("needs matplotlib: pip install -e '.[plot]'")):
         _fake().plot()
 
 

@@ -143,3 +143,61 @@ def test_every_warning_of_the_package_goes_through_the_helper():
             ):
                 calls.append(f"{path.relative_to(package)}:{node.lineno}")
     assert len(calls) == 1 and calls[0].startswith("_base/_errors.py:"), calls
+
+
+def stacks_a_cumsum(w, x):
+    h = jnp.tanh(x @ w)
+    return jnp.sum(jnp.cumsum(h, axis=0) ** 2)  # the line the warning names
+
+
+def test_a_warning_about_a_stop_names_the_primitive_and_the_users_line():
+    """The region stops at a ``cumsum`` over the batch and stacks its input back to full
+    size: the warning says so, naming the ``cumsum`` and the line of this file."""
+    w, x = jnp.ones((16, 64)) / 4, jnp.ones((256, 16))
+    line = stacks_a_cumsum.__code__.co_firstlineno + 2
+    sf = ja.serialize_axis(stacks_a_cumsum, chunk=32, argnums=1)
+    with pytest.warns(ja.PlanWarning, match=NOT_WORTH_IT) as record:
+        sf(w, x)
+    (message,) = [str(r.message) for r in record if NOT_WORTH_IT in str(r.message)]
+    assert f"the region stops at `cumsum` at {__file__}:{line} (stacks_a_cumsum)" in message
+
+
+def mse(w, x, y):
+    return jnp.mean((jnp.tanh(x @ w) - y) ** 2)
+
+
+def test_argnums_naming_the_parameters_gets_a_hint():
+    """``argnums=0`` names the weights (as ``jax.grad``'s would): no axis of the batch's size,
+    which both other arguments share, so the warning says what ``argnums`` means and which
+    to pass; naming the data gets no hint."""
+    w, x, y = jnp.ones((8, 32)) / 4, jnp.ones((512, 8)), jnp.zeros((512, 32))
+    with pytest.warns(ja.PlanWarning) as record:
+        ja.serialize_axis(mse, chunk=4, argnums=0)(w, x, y)
+    (hint,) = [str(r.message) for r in record if "looks like parameters" in str(r.message)]
+    assert "argument 0 looks like parameters, not a batch: it has no axis of size 512" in hint
+    assert "pass argnums=(1, 2)" in hint, hint
+    plan = ja.serialize_axis(mse, chunk=4, argnums=0).explain(w, x, y)
+    assert "looks like parameters" in (plan.warning or ""), plan
+    with warnings.catch_warnings(record=True) as right:
+        warnings.simplefilter("always")
+        ja.serialize_axis(mse, chunk=128, argnums=(1, 2))(w, x, y)
+    assert not [r for r in right if "looks like parameters" in str(r.message)], right
+
+
+def test_a_warning_without_a_stop_names_where_the_axis_is_born():
+    """Samples drawn inside, one chunk holding all 16: the warning names the draw that
+    creates the axis and its line in this file."""
+
+    def loss(w, key):
+        z = jax.random.normal(key, (16, 3))  # the line the warning names
+        return jnp.sum(jnp.tanh(z @ w))
+
+    line = loss.__code__.co_firstlineno + 1
+    sf = ja.serialize_axis(loss, chunk=16, size=16)
+    with pytest.warns(ja.PlanWarning) as record:
+        sf(jnp.ones((3, 2)), jax.random.key(0))
+    messages = [str(r.message) for r in record]
+    assert any(
+        f"the chunked axis is born at dimension 0 of `random_bits` at {__file__}:{line}" in m
+        for m in messages
+    ), messages

@@ -16,7 +16,8 @@ Steps, each announced on stderr before it starts (the results go to stdout):
      relative to its own magnitude floored at 1e-3 of the largest leaf's
      (``jaxpr_accum.testing.tree_difference``).
 
-Flax is needed (``pip install -e '.[flax]'``).
+Flax is needed (``pip install 'jaxpr-accum[flax]'``; from a clone, ``pip install -e '.[flax]'``:
+the hint says the one that suits the install).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxpr_accum._base._install import install_hint
 from jaxpr_accum._base._settings import GRAD_MODES
 from jaxpr_accum._planning._cost import format_bytes
 
@@ -108,7 +110,7 @@ def _model(quick: bool, say: Callable[[str], None]) -> tuple[Callable[..., Any],
         missing = (e.name or "").split(".")[0]
         if missing not in ("flax", "optax"):
             raise
-        raise SystemExit(f"the demo needs {missing}: pip install -e '.[flax]'") from e
+        raise SystemExit(f"the demo needs {missing}: {install_hint('flax')}") from e
     sizes = mc_vae.SMALL if quick else mc_vae.Sizes()
     loss, args = mc_vae.problem(sizes)
     n_params = sum(int(np.size(p)) for p in jax.tree.leaves(args[0]))

@@ -4,7 +4,8 @@ Each call signature (avals, placements, static leaves) is checked (``_arguments`
 planned, built and validated once (``_prepare``), in an LRU cache like ``jax.jit``'s. A call
 first traces and compiles the built program (``_fallback.ready``: an internal error there runs
 the original instead), then runs it uncaught: what that raises (a callback, ``checkify``,
-``jax_debug_nans``) is the user's, and nothing runs twice. NNX graph nodes go via ``_nnx``.
+``jax_debug_nans``) is the user's, and nothing runs twice. NNX graph nodes go via ``_nnx``;
+the plan's warning is issued once per function, with what caused it (``_messages``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Generic, NoReturn, ParamSpec, TypeVar
 import jax
 
 from jaxpr_accum import _compat
+from jaxpr_accum._api import _messages
 from jaxpr_accum._api._naming import non_defaults, unexpected
 from jaxpr_accum._api._sweep import Sweep, measure_sweep
 from jaxpr_accum._assembly import _budget, _fallback
@@ -123,10 +125,7 @@ class SerializedFunction(Generic[P, R]):
             return out
         prepared, inputs = self._prepare(args, kwargs)
         split = prepared.split
-        warning = prepared.plan.warning
-        if warning and split is not None and split.size and warning not in self._warned:
-            self._warned.add(warning)  # once per function, whatever the call's plan
-            warn(f"{self!r}: {warning}")
+        _messages.warn_once(self._warned, repr(self), prepared.plan, split)
         original = functools.partial(run_as_written, prepared.traced.jaxpr)
         try:  # the library's stages of the call, before anything of the user's runs
             compiles = prepared.staged and _fallback.ready(
@@ -295,6 +294,7 @@ class SerializedFunction(Generic[P, R]):
             traced = _trace.trace(self.original, call, seeds)
             with collector_paused():
                 prepared = self._planner.prepare(traced, [*traced.consts, *call.dyn], key, pattern)
+            prepared.plan = _messages.with_hint(prepared.plan, self.settings, call)
             if key is not None and not traced.has_tracer_consts:
                 self._cache.put(key, prepared)
         return prepared, [*prepared.traced.consts, *call.dyn]

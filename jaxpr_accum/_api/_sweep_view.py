@@ -11,9 +11,8 @@ from html import escape
 from typing import Any
 
 from jaxpr_accum._assembly import _html
+from jaxpr_accum._base._install import install_hint
 from jaxpr_accum._planning._cost import format_bytes
-
-PLOT_EXTRA = "pip install matplotlib (from a clone: pip install -e '.[plot]')"
 
 
 def text(sweep: Any) -> str:
@@ -80,7 +79,7 @@ def plot(sweep: Any, path: str | None = None) -> Any:
         from matplotlib.figure import Figure
         from matplotlib.ticker import FuncFormatter
     except ImportError as e:
-        raise ImportError(f"Sweep.plot needs matplotlib: {PLOT_EXTRA}") from e
+        raise ImportError(f"Sweep.plot needs matplotlib: {install_hint('plot')}") from e
     fig = Figure(figsize=(10, 4), layout="constrained")
     FigureCanvasAgg(fig)  # Agg: draws to memory and files, never to a window
     ax_mem, ax_time = fig.subplots(1, 2)

@@ -235,8 +235,8 @@ def _modes_to_try(first: Decision) -> list[Decision]:
     if not first.unconfirmed:
         return [first]
     return [first, first.to(REMAT, (
-        "auto: fused applies, but its parameter-sized Jacobian accumulator does not fit the "
-        "memory budget at any chunk"
+        "remat, chosen by auto: fused applies, but its parameter-sized Jacobian accumulator "
+        "does not fit the memory budget at any chunk"
     ))]  # fmt: skip
 
 

@@ -223,7 +223,11 @@ class Plan:
         return lines
 
     def chunks_text(self) -> str:
-        """How the axis is cut: ``3 chunks, the last of 2``, ``1 chunk of 10``."""
+        """How the axis is cut.
+
+        Returns:
+            The chunks, as the report writes them: ``3 chunks, the last of 2``.
+        """
         if self.n_chunks == 1 and self.remainder:  # one chunk, shorter than ``chunk``
             return f"1 chunk of {self.remainder}"
         plural = "s" if self.n_chunks != 1 else ""
@@ -231,7 +235,11 @@ class Plan:
         return f"{self.n_chunks} chunk{plural}{last}"
 
     def equations_text(self) -> str:
-        """Where the program's equations run: before, in and after the loop, or as written."""
+        """Where the program's equations run.
+
+        Returns:
+            Their counts: ``4 hoisted before the loop, 15 chunked, 1 left after the loop``.
+        """
         counts = self.counts
         before, body, after = counts[PROLOGUE], counts[BODY], counts[EPILOGUE]
         if self.axis_size == 0:
@@ -250,7 +258,7 @@ class Plan:
             f"{title}axis of size {self.axis_size} in chunks of {self.chunk} "
             f"({self.chunks_text()})",
             f"  born at: {self.born}",
-            f"  gradient mode: {self.grad} ({self.grad_reason})",
+            *_gradient_mode(self.grad, self.grad_reason),
             *([] if self.budget is None else self.budget.lines()),
             f"  layout: {self.layout}",
             f"  equations: {self.equations_text()}",
@@ -282,3 +290,11 @@ class Plan:
             if left_out:
                 lines.append(f"    {left_out} (Plan.candidates lists every one)")
         return lines
+
+
+def _gradient_mode(grad: str, reason: str) -> list[str]:
+    """The gradient-mode line: the reason's first line (one sentence: the mode, why, what the
+    other mode would cost), its further lines as indented detail."""
+    head, *detail = reason.split("\n")
+    head = head if head.startswith(f"{grad},") else f"{grad}: {head}"
+    return [f"  gradient mode: {head}", *(f"    {d}" for d in detail)]

@@ -2,4 +2,5 @@
 package but ``_compat``: the errors and ``PlanWarning`` (``_errors``), the analysis lattice
 (``_lattice``), which dtypes carry gradients (``_dtypes``), validated settings
 (``_settings``), Flax NNX state (``_nnx``), and the per-leaf comparison of two results with
-its tolerances by dtype (``_compare``)."""
+its tolerances by dtype (``_compare``), and the install command for an optional extra
+(``_install``)."""

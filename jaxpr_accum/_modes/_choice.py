@@ -5,6 +5,10 @@ The ``Decision`` (``_decision``) is one pass's plan. Auto's pick of fused is set
 ``unconfirmed``, and the measurement of both modes settles it (``confirm_fused``, which
 returns a new decision).
 
+Each decision's reason is written for ``explain``: a first line that is one sentence a user
+can act on (the mode, why, and what the other mode would cost), then lines of detail (the
+estimate's and the measurement's figures).
+
 This module only chooses; each mode is built by its own module (``_remat``, ``_fused``;
 ``native`` is the chunk loop with checkpointed bodies, differentiated by JAX itself).
 
@@ -158,16 +162,29 @@ def choose(
     def decided(mode: Mode, reason: str) -> Decision:
         return Decision(candidate, mode, reason, layout)
 
-    if requested in (REMAT, NATIVE):
-        return decided(requested, "requested")
+    if requested is REMAT:
+        return decided(REMAT, (
+            "remat, as requested: each chunk's forward pass runs again in the backward pass "
+            "(grad='auto' weighs it against fused, which runs it once)"
+        ))  # fmt: skip
+    if requested is NATIVE:
+        return decided(NATIVE, (
+            "native, as requested: JAX differentiates the chunked scan itself (grad='auto' "
+            "weighs remat, which accumulates the gradients in the loop, against fused)"
+        ))  # fmt: skip
     weighed = weigh(candidate)
     refusal = fused_refusal(candidate.split, weighed, FUSED_MAX_WIDTH)
     if refusal is not None:
-        return decided(REMAT, f"fused does not apply: {refusal}")
+        return decided(REMAT, (
+            "remat, the one mode that applies here: each chunk's forward pass runs again in "
+            f"the backward pass\nfused does not apply: {refusal}"
+        ))  # fmt: skip
     width = weighed.width
     sums = f"{width} gradient-carrying sum entr" + ("y" if width == 1 else "ies")
     if requested is FUSED:
-        return decided(FUSED, f"requested: value and gradient in one pass ({sums})")
+        return decided(FUSED, (
+            f"fused, as requested: value and gradient in one pass\n{sums}"
+        ))  # fmt: skip
     extra, remat_bytes = weighed.fused_extra_bytes, weighed.remat_bytes
     compared = (
         f"fused would hold {format_bytes(extra)} more than remat's estimated "
@@ -175,14 +192,21 @@ def choose(
     )
     if width > 1:
         return decided(REMAT, (
-            f"auto: {sums}: fused would pull back {width} Jacobian rows per chunk, slower than "
-            f"remat's second forward pass (and {compared})"
+            f"remat, chosen by auto: fused would pull back {width} Jacobian rows per chunk, "
+            f"slower than remat's second forward pass, and hold {format_bytes(extra)} more"
+            f"\n{sums}\n{compared}"
         ))  # fmt: skip
     if extra > MEMORY_SLACK * remat_bytes:
-        return decided(REMAT, f"auto: {compared}, more than {MEMORY_SLACK:.0%} more")
+        return decided(REMAT, (
+            f"remat, chosen by auto: fused would save a forward pass per chunk but hold "
+            f"{format_bytes(extra)} more, more than {MEMORY_SLACK:.0%} more than remat's "
+            f"estimated {format_bytes(remat_bytes)}\n{compared}"
+        ))  # fmt: skip
     fused = decided(FUSED, (
-        f"auto: value and gradient in one pass, one forward pass per chunk fewer than remat "
-        f"({sums}; {compared}, within {MEMORY_SLACK:.0%})"
+        f"fused, chosen by auto: value and gradient in one pass, one forward pass per chunk "
+        f"fewer than remat, for {format_bytes(extra)} more memory (within "
+        f"{MEMORY_SLACK:.0%} of remat's estimated {format_bytes(remat_bytes)})"
+        f"\n{sums}\n{compared}"
     ))  # fmt: skip
     return _settled(fused, remat_bytes, diff)
 
@@ -225,7 +249,7 @@ def by_estimate(decision: Decision) -> Decision:
     """Auto's estimated pick of fused (``decision``) where the estimate decides alone
     (``estimate_decides``)."""
     return decision.to(FUSED, (
-        f"{decision.reason}; the estimate decides (no compile): fused would hold no "
+        f"{decision.reason}\nthe estimate decides (no compile): fused would hold no "
         f"differentiated chunked input's gradient beyond {MEMORY_SLACK:.0%} of remat's estimate"
     ))  # fmt: skip
 
@@ -237,13 +261,15 @@ def confirm_fused(decision: Decision, fused_bytes: int | None, remat_bytes: int 
     why = decision.reason
     if fused_bytes is None or remat_bytes is None:
         return decision.to(
-            FUSED, f"{why}; not measured (not compilable outside the caller's context)"
+            FUSED, f"{why}\nnot measured (not compilable outside the caller's context)"
         )
     measured = f"measured: fused {format_bytes(fused_bytes)}, remat {format_bytes(remat_bytes)}"
     if fused_bytes > (1 + MEMORY_SLACK) * remat_bytes:
-        estimate = why.removeprefix("auto: ")
+        estimate = why.split("\n", 1)[-1]
         return decision.to(REMAT, (
-            f"auto: {measured}, fused more than {MEMORY_SLACK:.0%} above remat, though the "
-            f"estimate had it within ({estimate})"
+            f"remat, chosen by auto on measuring both: fused would save a forward pass per "
+            f"chunk but took {format_bytes(fused_bytes)} against remat's "
+            f"{format_bytes(remat_bytes)}\n{measured}, fused more than {MEMORY_SLACK:.0%} above "
+            f"remat, though the estimate had it within\n{estimate}"
         ))  # fmt: skip
-    return decision.to(FUSED, f"{why}; {measured}")
+    return decision.to(FUSED, f"{why}\n{measured}")

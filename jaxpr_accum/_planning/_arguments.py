@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_accum import _compat
@@ -226,3 +227,39 @@ def _same_size(sizes: dict, what: str) -> None:
     if len(sizes) > 1:
         detail = "; ".join(f"size {n}: {', '.join(w)}" for n, w in sizes.items())
         raise ArgumentError(f"the leaves named by {what} differ in size: {detail}")
+
+
+def parameters_hint(settings: Any, call: Call) -> str | None:
+    """A hint where ``argnums`` names what looks like parameters, or None.
+
+    It does where every named argument's leaves are floating and have no axis of the size
+    that the other positional arguments' array leaves all share at ``axis`` (the batch the
+    call passes beside them): a ``jax.grad``-style ``argnums=0`` naming the weights, whose
+    gradient every output flows into, instead of the data."""
+    argnums, axis, n = settings.argnums, settings.axis, len(call.args)
+    if argnums is None or not isinstance(axis, int):
+        return None
+    dyn = call.dyn
+    named = {a % n for a in argnums}
+    shapes = [np.shape(dyn[i]) for a in sorted(named) for i in call.ranges[a]]
+    if not all(jnp.issubdtype(dyn[i].dtype, jnp.floating) for a in named for i in call.ranges[a]):
+        return None
+    others = [a for a in range(n) if a not in named and call.ranges[a]]
+    sizes = {
+        np.shape(dyn[i])[axis]
+        for a in others
+        for i in call.ranges[a]
+        if -len(np.shape(dyn[i])) <= axis < len(np.shape(dyn[i]))
+    }
+    if len(sizes) != 1 or any(size in shape for shape in shapes for size in sizes):
+        return None
+    (size,) = sizes
+    if size <= 1:
+        return None
+    names = ", ".join(str(a) for a in sorted(named))
+    instead = others[0] if len(others) == 1 else tuple(others)
+    return (
+        f"argument {names} looks like parameters, not a batch: it has no axis of size {size}, "
+        f"which every other argument has at axis {axis}; `argnums` names the arguments that "
+        f"carry the batch (not, as in jax.grad, those to differentiate): pass argnums={instead}"
+    )

@@ -22,6 +22,7 @@ from jaxpr_accum._base._compare import (
     _is_key,
     _real_dtype,
 )
+from jaxpr_accum._base._install import install_hint
 from jaxpr_accum._base._settings import GRAD_MODES
 from jaxpr_accum.testing._oracle import _assert_one, _check_serialized, assert_in_contexts
 from jaxpr_accum.testing._runner import _argument_label, _Reference
@@ -38,10 +39,8 @@ def _hypothesis() -> Any:
         import hypothesis
         import hypothesis.strategies  # noqa: F401
     except ImportError as e:
-        raise ImportError(
-            "jaxpr_accum.testing's strategies and `check` need Hypothesis: "
-            "pip install hypothesis (from a clone: pip install -e '.[testing]')"
-        ) from e
+        need = "jaxpr_accum.testing's strategies and `check` need Hypothesis"
+        raise ImportError(f"{need}: {install_hint('testing')}") from e
     return hypothesis
 
 

@@ -298,7 +298,10 @@ def _first_lines(exc: BaseException, n: int = 6) -> str:
     text = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
     lines = [ln for ln in text.splitlines() if ln.strip()]
     tb = traceback.extract_tb(exc.__traceback__)
-    inner = [fr for fr in tb if "jaxpr_accum" in fr.filename and "/tests/" not in fr.filename]
+    import jaxpr_accum
+
+    library = Path(jaxpr_accum.__file__).resolve().parent  # by path: the checkout's name varies
+    inner = [fr for fr in tb if Path(fr.filename).resolve().is_relative_to(library)]
     head = "\n".join(lines[:n])[:1500]
     if not inner:
         return head

@@ -134,6 +134,38 @@ def test_explain_reports_barrier_with_primitive():
     assert any("cumsum" in s for s in stops), shown
 
 
+def test_explain_lists_a_stop_repeated_over_the_axis_once_with_its_count(capsys):
+    """``jax.debug.print`` in a ``vmap``-ped function is one callback per row, each read
+    through a ``slice`` of the axis: ``explain`` lists that stop once, with the count, and
+    keeps distinct stops apart; the call's value and gradient are the original's."""
+    n = 24
+
+    def per_row(h):
+        jax.debug.print("first {}", h[0])
+        return jnp.sum(jnp.tanh(h) ** 2)
+
+    def f(w, x):
+        h = x @ w
+        side = jnp.cumsum(h, axis=0)[-1].sum()  # a stop of its own, once
+        return jnp.sum(jax.vmap(per_row)(h)) + side
+
+    rs = np.random.RandomState(3)
+    w = jnp.asarray(rs.normal(size=(3, 512)) / 2, jnp.float32)  # activations >> stacked
+    x = jnp.asarray(rs.normal(size=(n, 3)), jnp.float32)
+    sf = ja.serialize_axis(f, chunk=8, argnums=1)
+    plan = sf.explain(w, x)
+    repeated = [s for s in plan.stops if s.repeats > 1]
+    assert [s.repeats for s in repeated] == [n], plan.stops
+    assert f"({n} identical stops)" in repeated[0] and "slice" in repeated[0], repeated
+    assert len(plan.stops) == len(set(plan.stops)), plan.stops
+    assert any("cumsum" in s and s.repeats == 1 for s in plan.stops), plan.stops
+    report = str(plan)
+    assert report.count(f"({n} identical stops)") == 1, report
+    assert len(report.splitlines()) < 30, report
+    assert_tree_close(jax.value_and_grad(sf)(w, x), jax.value_and_grad(f)(w, x))
+    assert capsys.readouterr().out.count("first ") == 2 * n  # the original's prints too
+
+
 def test_jaxpr_is_closed_jaxpr():
     sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1)
     jaxpr = sf.jaxpr(W, X)

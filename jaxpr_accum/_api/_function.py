@@ -18,7 +18,7 @@ import jax
 
 from jaxpr_accum import _compat
 from jaxpr_accum._api._naming import non_defaults, unexpected
-from jaxpr_accum._api._sweep import Sweep, measure_sweep
+from jaxpr_accum._api._sweep import Sweep, check_grad_argnums, measure_sweep
 from jaxpr_accum._assembly import _budget, _fallback
 from jaxpr_accum._assembly._assemble import run_as_written
 from jaxpr_accum._assembly._prepare import CACHE_SIZE, LRU, Planner, Prepared
@@ -143,21 +143,35 @@ class SerializedFunction(Generic[P, R]):
         return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
 
     @_compat.api_boundary
-    def explain(self, *args: P.args, **kwargs: P.kwargs) -> Plan:
+    def explain(
+        self, *args: Any, grad_argnums: int | Sequence[int] | None = None, **kwargs: Any
+    ) -> Plan:
         """The plan for a call with these arguments, without running it.
+
+        The plan is the one the call makes, by the same path: where the choice depends on
+        what is differentiated (``grad="auto"`` measures fused against remat, ``memory=``
+        measures the chunks), a call under ``jax.grad`` plans for the arguments it
+        differentiates, and ``explain`` for every floating argument unless told
+        ``grad_argnums``. ``Plan.planned_for`` says which.
 
         Args:
             *args: The original's positional arguments.
+            grad_argnums: The positional arguments the call's ``jax.grad`` (or
+                ``jax.value_and_grad``) differentiates, as its ``argnums`` (not
+                ``serialize_axis``'s ``argnums``, which names the arguments that carry the
+                axis); None: every floating argument.
             **kwargs: The original's keyword arguments.
 
         Returns:
             The ``Plan``: the axis and where it is born, the chunk, the gradient mode and why,
-            what stops the region (with source lines), the estimated saving. ``print`` it for
-            a report; in a notebook it renders as HTML.
+            the differentiation planned for, what stops the region (with source lines), the
+            estimated saving. ``print`` it for a report; in a notebook it renders as HTML.
 
         Raises:
             SerializeError: The program has no chunkable axis for these argument shapes.
             ArgumentError: The arguments do not match the settings.
+            TypeError: ``grad_argnums`` is not an int or a sequence of ints.
+            ValueError: ``grad_argnums`` is out of range.
 
         Examples:
             >>> import jax.numpy as jnp, jaxpr_accum as ja
@@ -168,8 +182,9 @@ class SerializedFunction(Generic[P, R]):
         """
         nnx = self._on_nnx_state(args, kwargs)
         if nnx is not None:
-            return nnx[0].explain(*nnx[1], **nnx[2])
-        prepared, inputs = self._prepare(args, kwargs)
+            return nnx[0].explain(*nnx[1], grad_argnums=grad_argnums, **nnx[2])
+        nums = None if grad_argnums is None else check_grad_argnums(grad_argnums, args)
+        prepared, inputs = self._prepare(args, kwargs, nums)
         budget = prepared.plan.budget
         if budget is not None and budget.original is None:  # compiled once, when asked
             traced = prepared.traced
@@ -280,12 +295,19 @@ class SerializedFunction(Generic[P, R]):
         states, kw_states = _nnx.pure_arguments(args, kwargs)
         return pure, states, kw_states
 
-    def _prepare(self, args: tuple, kwargs: dict) -> tuple[Prepared, list]:
+    def _prepare(
+        self, args: tuple, kwargs: dict, grad_argnums: tuple[int, ...] | None = None
+    ) -> tuple[Prepared, list]:
+        """The call signature's ``Prepared`` (cached) and its flat inputs; ``grad_argnums``:
+        the arguments differentiated, where ``explain`` is told them (else the call's
+        perturbation pattern, ``_arguments.perturbation``)."""
         call = _arguments.flatten(args, kwargs)
         key = _arguments.cache_key(call)
         # ``memory=`` budgets, and auto measures, what the caller differentiates: a plan each
         weighs = self.memory is not None or self._planner.requested is AUTO
-        pattern = _arguments.perturbation(call) if weighs else None
+        pattern = None
+        if weighs:
+            pattern = _arguments.perturbation(call, grad_argnums)
         if key is not None and weighs:
             key = (key, pattern)
         prepared = self._cache.get(key) if key is not None else None

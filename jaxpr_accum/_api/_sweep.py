@@ -134,6 +134,8 @@ def check_grads(grads: Any) -> list[str]:
 
 
 def check_grad_argnums(grad_argnums: Any, args: tuple) -> tuple[int, ...]:
+    """``grad_argnums`` (``jax.grad``'s ``argnums``) checked against ``args``, as a tuple of
+    non-negative indices."""
     nums = grad_argnums if isinstance(grad_argnums, (tuple, list)) else (grad_argnums,)
     if not nums:
         raise ValueError("`grad_argnums` must name at least one argument")
@@ -145,7 +147,7 @@ def check_grad_argnums(grad_argnums: Any, args: tuple) -> tuple[int, ...]:
             )
         if not -len(args) <= a < len(args):
             raise ValueError(
-                f"`grad_argnums` {a} is out of range for a sweep with {len(args)} positional "
+                f"`grad_argnums` {a} is out of range for a call with {len(args)} positional "
                 "argument(s)"
             )
         out.append(a % len(args))

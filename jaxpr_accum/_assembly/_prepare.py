@@ -141,6 +141,23 @@ class Built:
     stops: tuple | None = None
 
 
+def planned_for_text(call: Planning, known: bool) -> str:
+    """The differentiation ``call`` was planned for, for ``Plan.planned_for``; ``known``:
+    the caller's (a call under ``jax.grad``, or ``explain(..., grad_argnums=...)``), else
+    every floating argument, as for a call whose differentiation is not seen."""
+    diff = call.measure.diff
+    if not diff:
+        return "the forward pass only (nothing is differentiated)"
+    names = [f"`{call.names[call.traced.jaxpr.invars[i]]}`" for i in diff]
+    listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    if known:
+        return f"the gradient with respect to {listed} (the call's)"
+    return (
+        f"the gradient with respect to every floating argument ({listed}); for a call's "
+        "`jax.grad` of fewer, `explain(..., grad_argnums=...)`"
+    )
+
+
 class Planner:
     """Plans call signatures under ``settings`` (the mode requested, parsed once:
     ``requested``); ``chunks``: the budget searches' decisions."""
@@ -160,7 +177,14 @@ class Planner:
             warn(why)
             return Prepared.unchunked(traced, why)
         call = Planning(traced, inputs, key, traced.differentiated(inputs, pattern))
-        requested = self.requested
+        prepared = self._attempts(call)
+        planned_for = planned_for_text(call, pattern is not None)
+        prepared.plan = dataclasses.replace(prepared.plan, planned_for=planned_for)
+        return prepared
+
+    def _attempts(self, call: Planning) -> Prepared:
+        """The first of the attempts that plans, builds and validates (``_fallback``)."""
+        traced, requested = call.traced, self.requested
         attempts = [
             ("the plan as chosen", self._two_passes, Attempt(True, requested, True)),
             ("the plan in one pass", self._one_pass, Attempt(True, requested, True)),

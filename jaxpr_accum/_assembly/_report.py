@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -46,14 +47,27 @@ def _saved(n: int) -> str:
 class PlanStop(str):
     """One place where a region stopped, as readable text (```prim` at file:line: why``),
     with the pass it belongs to: ``pass_`` is 1, or 2 for the second pass of a two-pass
-    plan. A ``str``, so that code reading ``plan.stops`` as text keeps working."""
+    plan; ``repeats``: how many identical stops it stands for (``once_each``). A ``str``, so
+    that code reading ``plan.stops`` as text keeps working."""
 
     pass_: int
+    repeats: int
 
-    def __new__(cls, text: str, pass_: int = 1) -> PlanStop:
+    def __new__(cls, text: str, pass_: int = 1, repeats: int = 1) -> PlanStop:
         stop = super().__new__(cls, text)
-        stop.pass_ = pass_
+        stop.pass_, stop.repeats = pass_, repeats
         return stop
+
+
+def once_each(stops: Sequence[Any]) -> list[PlanStop]:
+    """``stops`` listed once each, in program order, with a count where one repeats: a
+    program unrolled over the axis (``jax.debug.print`` in a ``vmap``-ped function is one
+    callback per row) stops at N equations of the same primitive, source line and reason."""
+    counts = collections.Counter(str(s) for s in stops)  # in first-seen order
+    return [
+        PlanStop(text if n == 1 else f"{text} ({n} identical stops)", repeats=n)
+        for text, n in counts.items()
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +86,10 @@ class Plan:
         grad: The gradient mode that runs (``"remat"``, ``"fused"``, ``"native"``; ``"none"``
             when the function runs as written).
         grad_reason: Why that mode (for example why fused does not apply).
+        planned_for: The differentiation the plan was made for: which arguments' gradients
+            (auto's choice of mode and ``memory=`` measure that gradient). ``explain``
+            plans for every floating argument; ``explain(..., grad_argnums=...)`` for the
+            arguments a ``jax.grad`` of the call differentiates, as the call plans for them.
         n_chunks: Number of chunks, the remainder's included.
         remainder: Length of the last chunk when ``k`` does not divide ``N``, else 0.
         reduced_at: The reductions over the axis, with source lines.
@@ -80,7 +98,8 @@ class Plan:
         stacked: Outputs of the region that still carry the axis, with their bytes: memory
             the rewrite did not save.
         accumulated: Accumulators carried across chunks, with their monoid.
-        stops: Every place the region had to stop: primitive, source line, reason.
+        stops: Every place the region had to stop: primitive, source line, reason; each
+            once, with a count where one repeats (``PlanStop.repeats``).
         hoisted: Random draws computed before the loop on the full axis, and why.
         candidates: Every candidate axis as ``(size, born, estimated bytes saved, chosen)``.
         layout: One device, or sharded over mesh axes with the per-device chunk.
@@ -129,6 +148,7 @@ class Plan:
     between: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     second: Plan | None = None
     savings: tuple[int, int] | None = None  # estimated: (these passes, the one pass replaced)
+    planned_for: str = ""  # the differentiation planned for (``Planner.prepare`` fills it)
 
     @classmethod
     def from_decision(cls, decision: Decision, candidates: Sequence[Candidate]) -> Plan:
@@ -151,7 +171,7 @@ class Plan:
             stacked=[(str(v.aval), nbytes(v)) for v, _ in split.stacked],
             accumulated=[f"{v.aval} (sum)" for v in split.sums]
             + [f"{v.aval} ({kind})" for v, kind in split.partials],
-            stops=[PlanStop(str(s)) for s in split.stops],
+            stops=once_each(split.stops),
             hoisted=[str(s) for s in split.hoisted_draws],
             candidates=[
                 (c.split.size, c.split.born, c.net_saving, c is chosen) for c in candidates
@@ -251,6 +271,7 @@ class Plan:
             f"({self.chunks_text()})",
             f"  born at: {self.born}",
             f"  gradient mode: {self.grad} ({self.grad_reason})",
+            *([f"  planned for: {self.planned_for}"] if self.planned_for else []),
             *([] if self.budget is None else self.budget.lines()),
             f"  layout: {self.layout}",
             f"  equations: {self.equations_text()}",

@@ -1,9 +1,10 @@
 """Choosing the gradient mode: ``choose(candidate, requested, layout, diff) -> Decision``.
 
 The ``Decision`` (``_decision``) is one pass's plan. Auto's pick of fused is settled in
-``choose`` where the estimate decides alone (``by_estimate``); elsewhere it is
-``unconfirmed``, and the measurement of both modes settles it (``confirm_fused``, which
-returns a new decision).
+``choose`` where nothing is differentiated; elsewhere it is ``unconfirmed``, and the
+measurement of both modes settles it (``confirm_fused``, which returns a new decision). The
+call and ``explain`` reach the same decision for the same differentiation (``diff``): it is
+the only input besides the candidate and the request.
 
 This module only chooses; each mode is built by its own module (``_remat``, ``_fused``;
 ``native`` is the chunk loop with checkpointed bodies, differentiated by JAX itself).
@@ -21,18 +22,15 @@ This module only chooses; each mode is built by its own module (``_remat``, ``_f
   takes fused where there is one gradient-carrying entry and fused's extra memory is within
   ``MEMORY_SLACK`` (10%) of remat's estimated peak (``Weighed.remat_bytes``), else remat:
   its memory is then within 10% of the smaller, and its time within 10% of the faster of the
-  two that are. The estimate can miss what XLA's buffer assignment does with fused's
-  Jacobian rows. On the cases of ``benchmarks/auto_choice.py`` it missed (measured: up to
-  1.5x remat where it estimates no extra) only where the caller differentiates the region's
-  chunked inputs (the data, not only the parameters), whose gradients fused stacks from the
-  forward pass; where those are within 10% of remat's estimate, fused measured within 4% of
-  remat on every case. So the estimate decides alone where those gradients are
-  within ``MEMORY_SLACK`` of remat's estimate (``estimate_decides``): no compile, planning
-  costs what the analysis costs. Elsewhere a pick of fused is confirmed on the first call by
-  compiling both modes' ``value_and_grad`` and comparing XLA's temp bytes
-  (``confirm_fused``): fused stays while it measures within 10% of remat. (The region alone
-  compiled does not reproduce that difference: it arises where the region's gradients meet
-  the program around it.)
+  two that are. The estimate cannot settle a pick of fused alone: what XLA's buffer
+  assignment does with fused's Jacobian rows depends on how the program is written (an
+  Equinox MLP, ``vmap`` of a per-example model, measured fused at 1.14-1.48x remat where
+  the same MLP written on the batch measured 0.68x, both estimated at no extra). So where
+  the caller differentiates anything, a pick of fused is confirmed on the first call by
+  compiling both modes' ``value_and_grad`` with respect to what the caller differentiates
+  and comparing XLA's temp bytes (``confirm_fused``): fused stays while it measures within
+  10% of remat. (The region alone compiled does not reproduce that difference: it arises
+  where the region's gradients meet the program around it.)
 """
 
 from __future__ import annotations
@@ -47,9 +45,8 @@ from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._modes._fused import FUSED
 from jaxpr_accum._modes._remat import REMAT
-from jaxpr_accum._planning._cost import Candidate, float_bytes, format_bytes
-from jaxpr_accum._planning._plan import PROLOGUE, Split
-from jaxpr_accum._planning._stages import variables
+from jaxpr_accum._planning._cost import Candidate, format_bytes
+from jaxpr_accum._planning._plan import Split
 
 FUSED_MAX_WIDTH = 8
 MEMORY_SLACK = 0.1  # auto takes fused while it is estimated within this much of remat
@@ -152,7 +149,7 @@ def choose(
     candidate: Candidate, requested: Mode, layout: Layout, diff: list[int] | None = None
 ) -> Decision:
     """The gradient mode for ``requested`` (see the module docstring). Auto's pick of fused
-    is settled here where no measurement is needed (``diff``: the indices of the program
+    is settled here where nothing is differentiated (``diff``: the indices of the program
     inputs the caller differentiates; ``_settled``), else left ``unconfirmed``."""
 
     def decided(mode: Mode, reason: str) -> Decision:
@@ -184,50 +181,17 @@ def choose(
         f"auto: value and gradient in one pass, one forward pass per chunk fewer than remat "
         f"({sums}; {compared}, within {MEMORY_SLACK:.0%})"
     ))  # fmt: skip
-    return _settled(fused, remat_bytes, diff)
+    return _settled(fused, diff)
 
 
-def _settled(decision: Decision, remat_bytes: int, diff: list[int] | None) -> Decision:
-    """Auto's estimated pick of fused (``decision``; ``remat_bytes``: remat's estimated
-    peak), settled where no measurement is needed: nothing is differentiated (``diff``
-    empty), or the estimate decides alone (``estimate_decides``, ``by_estimate``). Elsewhere
-    it is ``unconfirmed``, as where the caller measures it itself (``diff`` None: the memory
-    budget search, the passes of ``_pairwise``)."""
+def _settled(decision: Decision, diff: list[int] | None) -> Decision:
+    """Auto's estimated pick of fused (``decision``), settled where nothing is
+    differentiated (``diff`` empty: the forward only); elsewhere ``unconfirmed``, to be
+    measured against remat by the caller of ``choose`` (``diff`` None: the memory budget
+    search, the passes of ``_pairwise``, which measure it themselves)."""
     if diff is not None and not diff:
         return decision
-    if diff is not None and estimate_decides(decision.candidate, diff, remat_bytes):
-        return by_estimate(decision)
     return dataclasses.replace(decision, unconfirmed=True)
-
-
-def estimate_decides(candidate: Candidate, diff: list[int], remat_bytes: int) -> bool:
-    """Whether auto's estimated pick of fused needs no measurement: the gradients of the
-    region's chunked inputs that the caller differentiates (``diff``: indices of the
-    program's inputs), which fused stacks from the forward pass, are within
-    ``MEMORY_SLACK`` of remat's estimated peak ``remat_bytes`` (see the module docstring)."""
-    return differentiated_chunk_bytes(candidate.split, diff) <= MEMORY_SLACK * remat_bytes
-
-
-def differentiated_chunk_bytes(split: Split, diff: list[int]) -> int:
-    """Bytes of the region's floating chunked inputs that depend on the program inputs at
-    ``diff`` (through the prologue; an equation reading one such value is taken to make
-    all its outputs depend on it)."""
-    jaxpr = split.jaxpr
-    reached = {jaxpr.invars[i] for i in diff}
-    for i in split.indices(PROLOGUE):
-        eqn = jaxpr.eqns[i]
-        if any(v in reached for v in variables(eqn.invars)):
-            reached.update(eqn.outvars)
-    return float_bytes(v for v, _ in split.chunked if v in reached)
-
-
-def by_estimate(decision: Decision) -> Decision:
-    """Auto's estimated pick of fused (``decision``) where the estimate decides alone
-    (``estimate_decides``)."""
-    return decision.to(FUSED, (
-        f"{decision.reason}; the estimate decides (no compile): fused would hold no "
-        f"differentiated chunked input's gradient beyond {MEMORY_SLACK:.0%} of remat's estimate"
-    ))  # fmt: skip
 
 
 def confirm_fused(decision: Decision, fused_bytes: int | None, remat_bytes: int | None) -> Decision:

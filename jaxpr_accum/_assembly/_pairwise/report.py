@@ -34,7 +34,7 @@ def plan_of(two: TwoPass, decisions: Sequence[Decision], names: dict) -> Plan:
     plans = [Plan.from_decision(d, [d.candidate]) for d in decisions]
     second = None
     if len(plans) == 2:
-        stops = [PlanStop(s, pass_=2) for s in plans[1].stops]
+        stops = [PlanStop(s, pass_=2, repeats=s.repeats) for s in plans[1].stops]
         second = dataclasses.replace(plans[1], warning=None, stops=stops)
     return dataclasses.replace(
         plans[0],

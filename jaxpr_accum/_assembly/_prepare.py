@@ -278,6 +278,11 @@ class Planner:
             why = _worth.as_written_instead(built.estimate, requested, programs)
             if built.stops is not None:
                 why = _worth.for_paired(why, built.stops, requested, programs)
+            short = None if why is not None else _worth.for_advised(chosen.advice, programs)
+        if short is not None and requested is AUTO:
+            why = f"{short}; the function runs as written{chosen.advice}"
+        elif short is not None:  # the mode requested runs its loop, with the warning
+            plan = dataclasses.replace(plan, warning=f"{short}{chosen.advice}")
         if why is not None:
             plan = dataclasses.replace(plan, grad="none", grad_reason=why, warning=why)
             return Prepared(traced, chosen.split, plan, as_written=True)

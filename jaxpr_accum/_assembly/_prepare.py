@@ -178,8 +178,9 @@ class Planner:
             return Prepared.unchunked(traced, why)
         call = Planning(traced, inputs, key, traced.differentiated(inputs, pattern))
         prepared = self._attempts(call)
-        planned_for = planned_for_text(call, pattern is not None)
-        prepared.plan = dataclasses.replace(prepared.plan, planned_for=planned_for)
+        if self.requested is AUTO or self.settings.memory is not None:  # they measure ``diff``
+            planned_for = planned_for_text(call, pattern is not None)
+            prepared.plan = dataclasses.replace(prepared.plan, planned_for=planned_for)
         return prepared
 
     def _attempts(self, call: Planning) -> Prepared:

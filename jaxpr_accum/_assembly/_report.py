@@ -86,10 +86,11 @@ class Plan:
         grad: The gradient mode that runs (``"remat"``, ``"fused"``, ``"native"``; ``"none"``
             when the function runs as written).
         grad_reason: Why that mode (for example why fused does not apply).
-        planned_for: The differentiation the plan was made for: which arguments' gradients
-            (auto's choice of mode and ``memory=`` measure that gradient). ``explain``
-            plans for every floating argument; ``explain(..., grad_argnums=...)`` for the
-            arguments a ``jax.grad`` of the call differentiates, as the call plans for them.
+        planned_for: The differentiation the plan was made for, under ``grad="auto"`` or
+            ``memory=`` (which measure that gradient; "" otherwise): which arguments'
+            gradient. ``explain`` plans for every floating argument;
+            ``explain(..., grad_argnums=...)`` for the arguments a ``jax.grad`` of the call
+            differentiates, as the call plans for them.
         n_chunks: Number of chunks, the remainder's included.
         remainder: Length of the last chunk when ``k`` does not divide ``N``, else 0.
         reduced_at: The reductions over the axis, with source lines.

@@ -263,7 +263,7 @@ def test_remat_is_chosen_where_the_fused_accumulators_do_not_fit():
 def _plan_of(sf, pattern_call):
     """The plan the call under ``pattern_call`` used (the cache holds one per pattern)."""
     pattern_call()
-    plans = {k[1]: p.plan for k, p in sf._cache.items()}
+    plans = {k[1]: p.plan for k, p in sf._plans.cache.items()}
     return plans
 
 

@@ -123,7 +123,7 @@ def test_a_call_that_fails_to_compile_after_validating_runs_the_original(monkeyp
     monkeypatch.setenv("JAXPR_ACCUM_STRICT", "0")
     sf = ja.serialize_axis(mlp, chunk=3, argnums=1)
     sf.explain(W, X)  # planned and validated, not yet compiled
-    (prepared,) = sf._cache.values()
+    (prepared,) = sf._plans.cache.values()
     prepared.jitted = _FailsToCompile(prepared.jitted)
     with pytest.warns(ja.PlanWarning, match="Injected while compiling.*for this call"):
         got = sf(W, X)

@@ -183,3 +183,59 @@ def test_fuzz_catches_planted_bug(bug: str, monkeypatch: pytest.MonkeyPatch) -> 
         assert all("wrong" in r.detail for r in ran), [r.detail for r in ran]
     with pytest.raises(AssertionError, match=outcome):
         assert_no_failures(results, len(results))
+
+
+# ------------------------------------------------------------------------------------------
+# The explain_mode family: explain names the mode whose program the call compiles
+# ------------------------------------------------------------------------------------------
+
+
+def _explain_mode_family(n: int) -> list[tuple[str, str]]:
+    from hypothesis import HealthCheck, given, settings
+
+    from .fuzz import explain_mode
+
+    outcomes: list[tuple[str, str]] = []
+
+    @settings(
+        max_examples=n, derandomize=True, database=None, deadline=None,
+        suppress_health_check=list(HealthCheck), print_blob=False,
+    )  # fmt: skip
+    @given(explain_mode.mode_pairs())
+    def search(mp: Any) -> None:
+        outcomes.append((*explain_mode.check(mp), mp.pair.summary()))
+
+    search()
+    return outcomes
+
+
+@pytest.mark.parametrize(
+    "n", [pytest.param(1, id="smoke"), pytest.param(24, marks=pytest.mark.slow)]
+)
+def test_fuzz_explain_mode(n: int) -> None:
+    """``explain(..., grad_argnums=diff)`` under auto names the mode whose StableHLO the
+    call's ``value_and_grad`` compiles, on random programs and differentiated subsets
+    (``tests/fuzz/explain_mode.py``); values and gradients the original's."""
+    outcomes = _explain_mode_family(n)
+    bad = [o for o in outcomes if o[0] == "MISMATCH"]
+    assert not bad, "\n".join(" | ".join(o) for o in bad)
+    assert sum(o[0] == "OK" for o in outcomes) >= n // 2, outcomes
+
+
+@pytest.mark.slow
+def test_fuzz_explain_mode_catches_an_explain_that_names_another_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Planted: ``explain`` names ``native`` (or ``remat`` for a native plan) whatever the
+    call compiles; the family must report ``MISMATCH``."""
+    import dataclasses
+
+    real = ja.SerializedFunction.explain
+
+    def lying(self: Any, *args: Any, **kwargs: Any) -> Any:
+        plan = real(self, *args, **kwargs)
+        return dataclasses.replace(plan, grad="remat" if plan.grad == "native" else "native")
+
+    monkeypatch.setattr(ja.SerializedFunction, "explain", lying)
+    with pytest.raises(AssertionError, match="MISMATCH"):
+        test_fuzz_explain_mode(1)

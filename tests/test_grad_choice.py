@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum._assembly import _budget
 from jaxpr_accum._base._settings import GRAD_MODES
 from jaxpr_accum._build._region_p import AUTO
 from jaxpr_accum._modes import _choice
@@ -86,33 +85,82 @@ def test_one_entry_dense_model_takes_fused_for_the_weights_gradient():
     assert_tree_close(jax.value_and_grad(sf)(ws, x), jax.value_and_grad(mlp)(ws, x))
 
 
-def test_auto_decides_from_the_estimate_without_compiling(monkeypatch):
-    """Where the caller does not differentiate the chunked inputs (the weights' gradient; an
-    integer token batch), the estimate decides alone: planning compiles nothing, and
-    ``explain`` says the estimate decided; the values are the original's."""
-    compiled = []
-    real = _budget.temp_bytes
-    monkeypatch.setattr(_budget, "temp_bytes", lambda *a: compiled.append(1) or real(*a))
-    ws = [jnp.asarray(RS.normal(size=(32, 32)) / 6, jnp.float32) for _ in range(3)]
-    x = jnp.asarray(RS.normal(size=(256, 32)), jnp.float32)
+def per_example_mlp(ws, x, y):
+    """An MLP written per example and ``vmap``-ped over the batch, as Equinox models are:
+    XLA measures fused 1.14-1.48x remat on this form, where the estimate has them equal."""
 
-    def mlp(ws, x):
-        h = x
-        for w in ws:
-            h = jnp.tanh(h @ w)
-        return jnp.mean(h**2)
+    def one(x):
+        for w in ws[:-1]:
+            x = jax.nn.relu(w @ x)
+        return ws[-1] @ x
 
-    sf = ja.serialize_axis(mlp, chunk=32, argnums=1)
-    got = jax.jit(jax.value_and_grad(sf))(ws, x)
-    assert not compiled
-    assert_tree_close(got, jax.value_and_grad(mlp)(ws, x))
+    return jnp.mean((y - jax.vmap(one)(x)) ** 2)
 
-    emb = jnp.asarray(RS.normal(size=(50, 32)) / 6, jnp.float32)
-    tokens = jnp.asarray(RS.randint(0, 50, size=(256,)), jnp.int32)
-    embedded = ja.serialize_axis(lambda ws, e, t: mlp(ws, e[t]), chunk=32, argnums=2)
-    plan = embedded.explain(ws, emb, tokens)
-    assert plan.grad == "fused" and "the estimate decides (no compile)" in plan.grad_reason, plan
-    assert not compiled
+
+def _hlo(sf, argnums, *args):
+    """The StableHLO text of ``jax.jit(jax.value_and_grad(sf, argnums))`` (no source
+    locations), its module name cut."""
+    lowered = jax.jit(jax.value_and_grad(sf, argnums)).lower(*args)
+    return lowered.as_text(debug_info=False).split("\n", 1)[1]
+
+
+def _per_example_problem():
+    ws = [
+        jnp.asarray(RS.normal(size=(256, 16)) / 4, jnp.float32),
+        jnp.asarray(RS.normal(size=(256, 256)) / 16, jnp.float32),
+        jnp.asarray(RS.normal(size=(4, 256)) / 16, jnp.float32),
+    ]
+    x = jnp.asarray(RS.normal(size=(2048, 16)), jnp.float32)
+    y = jnp.asarray(RS.normal(size=(2048, 4)), jnp.float32)
+    return ws, x, y
+
+
+def test_explain_with_the_calls_grad_argnums_names_the_mode_the_call_compiles():
+    """``explain(..., grad_argnums=0)`` plans for the call's differentiation (the weights
+    only) by the call's own path: the mode it names is the one whose program the call under
+    ``jax.grad`` compiles, and ``planned_for`` says which differentiation each planned for."""
+    ws, x, y = _per_example_problem()
+    sf = ja.serialize_axis(per_example_mlp, chunk=256, argnums=(1, 2))
+    told, every = sf.explain(ws, x, y, grad_argnums=0), sf.explain(ws, x, y)
+    assert "with respect to `ws[0]`, `ws[1]`, `ws[2]` (the call's)" in told.planned_for, told
+    assert "every floating argument (`ws[0]`, `ws[1]`, `ws[2]` and 2 more)" in every.planned_for
+    assert "planned for: " in str(told)
+    pinned = ja.serialize_axis(per_example_mlp, chunk=256, argnums=(1, 2), grad=told.grad)
+    assert _hlo(sf, 0, ws, x, y) == _hlo(pinned, 0, ws, x, y)
+    assert_tree_close(
+        jax.value_and_grad(sf)(ws, x, y), jax.value_and_grad(per_example_mlp)(ws, x, y)
+    )
+
+
+def _temp(f, *args):
+    lowered = jax.jit(jax.value_and_grad(f)).lower(*args)
+    return lowered.compile().memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: on a per-example (vmap-ped) MLP the estimate has fused at remat's "
+    "memory and XLA measures it 1.14-1.48x; measuring both modes on every differentiated "
+    "first call closes it but costs two more compiles (first call 2.6x the original's)",
+)
+def test_auto_is_within_10_percent_of_the_better_mode_on_a_per_example_mlp():
+    ws, x, y = _per_example_problem()
+    temps = {
+        grad: _temp(
+            ja.serialize_axis(per_example_mlp, chunk=256, argnums=(1, 2), grad=grad), ws, x, y
+        )
+        for grad in ("auto", "remat", "fused")
+    }
+    assert temps["auto"] <= 1.1 * min(temps["remat"], temps["fused"]), temps
+
+
+def test_explain_grad_argnums_is_checked():
+    sf = ja.serialize_axis(per_example_mlp, chunk=8, argnums=(1, 2))
+    args = ([W.T], X, X[:, :5])
+    with pytest.raises(ValueError, match="out of range for a call with 3 positional"):
+        sf.explain(*args, grad_argnums=3)
+    with pytest.raises(TypeError, match="must be an int or a tuple of ints"):
+        sf.explain(*args, grad_argnums="0")
 
 
 def test_fused_measured_above_remat_takes_remat():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum._api import _sweep, _sweep_view
+from jaxpr_accum._api import _method_args, _sweep, _sweep_view
 
 W = jnp.asarray(np.random.RandomState(0).normal(size=(8, 16)) / 3, jnp.float32)
 X = jnp.asarray(np.random.RandomState(1).normal(size=(2, 64, 8)), jnp.float32)  # 2 examples
@@ -247,10 +247,10 @@ def test_progress_lines_on_a_terminal_or_when_forced(monkeypatch, progress, tty,
 
 
 def test_default_chunks_are_powers_of_two_and_the_axis_size():
-    assert _sweep.check_chunks(None, 16) == [1, 2, 4, 8, 16]
-    assert _sweep.check_chunks(None, 12) == [1, 2, 4, 8, 12]
-    assert _sweep.check_chunks(None, 1) == [1]
-    assert _sweep.check_chunks((8, 2, 2), 16) == [2, 8]
+    assert _method_args.check_chunks(None, 16) == [1, 2, 4, 8, 16]
+    assert _method_args.check_chunks(None, 12) == [1, 2, 4, 8, 12]
+    assert _method_args.check_chunks(None, 1) == [1]
+    assert _method_args.check_chunks((8, 2, 2), 16) == [2, 8]
 
 
 @pytest.mark.parametrize(

@@ -19,19 +19,17 @@ import jax
 
 from jaxpr_accum import _compat
 from jaxpr_accum._api import _messages
+from jaxpr_accum._api._calls import CallPlans
+from jaxpr_accum._api._method_args import check_grad_argnums
 from jaxpr_accum._api._naming import non_defaults, unexpected
 from jaxpr_accum._api._sweep import Sweep, measure_sweep
 from jaxpr_accum._assembly import _budget, _fallback
 from jaxpr_accum._assembly._assemble import run_as_written
-from jaxpr_accum._assembly._prepare import CACHE_SIZE, LRU, Planner, Prepared
 from jaxpr_accum._assembly._report import Plan
 from jaxpr_accum._base import _nnx
-from jaxpr_accum._base._collector import collector_paused
 from jaxpr_accum._base._errors import warn
 from jaxpr_accum._base._settings import SETTING_NAMES, Settings
-from jaxpr_accum._build._region_p import AUTO
 from jaxpr_accum._compat import ClosedJaxpr
-from jaxpr_accum._planning import _arguments, _trace
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,8 +58,7 @@ class SerializedFunction(Generic[P, R]):
 
     settings: Settings
     original: Callable[P, R]
-    _cache: LRU
-    _planner: Planner
+    _plans: CallPlans
     _pure: SerializedFunction | None
     _warned: set[str]
 
@@ -78,8 +75,7 @@ class SerializedFunction(Generic[P, R]):
     def __init__(self, fun: Callable[P, R], settings: Settings):
         object.__setattr__(self, "settings", settings)
         object.__setattr__(self, "original", fun)
-        object.__setattr__(self, "_cache", LRU(CACHE_SIZE))
-        object.__setattr__(self, "_planner", Planner(settings))
+        object.__setattr__(self, "_plans", CallPlans(fun, settings))
         object.__setattr__(self, "_pure", None)
         object.__setattr__(self, "_warned", set())  # the plan warnings given (each once)
         functools.update_wrapper(self, fun)
@@ -123,7 +119,7 @@ class SerializedFunction(Generic[P, R]):
             out, new_states, new_kw = nnx[0](*nnx[1], **nnx[2])
             _nnx.write_back(args, kwargs, new_states, new_kw)
             return out
-        prepared, inputs = self._prepare(args, kwargs)
+        prepared, inputs = self._plans.prepare(args, kwargs)
         split = prepared.split
         _messages.warn_once(self._warned, repr(self), prepared.plan, split)
         original = functools.partial(run_as_written, prepared.traced.jaxpr)
@@ -142,21 +138,35 @@ class SerializedFunction(Generic[P, R]):
         return jax.tree_util.tree_unflatten(prepared.traced.out_tree, outs)
 
     @_compat.api_boundary
-    def explain(self, *args: P.args, **kwargs: P.kwargs) -> Plan:
+    def explain(
+        self, *args: Any, grad_argnums: int | Sequence[int] | None = None, **kwargs: Any
+    ) -> Plan:
         """The plan for a call with these arguments, without running it.
+
+        The plan is the one the call makes, by the same path: where the choice depends on
+        what is differentiated (``grad="auto"`` measures fused against remat, ``memory=``
+        measures the chunks), a call under ``jax.grad`` plans for the arguments it
+        differentiates, and ``explain`` for every floating argument unless told
+        ``grad_argnums``. ``Plan.planned_for`` says which.
 
         Args:
             *args: The original's positional arguments.
+            grad_argnums: The positional arguments the call's ``jax.grad`` (or
+                ``jax.value_and_grad``) differentiates, as its ``argnums`` (not
+                ``serialize_axis``'s ``argnums``, which names the arguments that carry the
+                axis); None: every floating argument.
             **kwargs: The original's keyword arguments.
 
         Returns:
             The ``Plan``: the axis and where it is born, the chunk, the gradient mode and why,
-            what stops the region (with source lines), the estimated saving. ``print`` it for
-            a report; in a notebook it renders as HTML.
+            the differentiation planned for, what stops the region (with source lines), the
+            estimated saving. ``print`` it for a report; in a notebook it renders as HTML.
 
         Raises:
             SerializeError: The program has no chunkable axis for these argument shapes.
             ArgumentError: The arguments do not match the settings.
+            TypeError: ``grad_argnums`` is not an int or a sequence of ints.
+            ValueError: ``grad_argnums`` is out of range.
 
         Examples:
             >>> import jax.numpy as jnp, jaxpr_accum as ja
@@ -167,8 +177,9 @@ class SerializedFunction(Generic[P, R]):
         """
         nnx = self._on_nnx_state(args, kwargs)
         if nnx is not None:
-            return nnx[0].explain(*nnx[1], **nnx[2])
-        prepared, inputs = self._prepare(args, kwargs)
+            return nnx[0].explain(*nnx[1], grad_argnums=grad_argnums, **nnx[2])
+        nums = None if grad_argnums is None else check_grad_argnums(grad_argnums, args)
+        prepared, inputs = self._plans.prepare(args, kwargs, nums)
         budget = prepared.plan.budget
         if budget is not None and budget.original is None:  # compiled once, when asked
             traced = prepared.traced
@@ -201,7 +212,7 @@ class SerializedFunction(Generic[P, R]):
         nnx = self._on_nnx_state(args, kwargs)
         if nnx is not None:
             return nnx[0].jaxpr(*nnx[1], **nnx[2])
-        prepared, inputs = self._prepare(args, kwargs)
+        prepared, inputs = self._plans.prepare(args, kwargs)
         return jax.make_jaxpr(prepared.run)(*inputs)
 
     @_compat.api_boundary
@@ -278,23 +289,3 @@ class SerializedFunction(Generic[P, R]):
             object.__setattr__(self, "_pure", pure)
         states, kw_states = _nnx.pure_arguments(args, kwargs)
         return pure, states, kw_states
-
-    def _prepare(self, args: tuple, kwargs: dict) -> tuple[Prepared, list]:
-        call = _arguments.flatten(args, kwargs)
-        key = _arguments.cache_key(call)
-        # ``memory=`` budgets, and auto measures, what the caller differentiates: a plan each
-        weighs = self.memory is not None or self._planner.requested is AUTO
-        pattern = _arguments.perturbation(call) if weighs else None
-        if key is not None and weighs:
-            key = (key, pattern)
-        prepared = self._cache.get(key) if key is not None else None
-        if prepared is None:
-            _arguments.check_concrete_shapes(call)
-            seeds = _arguments.seed_axes(self.settings, call, self.original)
-            traced = _trace.trace(self.original, call, seeds)
-            with collector_paused():
-                prepared = self._planner.prepare(traced, [*traced.consts, *call.dyn], key, pattern)
-            prepared.plan = _messages.with_hint(prepared.plan, self.settings, call)
-            if key is not None and not traced.has_tracer_consts:
-                self._cache.put(key, prepared)
-        return prepared, [*prepared.traced.consts, *call.dyn]

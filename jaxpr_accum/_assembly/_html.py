@@ -98,6 +98,8 @@ def _one_plan(plan: Any, title: str, pass_: int = 1) -> str:
         ("equations", plan.equations_text()),
         ("layout", plan.layout),
     ]
+    if plan.planned_for:
+        rows.insert(3, ("planned for", plan.planned_for))
     if chosen is not None:
         rows.append(("estimated saving", f"{_saved(chosen[2])} (cost model, bytes saved)"))
     if plan.budget is not None:

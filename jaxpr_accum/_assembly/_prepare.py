@@ -16,7 +16,6 @@ attempts share (the axis, the two-pass plan, the programs measured) is made once
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -27,7 +26,9 @@ import jax
 from jaxpr_accum._assembly import _budget, _fallback, _pairwise, _worth
 from jaxpr_accum._assembly._assemble import build, run_as_written
 from jaxpr_accum._assembly._report import Plan
+from jaxpr_accum._assembly._report_text import planned_for_text
 from jaxpr_accum._base._errors import warn
+from jaxpr_accum._base._lru import LRU
 from jaxpr_accum._base._settings import Settings
 from jaxpr_accum._build import _layout
 from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
@@ -39,26 +40,6 @@ from jaxpr_accum._planning._cost import Candidate
 from jaxpr_accum._planning._plan import Split
 
 CACHE_SIZE = 64  # call signatures whose plans a SerializedFunction keeps (least recent out)
-
-
-class LRU(collections.OrderedDict):
-    """A dict that keeps the ``size`` most recently used entries."""
-
-    def __init__(self, size: int):
-        super().__init__()
-        self.size = size
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        if key not in self:
-            return default
-        self.move_to_end(key)
-        return self[key]
-
-    def put(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.size:
-            self.popitem(last=False)
 
 
 class Prepared:
@@ -160,7 +141,16 @@ class Planner:
             warn(why)
             return Prepared.unchunked(traced, why)
         call = Planning(traced, inputs, key, traced.differentiated(inputs, pattern))
-        requested = self.requested
+        prepared = self._attempts(call)
+        if self.requested is AUTO or self.settings.memory is not None:  # they measure ``diff``
+            names = [call.names[call.traced.jaxpr.invars[i]] for i in call.measure.diff]
+            planned_for = planned_for_text(names, pattern is not None)
+            prepared.plan = dataclasses.replace(prepared.plan, planned_for=planned_for)
+        return prepared
+
+    def _attempts(self, call: Planning) -> Prepared:
+        """The first of the attempts that plans, builds and validates (``_fallback``)."""
+        traced, requested = call.traced, self.requested
         attempts = [
             ("the plan as chosen", self._two_passes, Attempt(True, requested, True)),
             ("the plan in one pass", self._one_pass, Attempt(True, requested, True)),
@@ -254,6 +244,11 @@ class Planner:
             why = _worth.as_written_instead(built.estimate, requested, programs)
             if built.stops is not None:
                 why = _worth.for_paired(why, built.stops, requested, programs)
+            short = None if why is not None else _worth.for_advised(chosen.advice, programs)
+        if short is not None and requested is AUTO:
+            why = f"{short}; the function runs as written{chosen.advice}"
+        elif short is not None:  # the mode requested runs its loop, with the warning
+            plan = dataclasses.replace(plan, warning=f"{short}{chosen.advice}")
         if why is not None:
             plan = dataclasses.replace(plan, grad="none", grad_reason=why, warning=why)
             return Prepared(traced, chosen.split, plan, as_written=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 from jaxpr_accum import _compat, _stream
 from jaxpr_accum._assembly import _html
+from jaxpr_accum._assembly._report_text import PlanStop, gradient_mode_lines, once_each
 from jaxpr_accum._build import _layout
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._planning._cost import Candidate, format_bytes, nbytes
@@ -43,19 +44,6 @@ def _saved(n: int) -> str:
     return format_bytes(n) if n >= 0 else f"-{format_bytes(-n)} (costs memory)"
 
 
-class PlanStop(str):
-    """One place where a region stopped, as readable text (```prim` at file:line: why``),
-    with the pass it belongs to: ``pass_`` is 1, or 2 for the second pass of a two-pass
-    plan. A ``str``, so that code reading ``plan.stops`` as text keeps working."""
-
-    pass_: int
-
-    def __new__(cls, text: str, pass_: int = 1) -> PlanStop:
-        stop = super().__new__(cls, text)
-        stop.pass_ = pass_
-        return stop
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What the rewriter decided for one call signature, and why: ``SerializedFunction.explain``.
@@ -72,6 +60,11 @@ class Plan:
         grad: The gradient mode that runs (``"remat"``, ``"fused"``, ``"native"``; ``"none"``
             when the function runs as written).
         grad_reason: Why that mode (for example why fused does not apply).
+        planned_for: The differentiation the plan was made for, under ``grad="auto"`` or
+            ``memory=`` (which measure that gradient; "" otherwise): which arguments'
+            gradient. ``explain`` plans for every floating argument;
+            ``explain(..., grad_argnums=...)`` for the arguments a ``jax.grad`` of the call
+            differentiates, as the call plans for them.
         n_chunks: Number of chunks, the remainder's included.
         remainder: Length of the last chunk when ``k`` does not divide ``N``, else 0.
         reduced_at: The reductions over the axis, with source lines.
@@ -80,7 +73,8 @@ class Plan:
         stacked: Outputs of the region that still carry the axis, with their bytes: memory
             the rewrite did not save.
         accumulated: Accumulators carried across chunks, with their monoid.
-        stops: Every place the region had to stop: primitive, source line, reason.
+        stops: Every place the region had to stop: primitive, source line, reason; each
+            once, with a count where one repeats (``PlanStop.repeats``).
         hoisted: Random draws computed before the loop on the full axis, and why.
         candidates: Every candidate axis as ``(size, born, estimated bytes saved, chosen)``.
         layout: One device, or sharded over mesh axes with the per-device chunk.
@@ -129,6 +123,7 @@ class Plan:
     between: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     second: Plan | None = None
     savings: tuple[int, int] | None = None  # estimated: (these passes, the one pass replaced)
+    planned_for: str = ""  # the differentiation planned for (``Planner.prepare`` fills it)
 
     @classmethod
     def from_decision(cls, decision: Decision, candidates: Sequence[Candidate]) -> Plan:
@@ -151,7 +146,7 @@ class Plan:
             stacked=[(str(v.aval), nbytes(v)) for v, _ in split.stacked],
             accumulated=[f"{v.aval} (sum)" for v in split.sums]
             + [f"{v.aval} ({kind})" for v, kind in split.partials],
-            stops=[PlanStop(str(s)) for s in split.stops],
+            stops=once_each(split.stops),
             hoisted=[str(s) for s in split.hoisted_draws],
             candidates=[
                 (c.split.size, c.split.born, c.net_saving, c is chosen) for c in candidates
@@ -258,7 +253,8 @@ class Plan:
             f"{title}axis of size {self.axis_size} in chunks of {self.chunk} "
             f"({self.chunks_text()})",
             f"  born at: {self.born}",
-            *_gradient_mode(self.grad, self.grad_reason),
+            *gradient_mode_lines(self.grad, self.grad_reason),
+            *([f"  planned for: {self.planned_for}"] if self.planned_for else []),
             *([] if self.budget is None else self.budget.lines()),
             f"  layout: {self.layout}",
             f"  equations: {self.equations_text()}",
@@ -290,11 +286,3 @@ class Plan:
             if left_out:
                 lines.append(f"    {left_out} (Plan.candidates lists every one)")
         return lines
-
-
-def _gradient_mode(grad: str, reason: str) -> list[str]:
-    """The gradient-mode line: the reason's first line (one sentence: the mode, why, what the
-    other mode would cost), its further lines as indented detail."""
-    head, *detail = reason.split("\n")
-    head = head if head.startswith(f"{grad},") else f"{grad}: {head}"
-    return [f"  gradient mode: {head}", *(f"    {d}" for d in detail)]

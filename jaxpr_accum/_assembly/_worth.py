@@ -14,6 +14,12 @@ largest values of such a program, so the estimate is not trusted and both progra
 measured; the loop is kept only if it measures at least ``MARGIN`` below the function as
 written, and the warning names where the plan stopped.
 
+A choice at position ``axis`` (``size=`` or automatic) for which an axis born at another
+position is expected to save more (``Candidate.advice``, ``_candidates``) is held to the same
+margin (``for_advised``): both programs are measured, and where the loop saves less than
+``MARGIN`` the warning names the other axis and ``axis=None``, which selects it; under auto
+the function then runs as written.
+
 An explicit gradient mode (``grad="remat"``, ``"fused"`` or ``"native"``) is a request for
 that loop: it runs whatever the estimate, with the same warning.
 """
@@ -98,4 +104,20 @@ def for_paired(
         f"this plan saves less than {MARGIN:.0%} of the memory: measured "
         f"{format_bytes(chunked)} chunked against {format_bytes(written)} as written, as it "
         f"stops at {where}; the function runs as written{FORCE_HINT}"
+    )
+
+
+def for_advised(advice: str, programs: Programs) -> str | None:
+    """For a choice with ``advice`` (another axis expected to save more; "" where none)
+    whose loop is kept: why it is not worth it (measured, less than ``MARGIN`` below the
+    function as written), else None. Auto then runs the function as written; an explicit
+    mode runs the loop with the warning."""
+    if not advice:
+        return None
+    chunked, written = programs.measure(programs.run), programs.measure(programs.original)
+    if chunked is None or written is None or chunked < (1 - MARGIN) * written:
+        return None
+    return (
+        f"this plan saves less than {MARGIN:.0%} of the memory: measured "
+        f"{format_bytes(chunked)} chunked against {format_bytes(written)} as written"
     )

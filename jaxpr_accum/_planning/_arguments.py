@@ -108,10 +108,14 @@ def cache_key(call: Call) -> Any:
     return tuple(parts)
 
 
-def perturbation(call: Call) -> tuple[bool, ...] | None:
-    """Which dynamic leaves the caller differentiates (``jax.grad`` of the serialized
-    function with respect to some arguments), or None when no differentiation traces the
-    call directly (a plain call, or one inside ``jax.jit`` under ``jax.grad``)."""
+def perturbation(call: Call, argnums: tuple[int, ...] | None = None) -> tuple[bool, ...] | None:
+    """Which dynamic leaves the caller differentiates: those of the positional arguments
+    ``argnums`` where given (``explain(..., grad_argnums=...)``), else those ``jax.grad`` of
+    the serialized function perturbs, or None when no differentiation traces the call
+    directly (a plain call, or one inside ``jax.jit`` under ``jax.grad``)."""
+    if argnums is not None:
+        marked = {i for a in argnums for i in call.ranges[a]}
+        return tuple(i in marked for i in range(len(call.dyn)))
     found = [_compat.differentiated(x) for x in call.dyn]
     if not any(f is not None for f in found):
         return None

@@ -72,23 +72,39 @@ def choose_split(
     if not usable:
         raise nothing_chunkable(candidates, what)
     chosen = best(usable)
-    if traced.seed_axes is None and size is None and axis is not None and chosen.net_saving <= 0:
-        advised = dataclasses.replace(chosen, advice=_elsewhere(jaxpr, chunk, names, usable))
-        usable = [advised if c is chosen else c for c in usable]
-        chosen = advised
+    if traced.seed_axes is None and axis is not None:
+        advice = _elsewhere(
+            jaxpr, usable, chunk=chunk, size=size, names=names, beat=chosen.net_saving
+        )
+        if advice:
+            advised = dataclasses.replace(chosen, advice=advice)
+            usable = [advised if c is chosen else c for c in usable]
+            chosen = advised
     return chosen, usable
 
 
-def _elsewhere(jaxpr: Jaxpr, chunk: int, names: dict, considered: list[Candidate]) -> str:
-    """Advice for an automatic choice that saves nothing at position ``axis``: the best axis
-    born at another position (a time-major batch), if that one is expected to save memory."""
+def _elsewhere(
+    jaxpr: Jaxpr,
+    considered: list[Candidate],
+    *,
+    chunk: int,
+    size: int | None,
+    names: dict,
+    beat: int,
+) -> str:
+    """Advice for a choice at position ``axis`` (``size=``, or automatic): the best axis of
+    the same ``size`` born at another position (a population drawn at dimension 1, a
+    time-major batch), where it is expected to save more than the choice (``beat``) and
+    anything at all; "" where there is none. ``_worth.for_advised`` warns with it where the
+    choice measures a saving under 10%, as the estimate's warning does where it expects
+    none."""
     seen = {c.split.born for c in considered}
     others = [
         Candidate(s, chunk)
-        for s in find_candidates(jaxpr, chunk, axis=None, size=None, arg_names=names)
+        for s in find_candidates(jaxpr, chunk, axis=None, size=size, arg_names=names)
         if s.usable and s.born not in seen
     ]
-    others = [c for c in others if c.net_saving > 0]
+    others = [c for c in others if c.net_saving > max(beat, 0)]
     if not others:
         return ""
     other = best(others)

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from jaxpr_accum import _compat
 from jaxpr_accum._assembly._pairwise.plan import TwoPass, describe_value
-from jaxpr_accum._assembly._report import Plan, PlanStop
+from jaxpr_accum._assembly._report import Plan
+from jaxpr_accum._assembly._report_text import PlanStop
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._planning._cost import nbytes
 
@@ -34,7 +35,7 @@ def plan_of(two: TwoPass, decisions: Sequence[Decision], names: dict) -> Plan:
     plans = [Plan.from_decision(d, [d.candidate]) for d in decisions]
     second = None
     if len(plans) == 2:
-        stops = [PlanStop(s, pass_=2) for s in plans[1].stops]
+        stops = [PlanStop(s, pass_=2, repeats=s.repeats) for s in plans[1].stops]
         second = dataclasses.replace(plans[1], warning=None, stops=stops)
     return dataclasses.replace(
         plans[0],

@@ -129,9 +129,9 @@ def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
     if not _interpret.has_calls(closed):
         return closed
     avals = [v.aval for v in closed.jaxpr.invars]
-    return jax.make_jaxpr(lambda *a: _interpret.eval_jaxpr(closed, a, _interpret.inlining()))(
-        *avals
-    )
+    return jax.make_jaxpr(
+        lambda *a: _interpret.eval_jaxpr(closed, a, _interpret.inlining(_interpret.retrace))
+    )(*avals)
 
 
 def inline_tail_checkpoints(closed: ClosedJaxpr) -> ClosedJaxpr:
@@ -152,9 +152,9 @@ def inline_tail_checkpoints(closed: ClosedJaxpr) -> ClosedJaxpr:
 
     def emit(idx: int, eqn: Any, invals: list) -> list:
         if idx in tails:
-            inline = _interpret.inlining(_interpret.bind, eqn)
+            inline = _interpret.inlining(_interpret.retrace, eqn)
             return _interpret.eval_jaxpr(_compat.called_jaxpr(eqn), invals, inline)
-        return _interpret.bind(idx, eqn, invals)
+        return _interpret.retrace(idx, eqn, invals)
 
     avals = [v.aval for v in jaxpr.invars]  # and again: a checkpoint may hold another
     return inline_tail_checkpoints(

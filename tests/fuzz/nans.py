@@ -11,10 +11,11 @@ The stack around it: a plain call, ``jax.jit``, ``jax.jit(jax.value_and_grad)``,
 the axis, that do not, and one chunk.
 
 The oracle is the original under the same stack, under ``jax.jit`` where the stack is eager
-(a serialized function always runs compiled). The report compared: the error's first line (``invalid value (nan) encountered in log``: the
-primitive) and its source line, the last frame of the program's file in the original's
-traceback (its de-optimized run re-runs the Python function) and, for the serialized one,
-that frame or the line its error notes (``made by `log` at FILE:LINE``).
+(a serialized function always runs compiled). The report compared: the error's first line
+(``invalid value (nan) encountered in log``: the primitive) and its source line, the last
+frame of the program's file in the original's traceback (its de-optimized run re-runs the
+Python function) and, for the serialized one, that frame or the line its error notes
+(``made by `log` at FILE:LINE``).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
     is_array,
     is_custom_rule_call,
     is_custom_vjp_call,
+    rebind_keeping_constants,
     rules_close_over_tracers,
     trace_custom_vjp_bwd,
     zeros_float0,
@@ -171,6 +172,9 @@ def bind(
         if params is None:
             return list(invals)
     bind_params = eqn.primitive.get_bind_params(params)
+    kept = rebind_keeping_constants(eqn, invals, bind_params) if is_custom_vjp_call(eqn) else None
+    if kept is not None:  # a custom VJP's closed-over constants stay its constants
+        bind_params, invals = kept
 
     def emit(*xs: Any) -> Any:
         with user_context(eqn):

@@ -194,7 +194,8 @@ def test_debug_nans_raise_as_in_the_original(flag, loss, how, grad):
     """The same error, message included: the region's de-optimized run (JAX's, for a value
     found invalid) evaluates its equations as written, so the error names the user's
     operation (``log``), not ``serialized_region``. A value first made invalid in the
-    backward pass, or inside ``grad='native'``'s loop, names the loop (docs/semantics.md)."""
+    backward pass names the loop (docs/semantics.md); every mode, before, in and after the
+    loop: the NaN family of the fuzzer (``test_fuzz_nans``)."""
     sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=grad)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", NOT_WORTH_IT, ja.PlanWarning)

@@ -204,19 +204,27 @@ class Region:
             ),
         )
         key = ("jacobians", tuple(perturbed.flat()))
-        sums, j_inv, j_ch = self._traced_once(key, fn, tuple(inputs))
+        sums, j_inv, j_ch = self._traced_once(key, fn, tuple(inputs), checked=True)
         return sums, inputs.placed(diff, j_inv, j_ch)
 
-    def _traced_once(self, key: Any, fn: Callable, args: tuple) -> Any:
+    def _traced_once(self, key: Any, fn: Callable, args: tuple, checked: bool = False) -> Any:
         """``fn(*args)``, traced once (``_jaxpr_at``) and replayed after: planning's
         validation and the call linearize the region alike, and the replay binds the traced
-        equations instead of running the rules again."""
+        equations instead of running the rules again. ``checked``: ``args`` are the region's
+        inputs and the pass computes its values; under ``jax_debug_nans`` /
+        ``jax_debug_infs`` the replay is one equation whose de-optimized run is the region
+        as written (``_compat.checked_call``), so a value it makes invalid is named as the
+        original names it, before any equation of the backward pass that the pass holds."""
         leaves, tree = jax.tree.flatten(args)
         avals = [_compat.aval_of(x) for x in leaves]
         closed, out_tree = self._jaxpr_at(
             (key, tree), lambda *flat: fn(*jax.tree.unflatten(tree, flat)), avals
         )
-        return jax.tree.unflatten(out_tree, jax.extend.core.jaxpr_as_fun(closed)(*leaves))
+        if checked and _compat.debug_checks_on():
+            outs = _compat.checked_call(closed, leaves, self.as_written)
+        else:
+            outs = jax.extend.core.jaxpr_as_fun(closed)(*leaves)
+        return jax.tree.unflatten(out_tree, outs)
 
     def _jaxpr_at(self, key: Any, fn: Callable, avals: Sequence[Any]) -> tuple[Any, Any]:
         """``(ClosedJaxpr, output tree)`` of ``fn`` at the flat input ``avals``, traced once per

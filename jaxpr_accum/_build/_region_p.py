@@ -78,6 +78,10 @@ def call(region: Region, mode: Mode, inputs: Inputs) -> Outputs:
     """The region's outputs on ``inputs`` in ``mode``: through the primitive, or under
     ``NATIVE`` without it, the chunk loop with checkpointed bodies (JAX differentiates it)."""
     if mode is NATIVE:
+        if _compat.debug_checks_on():  # a value the loop makes invalid named as written
+            flat = inputs.flat()
+            closed = region.forward_jaxpr([_compat.aval_of(x) for x in flat], checkpoint=True)
+            return region.signature.outputs(_compat.checked_call(closed, flat, region.as_written))
         return region.forward(inputs, checkpoint=True)
     flat = inputs.flat()
     outs = _bind(region, mode, flat, linearizing=False)

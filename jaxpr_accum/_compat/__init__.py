@@ -34,6 +34,7 @@ from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
     is_array,
     is_custom_rule_call,
     is_custom_vjp_call,
+    rebind_keeping_constants,
     rules_close_over_tracers,
     trace_custom_vjp_bwd,
     zeros_float0,
@@ -51,6 +52,7 @@ from jaxpr_accum._compat._lookup import (  # noqa: F401 (re-exported)
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._lookup import param as _param
 from jaxpr_accum._compat._random import (  # noqa: F401 (re-exported)
+    called_only,
     counter_draw_refusal,
     key_impl,
     key_impl_name,
@@ -61,6 +63,8 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     abstract_like,
     aval_of,
     batch_jaxpr,
+    checked_call,
+    debug_checks_on,
     define_primitive,
     differentiated,
     has_effects,
@@ -157,16 +161,34 @@ def _fit_pvary(invals: Sequence[Any], params: dict[str, Any]) -> Any:
     return None if not missing else {**params, "axes": missing}
 
 
-def bind(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | None = None) -> list:
-    """Re-emit ``eqn`` on ``invals`` (optionally with new params), keeping its source info."""
+def bind(
+    eqn: JaxprEqn,
+    invals: Sequence[Any],
+    params: dict[str, Any] | None = None,
+    *,
+    in_own_call: bool = True,
+) -> list:
+    """Re-emit ``eqn`` on ``invals`` (optionally with new params), keeping its source info.
+
+    A primitive that JAX binds only inside a jitted function of its own (``called_only``)
+    is bound inside a ``jit`` again, unless ``in_own_call`` is false (tracing for planning,
+    which reads the primitive itself)."""
     params = _fit_shardings(eqn.params if params is None else params)
     if eqn.primitive.name == "pvary":
         params = _fit_pvary(invals, params)
         if params is None:
             return list(invals)
     bind_params = eqn.primitive.get_bind_params(params)
-    with user_context(eqn):
-        out = eqn.primitive.bind(*invals, **bind_params)
+    kept = rebind_keeping_constants(eqn, invals, bind_params) if is_custom_vjp_call(eqn) else None
+    if kept is not None:  # a custom VJP's closed-over constants stay its constants
+        bind_params, invals = kept
+
+    def emit(*xs: Any) -> Any:
+        with user_context(eqn):
+            return eqn.primitive.bind(*xs, **bind_params)
+
+    run = jax.jit(emit) if in_own_call and called_only(eqn.primitive) else emit
+    out = run(*invals)
     return list(out) if eqn.primitive.multiple_results else [out]
 
 

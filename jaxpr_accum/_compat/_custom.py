@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, JaxprEqn
+from jax.extend.core import ClosedJaxpr, JaxprEqn, jaxpr_as_fun
 
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._lookup import param as _param
@@ -114,6 +114,70 @@ def custom_vjp_backward(
     cts = [cotangent_aval(v.aval) for v in eqn.outvars]
     jaxpr, returned = trace_custom_vjp_bwd(bwd, [*res, *cts])
     return jaxpr, returned, sources
+
+
+def rebind_keeping_constants(eqn: JaxprEqn, invals: Sequence[Any], params: dict) -> Any:
+    """``(bind params, operands)`` of a ``custom_vjp_call`` re-emitted with its concrete
+    operands (constants: a traced argument is a tracer) closed over by its function, so that
+    the retrace hoists them as the new call's constants (``num_consts``), which no rule
+    differentiates; None where it has none (bind as usual; ``params``: those of
+    ``get_bind_params``).
+
+    Inside a ``jit``, JAX passes the arrays that a custom function closes over as plain
+    operands (``jax.experimental.ode.odeint``'s ``_odeint``: the Dormand-Prince tableau),
+    the jit's constants: JAX never perturbs them, and the forward rule refuses them a
+    tangent (``CustomVJPException``). Tracing inlines the jit and they became operands like
+    the others; closed over, they are constants again, as in the original. A traced value
+    the function closes over stays an operand, which the closure check finds."""
+    tracer = _jax("jax.core.Tracer")
+    nc = _param(eqn, "num_consts")  # constants already: the rules take the rest
+    fixed = [i < nc or not isinstance(x, tracer) for i, x in enumerate(invals)]
+    if not any(fixed) or all(fixed):
+        return None
+    wrap_init = _jax("jax._src.linear_util.wrap_init")
+    call, thunk, out_trees, bwd = (
+        _param(eqn, k) for k in ("call_jaxpr", "fwd_jaxpr_thunk", "out_trees", "bwd")
+    )
+    consts = [x for x, f in zip(invals, fixed, strict=True) if f]
+    arg_index = {i: sum(not f for f in fixed[:i]) for i, f in enumerate(fixed) if not f}
+
+    def merged(args: Sequence[Any], const: Any = None) -> list:
+        it_c, it_a = iter(consts), iter(args)
+        return [(next(it_c) if const is None else const) if f else next(it_a) for f in fixed]
+
+    def fun(*args: Any) -> Any:
+        return jaxpr_as_fun(call)(*merged(args))
+
+    def fwd(*interleaved: Any) -> list:  # (value, nonzero) pairs of the traced operands
+        vals, nonzeros = interleaved[::2], interleaved[1::2]
+        jaxpr, fwd_consts = thunk.call_wrapped(*merged(nonzeros, False)[nc:])
+        operands = merged(vals)
+        outs = _jax("jax._src.core.eval_jaxpr")(jaxpr, fwd_consts, *operands[nc:])
+        _, res_tree, input_fwds = out_trees()
+        computed = iter(outs[: res_tree.num_leaves - sum(f is not None for f in input_fwds)])
+        # a residual forwarded from a constant is an output now (it is no operand)
+        res = [next(computed) if f is None else operands[f] for f in input_fwds]
+        kept = [r for r, f in zip(res, input_fwds, strict=True) if f is None or fixed[f]]
+        return [*kept, *outs[len(outs) - len(eqn.outvars) :]]
+
+    def trees() -> tuple:
+        out_tree, res_tree, input_fwds = out_trees()
+        return (
+            out_tree,
+            res_tree,
+            [None if f is None or fixed[f] else arg_index[f] for f in input_fwds],
+        )
+
+    def bwd_args(*args: Any) -> list:  # the cotangents of the traced operands
+        return [ct for ct, f in zip(bwd.call_wrapped(*args), fixed[nc:], strict=True) if not f]
+
+    subfuns = (
+        wrap_init(fun, debug_info=call.jaxpr.debug_info),
+        wrap_init(fwd, debug_info=thunk.debug_info),
+        wrap_init(bwd_args, debug_info=bwd.debug_info),
+    )
+    args = [x for x, f in zip(invals, fixed, strict=True) if not f]
+    return {**params, "subfuns": subfuns, "out_trees": trees}, args
 
 
 def rules_close_over_tracers(eqn: JaxprEqn) -> bool:

@@ -1,5 +1,6 @@
 """The threefry counter layout of ``jax.random.bits`` (partitionable threefry), so that a
-chunk draws exactly the unchunked program's bits for its positions; key implementations."""
+chunk draws exactly the unchunked program's bits for its positions; key implementations;
+the primitives JAX binds only inside a jitted function of its own (``called_only``)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,12 @@ def key_impl(dtype: Any) -> Any:
 
 def key_impl_name(dtype: Any) -> str:
     return key_impl(dtype).name
+
+
+def called_only(prim: Any) -> bool:
+    """Whether JAX binds ``prim`` only inside a jitted function of its own, whose call
+    boundary the original's compiled program keeps: ``random_gamma``, bound by the jitted
+    ``jax.random._gamma`` (gamma, beta, dirichlet, t, ball, ...). XLA:CPU compiles its
+    rejection sampler differently outside that call (a constant shape parameter folds into
+    its arithmetic otherwise: 1-2 ULP on some draws), so a re-emitted one keeps a call."""
+    return prim.name == "random_gamma"

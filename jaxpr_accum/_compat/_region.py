@@ -4,6 +4,7 @@ they need, looked up through ``internal`` (a moved piece is a ``MissingInternal`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -76,6 +77,53 @@ def define_primitive(
         internal("jax._src.interpreters.ad.primitive_linearizations")[p] = linearize
     if dce is not None:
         internal("jax._src.interpreters.partial_eval.dce_rules")[p] = dce
+    return p
+
+
+def debug_checks_on() -> bool:
+    """Whether ``jax_debug_nans`` or ``jax_debug_infs`` is set."""
+    flags: Any = jax.config  # the flags' values are attributes JAX sets, not typed ones
+    return bool(flags.jax_debug_nans or flags.jax_debug_infs)
+
+
+def checked_call(closed: Any, args: Sequence[Any], as_written: Callable) -> list:
+    """``closed`` applied to ``args`` as one equation whose eager run, where
+    ``jax_debug_nans`` / ``jax_debug_infs`` finds an invalid value in its outputs, runs
+    ``as_written(*args)`` (the program's equations one by one) so that JAX's error names the
+    operation that made it. JAX does not check the results of a loop evaluated inside a
+    jaxpr's eager run, so without it the error names the first checked operation after
+    (a ``div`` reading the loop's sum). Differentiated and batched as ``closed`` is."""
+    return _checked_p().bind(*args, jaxpr=closed, as_written=as_written)
+
+
+@functools.cache
+def _checked_p() -> Any:
+    def impl(*args: Any, jaxpr: Any, **_: Any) -> list:
+        return jax.extend.core.jaxpr_as_fun(jaxpr)(*args)
+
+    def jvp(primals: list, tangents: list, **params: Any) -> tuple:
+        # the values from the equation itself, so that they stay checked once linearized
+        # (the JVP's own are partially evaluated into plain equations); the tangents from
+        # JAX's JVP of the program
+        outs = p.bind(*primals, **params)
+        tangents = [instantiate(t) for t in tangents]
+        fun = jax.extend.core.jaxpr_as_fun(params["jaxpr"])
+        _, dots = jax.jvp(fun, tuple(primals), tuple(tangents))
+        return list(outs), list(dots)
+
+    def batch(axis: Any, args: list, dims: list, *, jaxpr: Any, **_: Any) -> tuple:
+        batched, out_batched = batch_jaxpr(jaxpr, axis, dims)
+        outs = jax.extend.core.jaxpr_as_fun(batched)(*args)
+        return outs, [0 if b else None for b in out_batched]
+
+    p = define_primitive(
+        "serialized_region_pass",
+        abstract_eval=lambda *_, jaxpr, **__: (list(jaxpr.out_avals), jaxpr.effects),
+        impl=impl,
+        jvp=jvp,
+        batch=batch,
+        deoptimized=lambda *args, as_written, **_: as_written(*args),
+    )
     return p
 
 

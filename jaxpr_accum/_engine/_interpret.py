@@ -9,7 +9,9 @@ so that nested ``jit`` / ``closed_call`` equations are evaluated inline, recursi
 inner equation pointing at the user's line of the call when it has none of its own.
 
 Invariant: every equation is re-emitted through ``emit`` under its own source information,
-so the program built keeps pointing at the user's lines.
+so the program built keeps pointing at the user's lines. The program built binds a primitive
+that JAX binds only inside a jitted call of its own inside a call again (``bind``); tracing
+for planning does not (``retrace``), so the planner reads the primitive itself.
 """
 
 from __future__ import annotations
@@ -24,8 +26,25 @@ Emit = Callable[[int, JaxprEqn, list], list]
 
 
 def bind(idx: int, eqn: JaxprEqn, invals: list) -> list:
-    """The default emitter: the equation unchanged."""
-    return _compat.bind(eqn, invals)
+    """The default emitter: the equation unchanged (a primitive that JAX binds only inside a
+    jitted function of its own, inside a ``jit`` again: ``_compat.called_only``). Run eagerly
+    (a de-optimized run under ``jax_debug_nans`` / ``jax_debug_infs``), an equation that makes
+    an invalid value raises JAX's error naming the operation, with a note of the user's line,
+    which the original's de-optimized run shows as its traceback's last frame of user code."""
+    try:
+        return _compat.bind(eqn, invals)
+    except (FloatingPointError, ZeroDivisionError) as e:
+        if not any(n.startswith(_MADE_BY) for n in getattr(e, "__notes__", ())):
+            e.add_note(f"{_MADE_BY} `{eqn.primitive.name}` at {_compat.source_line(eqn)}")
+        raise
+
+
+_MADE_BY = "made by"
+
+
+def retrace(idx: int, eqn: JaxprEqn, invals: list) -> list:
+    """The emitter of tracing for planning: the equation itself, with no call around it."""
+    return _compat.bind(eqn, invals, in_own_call=False)
 
 
 def read(env: dict, v: Any) -> Any:

@@ -71,11 +71,37 @@ class Stages:
         self.streamed_eqns: set[int] = set()
         self.sinks: list[_stream.Sink] = []
         self.deferred: set[Var] = set()
+        self.constant: dict[Var, int] = {}  # value computed from literals alone -> producer
         for idx, eqn in enumerate(jaxpr.eqns):
             s = self._stage(idx, eqn, used)
             self.stages.append(s)
             for v in eqn.outvars:
                 self.stage[v] = s
+            if self._is_constant(idx, eqn):
+                self.constant.update((v, idx) for v in eqn.outvars)
+
+    def _is_constant(self, idx: int, eqn: JaxprEqn) -> bool:
+        """Whether ``eqn`` computes its values from literals alone, before the loop or in
+        its body as a plain equation (no reduction, nothing streamed)."""
+        return (
+            _compat.is_pure(eqn)
+            and all(v in self.constant for v in variables(eqn.invars))
+            and self.stages[idx] in (PROLOGUE, BODY)
+            and ((), idx) not in self.analysis.reductions
+            and idx not in self.streamed_eqns
+        )
+
+    def _to_prologue(self, vs: list[Var]) -> None:
+        """The constants among ``vs`` computed before the loop (with what they are computed
+        from): a hoisted draw reads them as the original's compiler sees them, constants
+        (a draw's bits may depend on it: ``_compat.called_only``)."""
+        for v in vs:
+            if self.stage[v] != PROLOGUE:
+                idx = self.constant[v]
+                eqn = self.jaxpr.eqns[idx]
+                self._to_prologue(variables(eqn.invars))
+                self.stages[idx] = PROLOGUE
+                self.stage.update((w, PROLOGUE) for w in eqn.outvars)
 
     def _stage(self, idx: int, eqn: JaxprEqn, used: set) -> str:
         analysis, stage = self.analysis, self.stage
@@ -87,7 +113,8 @@ class Stages:
         key = ((), idx)
         if blocked is not None:
             hoist = key in analysis.hoists and key not in analysis.barriers
-            if hoist and all(stage[v] == PROLOGUE for v in ins):
+            if hoist and all(stage[v] == PROLOGUE or v in self.constant for v in ins):
+                self._to_prologue(ins)
                 self.hoisted.append(Stop(eqn, analysis.hoists[key]))
                 return PROLOGUE
             self.stops.append(Stop(*blocked))

@@ -55,9 +55,9 @@ class Traced:
 
     def why_unstageable(self) -> str | None:
         """Why the program cannot be differentiated once staged, or None: a custom rule reads
-        an array it closes over: a traced value (computed inside the function, or of a
-        transformation around it; JAX has the same limit, ``jax.grad(jax.jit(f))`` fails
-        alike), or, where tracing re-emits the call to inline a jitted one, any array."""
+        a traced value it closes over (computed inside the function, or of a transformation
+        around it; JAX has the same limit, ``jax.grad(jax.jit(f))`` fails alike). A constant
+        array it closes over stays the call's constant (``_compat.bind``)."""
         if self.unstageable is None:
             return None
         name, where = _compat.custom_call_identity(self.unstageable)
@@ -65,9 +65,8 @@ class Traced:
             f"a rule of custom-derivative function `{name}` (defined at "
             f"{where.rpartition(' at ')[2]}) closes over an array that the staged program "
             "cannot differentiate: a traced value (computed inside the function, or by a "
-            "transformation around it; `jax.grad(jax.jit(f))` fails alike), or, beside a "
-            "jitted call that tracing inlines, a constant array. The function runs as "
-            f"written, unchunked. Pass that array to `{name}` as an argument (or use "
+            "transformation around it; `jax.grad(jax.jit(f))` fails alike). The function runs "
+            f"as written, unchunked. Pass that array to `{name}` as an argument (or use "
             "`jax.closure_convert`) to have it chunked."
         )
 
@@ -129,9 +128,9 @@ def inline_calls(closed: ClosedJaxpr) -> ClosedJaxpr:
     if not _interpret.has_calls(closed):
         return closed
     avals = [v.aval for v in closed.jaxpr.invars]
-    return jax.make_jaxpr(lambda *a: _interpret.eval_jaxpr(closed, a, _interpret.inlining()))(
-        *avals
-    )
+    return jax.make_jaxpr(
+        lambda *a: _interpret.eval_jaxpr(closed, a, _interpret.inlining(_interpret.retrace))
+    )(*avals)
 
 
 def inline_tail_checkpoints(closed: ClosedJaxpr) -> ClosedJaxpr:
@@ -152,9 +151,9 @@ def inline_tail_checkpoints(closed: ClosedJaxpr) -> ClosedJaxpr:
 
     def emit(idx: int, eqn: Any, invals: list) -> list:
         if idx in tails:
-            inline = _interpret.inlining(_interpret.bind, eqn)
+            inline = _interpret.inlining(_interpret.retrace, eqn)
             return _interpret.eval_jaxpr(_compat.called_jaxpr(eqn), invals, inline)
-        return _interpret.bind(idx, eqn, invals)
+        return _interpret.retrace(idx, eqn, invals)
 
     avals = [v.aval for v in jaxpr.invars]  # and again: a checkpoint may hold another
     return inline_tail_checkpoints(

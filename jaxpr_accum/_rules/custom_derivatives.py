@@ -31,7 +31,7 @@ except for the rules of a call nested in its own rule (recursion), checked when 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TypeAlias
 
 import jax
@@ -184,7 +184,8 @@ class CustomVJP(CustomJVP):
         nc = _compat.custom_call_body(eqn)[1]
         fwd_of, bwd_fn = _compat.custom_vjp_parts(eqn)
         in_locs, out_locs = self._locs(eqn, analysis, key)
-        nonzeros = [not _nondiff(v) for v in eqn.invars[nc:]]
+        constants = _constants_at(analysis.jaxpr, key[0])
+        nonzeros = [not (_nondiff(v) or v in constants) for v in eqn.invars[nc:]]
         fwd, (n_res, input_fwds) = fwd_of(nonzeros)
         n_res_out = n_res - sum(f is not None for f in input_fwds)
         fwd_out_locs: list[AxisLoc | Residual | None] = [*[RESIDUAL] * n_res_out, *out_locs]
@@ -252,6 +253,36 @@ class CustomVJP(CustomJVP):
         fun.defvjp(fwd, bwd)
         with _compat.user_context(eqn):
             return list(fun(jnp.asarray(r.start, jnp.int32), *args))
+
+
+def _constant_vars(jaxpr: Jaxpr, known: Iterable[Atom]) -> set:
+    """The values of ``jaxpr`` computed from its constants, the ``known`` inputs and
+    literals alone (through equations without sub-jaxprs)."""
+    const = {*known, *jaxpr.constvars}
+    for e in jaxpr.eqns:
+        if _compat.is_pure(e) and all(isinstance(v, Literal) or v in const for v in e.invars):
+            const.update(e.outvars)
+    return const
+
+
+def _constants_at(top: Jaxpr, ctx: tuple) -> set:
+    """The constant values (``_constant_vars``) of the jaxpr at ``ctx`` under ``top``,
+    followed through calls (whose inputs are their operands); none past another primitive.
+    JAX never differentiates them: a custom VJP's forward rule refuses a tangent for the
+    arrays its function closes over, which a ``jit`` passes as such operands."""
+    jaxpr, const = top, _constant_vars(top, ())
+    for idx, path in ctx:
+        eqn = jaxpr.eqns[idx]
+        sub = eqn.params
+        for k in path:
+            sub = sub[k]
+        inner = _compat.open_jaxpr(sub)
+        if len(inner.invars) != len(eqn.invars):
+            return set()
+        pairs = zip(inner.invars, eqn.invars, strict=True)
+        known = [i for i, o in pairs if isinstance(o, Literal) or o in const]
+        jaxpr, const = inner, _constant_vars(inner, known)
+    return const
 
 
 def _describe(eqn: JaxprEqn, what: str, problem: Problem) -> str:

@@ -14,12 +14,14 @@ from jaxpr_accum._planning import _arguments
 
 
 def with_hint(plan: Plan, settings: Any, call: _arguments.Call) -> Plan:
-    """``plan``, its warning led by the ``argnums`` hint where there is one."""
+    """``plan``, its warning (where it is not expected to save memory) led by the ``argnums``
+    hint where there is one. A plan that saves gets no hint: chunking arguments without the
+    others' batch size (the keys of an attention, the vocabulary of an output layer) is what
+    such a plan is for."""
     hint = _arguments.parameters_hint(settings, call)
-    if hint is None:
+    if hint is None or plan.warning is None:
         return plan
-    warning = hint if plan.warning is None else f"{hint}; and {plan.warning}"
-    return dataclasses.replace(plan, warning=warning)
+    return dataclasses.replace(plan, warning=f"{hint}; and {plan.warning}")
 
 
 def caused_by(plan: Plan, split: Any) -> str:

@@ -144,3 +144,10 @@ def join(a: Fact, b: Fact) -> Fact:
     if b is None or a == b:
         return a
     return CONFLICT
+
+
+def not_a_block(loc: Any) -> bool:
+    """Whether a chunk of a value at ``loc`` is not its block of rows ``[start, start + k)``
+    (a middle factor, or a row-mapped axis whose windows may overlap): never stacked or
+    streamed."""
+    return is_middle_factor(loc) or is_mapped(loc)

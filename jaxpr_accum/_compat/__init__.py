@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 import jax
@@ -39,6 +39,7 @@ from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
     trace_custom_vjp_bwd,
     zeros_float0,
 )
+from jaxpr_accum._compat._emit import bind, user_context  # noqa: F401 (re-exported)
 from jaxpr_accum._compat._lookup import (  # noqa: F401 (re-exported)
     ABSENT,
     TESTED,
@@ -123,73 +124,6 @@ def trace_config_key() -> tuple:
     rank promotion, ...), as ``jax.jit`` keys its own trace cache by it: a plan traced under
     one such setting is not reused under another."""
     return tuple(_jax("jax._src.config.trace_context")())
-
-
-@contextlib.contextmanager
-def user_context(eqn: JaxprEqn) -> Iterator[None]:
-    """Make equations emitted inside carry ``eqn``'s user source line and name stack."""
-    name_stack = _jax("jax._src.source_info_util.current_name_stack")()
-    name_stack = name_stack + eqn.source_info.name_stack
-    with _jax("jax._src.source_info_util.user_context")(
-        eqn.source_info.traceback, name_stack=name_stack
-    ):
-        yield
-
-
-def _fit_shardings(params: dict[str, Any]) -> dict[str, Any]:
-    """Drop sharding params recorded on another mesh than the current one.
-
-    Inside ``shard_map`` the context mesh has manual axes; an output sharding recorded when
-    the program was traced (on the caller's mesh) no longer applies there. Dropping it only
-    forgets a layout annotation, never changes a value.
-    """
-    fitted = None
-    for key, value in params.items():
-        if isinstance(value, jax.sharding.NamedSharding):
-            context = jax.sharding.get_abstract_mesh()
-            if value.mesh.abstract_mesh != context:
-                fitted = fitted or dict(params)
-                fitted[key] = None
-    return params if fitted is None else fitted
-
-
-def _fit_pvary(invals: Sequence[Any], params: dict[str, Any]) -> Any:
-    """A recorded ``pvary``'s axes less those its operand already varies over (the fused
-    mode differentiates replicated inputs as varying, ``_jacobians``); None: nothing left to
-    cast, the operand passes through."""
-    missing = tuple(a for a in params["axes"] if a not in varying_axes(invals[0]))
-    return None if not missing else {**params, "axes": missing}
-
-
-def bind(
-    eqn: JaxprEqn,
-    invals: Sequence[Any],
-    params: dict[str, Any] | None = None,
-    *,
-    in_own_call: bool = True,
-) -> list:
-    """Re-emit ``eqn`` on ``invals`` (optionally with new params), keeping its source info.
-
-    A primitive that JAX binds only inside a jitted function of its own (``called_only``)
-    is bound inside a ``jit`` again, unless ``in_own_call`` is false (tracing for planning,
-    which reads the primitive itself)."""
-    params = _fit_shardings(eqn.params if params is None else params)
-    if eqn.primitive.name == "pvary":
-        params = _fit_pvary(invals, params)
-        if params is None:
-            return list(invals)
-    bind_params = eqn.primitive.get_bind_params(params)
-    kept = rebind_keeping_constants(eqn, invals, bind_params) if is_custom_vjp_call(eqn) else None
-    if kept is not None:  # a custom VJP's closed-over constants stay its constants
-        bind_params, invals = kept
-
-    def emit(*xs: Any) -> Any:
-        with user_context(eqn):
-            return eqn.primitive.bind(*xs, **bind_params)
-
-    run = jax.jit(emit) if in_own_call and called_only(eqn.primitive) else emit
-    out = run(*invals)
-    return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def inherit_source(eqn: JaxprEqn, outer: JaxprEqn | None) -> JaxprEqn:

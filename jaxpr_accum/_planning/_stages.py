@@ -17,9 +17,10 @@ import functools
 from typing import Any
 
 from jaxpr_accum import _compat, _stream
-from jaxpr_accum._base._lattice import AxisLoc, is_mapped, is_middle_factor
+from jaxpr_accum._base._lattice import AxisLoc, is_mapped, is_middle_factor, not_a_block
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
 from jaxpr_accum._engine._axes import Analysis
+from jaxpr_accum._planning import _stop_reasons as reasons
 
 PROLOGUE, BODY, EPILOGUE = "prologue", "body", "epilogue"
 
@@ -121,12 +122,14 @@ class Stages:
             return EPILOGUE
         if idx in self.unstacked:
             root = self.unstacked[idx].root
-            why = f"it cannot be stacked per chunk, and {_named(root.eqn)} needs it whole"
+            why = f"it cannot be stacked per chunk, and {reasons.named(root.eqn)} needs it whole"
             mapped = any(is_mapped(loc((), v)) for v in eqn.outvars)
-            self.stops.append(Stop(eqn, (_ROW_MAP if mapped else _MIDDLE_FACTOR) + why, root))
+            self.stops.append(
+                Stop(eqn, (reasons.ROW_MAP if mapped else reasons.MIDDLE_FACTOR) + why, root)
+            )
             return EPILOGUE
         if any(stage[v] == PROLOGUE and is_middle_factor(loc((), v)) for v in ins):
-            self.stops.append(Stop(eqn, _MIDDLE_INPUT))
+            self.stops.append(Stop(eqn, reasons.MIDDLE_INPUT))
             return EPILOGUE
         reduced = analysis.reductions.get(key, {})
         inputs_ok = all(
@@ -147,7 +150,7 @@ class Stages:
         if self.stream and idx not in self.excluded and self._stream(idx, eqn, reduced):
             return BODY
         if all(stage[v] != EPILOGUE for v in ins if loc((), v) is not None):
-            self.stops.append(Stop(eqn, _why_after(inputs_ok, eqn, reduced, loc, used)))
+            self.stops.append(Stop(eqn, reasons.why_after(inputs_ok, eqn, reduced, loc, used)))
         return EPILOGUE
 
     def _kind(self, v: Var, value: Any = None) -> _stream.Operand:
@@ -162,7 +165,7 @@ class Stages:
 
     def _stream(self, idx: int, eqn: JaxprEqn, reduced: dict) -> bool:
         """Whether ``eqn`` runs in the loop as a streamed equation (recorded if so)."""
-        if any(_not_a_block(self.analysis.loc((), v)) for v in (*eqn.invars, *eqn.outvars)):
+        if any(not_a_block(self.analysis.loc((), v)) for v in (*eqn.invars, *eqn.outvars)):
             return False
         out_loc = self.analysis.loc((), eqn.outvars[0]) if eqn.outvars else None
         sink = out_loc is None
@@ -203,7 +206,7 @@ class Stages:
             if self.stages[idx] != BODY:
                 continue
             for v in eqn.outvars:
-                if not _not_a_block(self.analysis.loc((), v)):
+                if not not_a_block(self.analysis.loc((), v)):
                     continue
                 if v in reader:
                     user = self.jaxpr.eqns[reader[v]]
@@ -290,37 +293,3 @@ class Stages:
             for j, kind in self.analysis.reductions.get(((), idx), {}).items():
                 kinds[self.jaxpr.eqns[idx].outvars[j]] = kind
         return kinds
-
-
-def _not_a_block(loc: Any) -> bool:
-    """Whether a chunk of a value at ``loc`` is not its block of rows ``[start, start + k)``
-    (a middle factor, or a row-mapped axis whose windows may overlap): never stacked or
-    streamed."""
-    return is_middle_factor(loc) or is_mapped(loc)
-
-
-def _why_after(inputs_ok: bool, eqn: JaxprEqn, reduced: dict, loc: Any, used: set) -> str:
-    """Why an equation that carries the axis runs after the loop (it is no barrier)."""
-    if inputs_ok:
-        kept = [
-            v.aval.str_short()
-            for j, v in enumerate(eqn.outvars)
-            if j not in reduced and loc((), v) is None and v in used
-        ]
-        return (
-            f"one of its results ({', '.join(kept)}) is read later but neither carries the axis "
-            "nor reduces it; runs after the loop on the stacked values"
-        )
-    return "needs a value reduced over the whole axis; runs after the loop on the stacked values"
-
-
-def _named(eqn: JaxprEqn) -> str:
-    return f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}"
-
-
-_MIDDLE_FACTOR = "its result holds the axis as a middle factor of a merged dimension: "
-_ROW_MAP = "its result holds a concatenated, sliced or reversed part of the axis: "
-_MIDDLE_INPUT = (
-    "reads a value computed before the loop that holds the axis as a middle factor of a "
-    "merged dimension: it cannot be sliced per chunk"
-)

@@ -35,6 +35,7 @@ from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._build._loop import ChunkLoop, wanted
 from jaxpr_accum._planning._plan import BODY, Split
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
+from jaxpr_accum._base._lists import pick, select, spread
 
 
 class Region:
@@ -115,7 +116,7 @@ class Region:
                 sums, out.partials, out.stacked, [layout.reduce(a) for a in out.streams], []
             )
 
-        out_specs = Outputs(*(_select(g, f) for g, f in zip(self.output_specs, flags, strict=True)))
+        out_specs = Outputs(*(select(g, f) for g, f in zip(self.output_specs, flags, strict=True)))
         fn = layout.map(
             local,
             (
@@ -144,7 +145,7 @@ class Region:
 
         def local(inv: list, ch: list, given: Outputs, finals: list) -> tuple:
             full = Outputs(
-                *(_spread(g, p, n) for g, p, n in zip(given, present, sig.sizes(), strict=True))
+                *(spread(g, p, n) for g, p, n in zip(given, present, sig.sizes(), strict=True))
             )
             grads = backward(
                 self.loop(), Inputs(inv, ch), full, sig.streams.finals_per_term(finals), perturbed
@@ -154,9 +155,9 @@ class Region:
                 [grads.chunked[i] for i in diff.chunked],
             )
 
-        given = Outputs(*(_pick(g, p) for g, p in zip(cts, present, strict=True)))
+        given = Outputs(*(pick(g, p) for g, p in zip(cts, present, strict=True)))
         given_specs = Outputs(
-            *(_pick(g, p) for g, p in zip(self.output_specs, present, strict=True))
+            *(pick(g, p) for g, p in zip(self.output_specs, present, strict=True))
         )
         fn = layout.map(
             local,
@@ -289,19 +290,3 @@ class Region:
 
 def _flat_call(region: Region, pass_: Callable, kw: dict, *flat: Any) -> list:
     return pass_(region, region.signature.inputs(flat), **kw).flat()
-
-
-def _select(values: Sequence, flags: Sequence[bool]) -> list:
-    return [x for x, f in zip(values, flags, strict=True) if f]
-
-
-def _pick(values: Sequence, indices: Sequence[int]) -> list:
-    return [values[i] for i in indices]
-
-
-def _spread(values: Sequence, indices: Sequence[int], n: int) -> list:
-    """``values`` at ``indices`` of a length-``n`` list, None elsewhere."""
-    out: list = [None] * n
-    for i, x in zip(indices, values, strict=True):
-        out[i] = x
-    return out

@@ -86,3 +86,25 @@ def test_serializing_a_serialized_function_again_says_so():
     # serializing the inner function's original works, and is the same function
     again = ja.serialize_axis(inner.original, chunk=3, argnums=1)
     assert jnp.allclose(again(W, x), loss(W, x))
+
+
+def test_a_custom_rule_that_calls_itself_gives_its_reason_once():
+    """JAX's ``odeint`` calls its own custom-VJP function in its forward rule: a stop inside
+    (the adaptive loop's condition reads every trajectory) is named once, with the loop,
+    not wrapped in a second description of the same function; a line JAX keeps no user
+    frame for is left out rather than printed as ``<unknown>``."""
+    from jax.experimental.ode import odeint
+
+    ts = jnp.linspace(0.0, 1.0, 3)
+
+    def loss(w, y0s):
+        field = lambda y, t, w: jnp.tanh(y @ w)  # noqa: E731
+        return jnp.mean(jax.vmap(lambda y0: odeint(field, y0, ts, w))(y0s) ** 2)
+
+    sf = ja.serialize_axis(loss, chunk=2, argnums=1)
+    with pytest.raises(ja.SerializeError) as raised:
+        sf.explain(jnp.ones((2, 2)) * 0.1, jnp.ones((8, 2)))
+    text = str(raised.value)
+    assert text.count("mixes positions along the axis") == 1, text
+    assert text.count("the call runs unchunked") == 1 and "<unknown>" not in text, text
+    assert "`_odeint`" in text and "`while`" in text, text

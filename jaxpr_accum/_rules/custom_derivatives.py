@@ -46,7 +46,13 @@ from jaxpr_accum._engine._axes import Analysis
 from jaxpr_accum._engine._table import Rule, register
 from jaxpr_accum._engine._view import EqnKey, EqnResize, View
 from jaxpr_accum._rules.control_flow import link_call
-from jaxpr_accum._rules.rule_check import RESIDUAL, CheckedRule, Problem, Residual, check_rule
+from jaxpr_accum._rules.rule_check import (
+    RESIDUAL,
+    CheckedRule,
+    Residual,
+    check_rule,
+    describe,
+)
 
 Identity: TypeAlias = tuple[str, tuple[str, ...]]  # where the function is defined, operand types
 _ACTIVE: set[Identity] = set()  # the custom functions whose rules are being analysed
@@ -114,7 +120,7 @@ class CustomJVP(Rule):
                 return
             for what, checked, _ in self.checked_rules(eqn, view.analysis, view.key):
                 if checked.problem is not None:
-                    view.barrier(_describe(eqn, what, checked.problem))
+                    view.barrier(describe(function_name, eqn, what, checked.problem))
                     return
 
     def checked_rules(self, eqn: JaxprEqn, analysis: Analysis, key: EqnKey) -> list[Checked]:
@@ -148,7 +154,7 @@ class CustomJVP(Rule):
         rules = {}
         for what, checked, extra in self.checked_rules(eqn, r.analysis, r.key):
             if checked.problem is not None:
-                raise SerializeError(_describe(eqn, what, checked.problem))
+                raise SerializeError(describe(function_name, eqn, what, checked.problem))
             rules[what] = (checked, extra)
         return rules
 
@@ -283,15 +289,6 @@ def _constants_at(top: Jaxpr, ctx: tuple) -> set:
         known = [i for i, o in pairs if isinstance(o, Literal) or o in const]
         jaxpr, const = inner, _constant_vars(inner, known)
     return const
-
-
-def _describe(eqn: JaxprEqn, what: str, problem: Problem) -> str:
-    where, reason = problem
-    at = "" if where is None else f": `{where.primitive.name}` at {_compat.source_line(where)}"
-    return (
-        f"the {what} of custom-derivative function `{function_name(eqn)}` mixes positions "
-        f"along the axis ({reason}{at}); the call runs unchunked"
-    )
 
 
 CUSTOM_JVP = register("custom_jvp_call", CustomJVP())

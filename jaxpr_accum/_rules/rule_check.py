@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 from jaxpr_accum import _compat
@@ -186,3 +186,23 @@ def _is_linear_in_partials(
             for i in _LINEAR_SCALE[prim]
         )
     return False
+
+
+def describe(name_of: Callable[[JaxprEqn], str], eqn: JaxprEqn, what: str, problem: Problem) -> str:
+    """Why the custom call ``eqn`` (its function's name: ``name_of(eqn)``) runs unchunked:
+    its rule ``what``'s first problem and where it is. A problem at a custom call inside the
+    rule (JAX's ``odeint`` calls itself in its forward rule) already says this of that call:
+    it is given once, not nested. A line JAX kept no user frame for is left out."""
+    where, reason = problem
+    name = name_of(eqn)
+    if where is not None and where.primitive.name in ("custom_jvp_call", "custom_vjp_call"):
+        inner = name_of(where)
+        return reason if inner == name else f"`{name}` calls `{inner}`, and {reason}"
+    at = ""
+    if where is not None:
+        line = _compat.source_line(where)
+        at = f": `{where.primitive.name}`" + ("" if line == "<unknown>" else f" at {line}")
+    return (
+        f"the {what} of custom-derivative function `{name}` mixes positions along the axis "
+        f"({reason}{at}); the call runs unchunked"
+    )

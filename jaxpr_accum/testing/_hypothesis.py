@@ -28,8 +28,9 @@ from jaxpr_accum.testing._oracle import _assert_one, _check_serialized, assert_i
 from jaxpr_accum.testing._runner import _argument_label, _Reference
 from jaxpr_accum.testing._variants import _variant
 
-#: Every gradient mode that ``check`` tries by default: those that run (auto picks one).
 MODES = tuple(m for m in GRAD_MODES if m != "auto")
+"""Every gradient mode that ``check`` tries by default: those that run, ``("remat",
+"fused", "native")`` (``auto`` runs one of them)."""
 
 # -- Hypothesis ------------------------------------------------------------------------------------
 

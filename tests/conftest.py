@@ -12,9 +12,10 @@ running the three tiers runs every test once. In the default tier a
 ``jaxpr_accum.PlanWarning`` that the test neither asserts nor filters is an error.
 
 Workers: ``-n 2 --dist loadgroup`` (``addopts``). A module whose tests must share one worker
-(a module fixture that starts subprocesses) is marked ``xdist_group``. pytest-xdist 3.8
-groups by a suffix of the node id that pytest 9 no longer reads, so it would split each
-group over the workers: the ``test`` extra pins ``pytest<9``, where it works.
+(a module fixture that starts subprocesses, or computes a whole sweep) is marked
+``xdist_group``. pytest-xdist 3.8 groups by a suffix of the node id that pytest 9 no longer
+reads, so it would split each group over the workers: the ``test`` extra pins ``pytest<9``,
+where it works.
 
 Profiles (select with ``HYPOTHESIS_PROFILE=<name>``; default ``ci``):
 

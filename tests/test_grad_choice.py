@@ -228,6 +228,7 @@ def test_a_plan_not_expected_to_save_runs_as_written():
     assert_matches_original(forced, big, wide, vmap=False)
 
 
+@pytest.mark.slow
 def test_auto_where_the_program_cannot_be_measured_alone():
     """Auto's measurement compiles the program out of the caller's context; where that
     cannot be done (a collective over the caller's ``vmap`` axis name; a ``while_loop``,

@@ -359,6 +359,7 @@ def _shown_by_pass(plan) -> tuple[str, str]:
     )[1]
 
 
+@pytest.mark.slow
 def test_plan_stops_are_every_stop_of_every_pass():
     """Issue 30: a pass-2 stop is in ``plan.stops`` (with ``pass_ == 2``), not only in
     ``plan.second.stops``; the report and the HTML list each stop in its own pass."""

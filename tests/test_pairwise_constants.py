@@ -160,7 +160,9 @@ def _with_callback(kind: str):
     return loss, seen
 
 
-@pytest.mark.parametrize("kind", ["io_callback", "debug_callback"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("io_callback", marks=pytest.mark.slow), "debug_callback"]
+)
 def test_constants_computed_before_pass_2_leave_the_callbacks_out(kind):
     """Fuzz finding: the program computing the constants before pass 2 kept the user's
     callback and the forward it reads (dead-code elimination keeps effects), reading the

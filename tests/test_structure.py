@@ -255,7 +255,7 @@ def test_dce_drops_an_unused_region_output(grad, n, chunk):
     assert_tree_close(run(lambda w, x: f(w, x)[0]), run(only_value), what="pruned program")
 
 
-@pytest.mark.parametrize("grad", modes("remat", "fused", slow=("native", "auto")))
+@pytest.mark.parametrize("grad", modes("remat", slow=("fused", "native", "auto")))
 def test_a_plan_is_freed_with_its_function(grad):
     """JAX's caches keyed by equation parameters hold the region (which owns the whole plan)
     weakly: once the serialized function is gone, no region outlives it (held strongly, each

@@ -20,6 +20,8 @@ from jaxpr_accum._api import _method_args, _sweep, _sweep_view
 
 W = jnp.asarray(np.random.RandomState(0).normal(size=(8, 16)) / 3, jnp.float32)
 X = jnp.asarray(np.random.RandomState(1).normal(size=(2, 64, 8)), jnp.float32)  # 2 examples
+#: one worker runs the module, so that its ``sweep`` fixture (a whole sweep) is computed once
+pytestmark = pytest.mark.xdist_group("sweep")
 KEYS = {"chunk", "grad", "temp_bytes", "time_s", "memory_ratio", "time_ratio", "max_rel_err"}
 
 

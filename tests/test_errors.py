@@ -89,22 +89,20 @@ def test_serializing_a_serialized_function_again_says_so():
 
 
 def test_a_custom_rule_that_calls_itself_gives_its_reason_once():
-    """JAX's ``odeint`` calls its own custom-VJP function in its forward rule: a stop inside
-    (the adaptive loop's condition reads every trajectory) is named once, with the loop,
-    not wrapped in a second description of the same function; a line JAX keeps no user
-    frame for is left out rather than printed as ``<unknown>``."""
+    """JAX's ``odeint`` calls its own custom-VJP function in its forward rule. Solving the
+    whole batch as one state (not ``vmap``-ped: one adaptive step size for every row), its
+    forward rule mixes the rows: that stop is named once, not wrapped in a second
+    description of the same function; a line JAX keeps no user frame for is left
+    out rather than printed as ``<unknown>``."""
     from jax.experimental.ode import odeint
 
     ts = jnp.linspace(0.0, 1.0, 3)
 
     def loss(w, y0s):
-        field = lambda y, t, w: jnp.tanh(y @ w)  # noqa: E731
-        return jnp.mean(jax.vmap(lambda y0: odeint(field, y0, ts, w))(y0s) ** 2)
+        return jnp.mean(odeint(lambda y, t, w: jnp.tanh(y @ w), y0s, ts, w) ** 2)
 
     sf = ja.serialize_axis(loss, chunk=2, argnums=1)
-    with pytest.raises(ja.SerializeError) as raised:
-        sf.explain(jnp.ones((2, 2)) * 0.1, jnp.ones((8, 2)))
-    text = str(raised.value)
+    (text, *_) = sf.explain(jnp.ones((2, 2)) * 0.1, jnp.ones((8, 2))).stops
     assert text.count("mixes positions along the axis") == 1, text
     assert text.count("the call runs unchunked") == 1 and "<unknown>" not in text, text
-    assert "`_odeint`" in text and "`while`" in text, text
+    assert "`_odeint`" in text, text

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.experimental.ode import odeint
 from jax.interpreters import ad, mlir
 
 import jaxpr_accum as ja
@@ -639,6 +640,39 @@ def test_hof_while_loop(grad, chunk):
     reverse-differentiate while_loop), the parameter after it is."""
 
     check(_hof_while_loop, W44, _rand((N, 4), 57), chunk=chunk, grad=grad, argnums=1, wrt=0)
+
+
+def _hof_while_loop_per_row(w, x):
+    """``vmap`` of a loop whose condition is per row: each row iterates until its own
+    condition fails (a row's count, and its state, differ from the others'), frozen after."""
+
+    def one_row(r):
+        def body(c):
+            n, h = c
+            return n + 1, jnp.sin(h) * 1.5 + jnp.abs(h).sum() * 0.1 + 0.3
+
+        return lax.while_loop(lambda c: jnp.abs(c[1]).sum() < 4.0, body, (0, r))
+
+    n, h = jax.vmap(one_row)(x)
+    return jnp.tanh(h @ w).sum() + n.astype(jnp.float32).sum()
+
+
+@cases
+def test_hof_while_loop_per_row(grad, chunk):
+    check(_hof_while_loop_per_row, W44, _rand((N, 4), 63), chunk=chunk, grad=grad, argnums=1, wrt=0)
+
+
+def _odeint_per_trajectory(w, y0s):
+    """A neural ODE under ``vmap``: odeint's adaptive loop runs per trajectory, its custom
+    VJP (which calls ``odeint`` again, on the augmented state) too."""
+    ts = jnp.linspace(0.0, 1.0, 3)
+    field = lambda y, t, w: jnp.tanh(y @ w)  # noqa: E731
+    return jnp.mean(jax.vmap(lambda y0: odeint(field, y0, ts, w))(y0s) ** 2)
+
+
+@cases
+def test_odeint_per_trajectory(grad, chunk):
+    check(_odeint_per_trajectory, W44 / 4, _rand((N, 4), 64), chunk=chunk, grad=grad, argnums=1)
 
 
 def _hof_cond_non_axis_predicate(w, x, p):

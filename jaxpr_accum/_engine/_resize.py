@@ -252,6 +252,8 @@ class Resizer:
         analysis = self.analysis
 
         def emit(idx: int, eqn: JaxprEqn, invals: list) -> list:
+            if _compat.is_pure(eqn) and all(isinstance(v, _compat.DropVar) for v in eqn.outvars):
+                return [None] * len(eqn.outvars)  # dead: no result has a place to resize to
             if analysis.touches(ctx, eqn):
                 r = EqnResize(self, ctx, idx, eqn)
                 instead = None if special is None else special(idx)

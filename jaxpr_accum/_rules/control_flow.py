@@ -17,8 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
+from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Jaxpr, JaxprEqn, Var, open_jaxpr
 from jaxpr_accum._engine._table import Rule, passed_through, register
 from jaxpr_accum._engine._view import EqnResize, View
@@ -133,6 +135,13 @@ class Scan(Rule):
 
 
 class While(Rule):
+    """A loop whose condition is a scalar runs whole in each chunk (its condition must not
+    read the axis). A condition with an entry per position (``jax.vmap`` of a loop whose
+    condition reads the row: the rows whose condition fails are held as they are while the
+    others iterate) is a loop per row: each chunk runs its own, which gives each row the
+    iterations it has in the original, emitted as JAX lowers it (any row running; the body's
+    results selected by each row's condition)."""
+
     def propagate(self, eqn: JaxprEqn, view: View) -> None:
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
@@ -155,21 +164,41 @@ class While(Rule):
                 view.link(a, b)
         view.walk(("cond_jaxpr",), p["cond_jaxpr"])
         view.walk(("body_jaxpr",), p["body_jaxpr"])
-        if view.analysis.loc(cctx, cond.outvars[0]) is not None:
+        pred = view.analysis.loc(cctx, cond.outvars[0])
+        if pred is None:
+            return
+        if pred != AxisLoc(pred.dim):
             view.barrier("the loop's condition depends on the axis")
+            return
+        for i in range(len(outs)):  # a loop per row: every carry has the axis where its
+            view.set_in(cn + bn + i, pred)  # condition does (the condition's dims lead)
 
     def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cconsts, bconsts, init = invals[:cn], invals[cn : cn + bn], invals[cn + bn :]
 
-        def cond_fun(carry: list[Array]) -> Array:
+        def rows_running(carry: list[Array]) -> Array:
             return r.eval(("cond_jaxpr",), p["cond_jaxpr"], [*cconsts, *carry])[0]
 
         def body_fun(carry: list[Array]) -> list[Array]:
             return r.eval(("body_jaxpr",), p["body_jaxpr"], [*bconsts, *carry])
 
-        return list(lax.while_loop(cond_fun, body_fun, list(init)))  # type: ignore[arg-type]
+        if not p["cond_jaxpr"].out_avals[0].shape:
+            return list(lax.while_loop(rows_running, body_fun, list(init)))  # type: ignore[arg-type]
+
+        def frozen_when_done(carry: list[Array]) -> list[Array]:
+            running = rows_running(carry)
+            dims = tuple(range(running.ndim))
+            return [
+                lax.select(lax.broadcast_in_dim(running, new.shape, dims), new, old)
+                for new, old in zip(body_fun(carry), carry, strict=True)
+            ]
+
+        def any_running(carry: list[Array]) -> Array:
+            return jnp.any(rows_running(carry))
+
+        return list(lax.while_loop(any_running, frozen_when_done, list(init)))  # type: ignore[arg-type]
 
 
 class Cond(Rule):

@@ -54,7 +54,7 @@ from jaxpr_accum._rules.rule_check import (
     describe,
 )
 
-Identity: TypeAlias = tuple[str, tuple[str, ...]]  # where the function is defined, operand types
+Identity: TypeAlias = str  # where the function is defined
 _ACTIVE: set[Identity] = set()  # the custom functions whose rules are being analysed
 
 # What re-emitting a checked rule needs besides its jaxpr: the JVP rule's zero output
@@ -82,13 +82,15 @@ def function_name(eqn: JaxprEqn) -> str:
 
 
 def _identity(eqn: JaxprEqn) -> Identity:
-    return (_compat.custom_call_identity(eqn)[1], tuple(str(v.aval) for v in eqn.invars))
+    return _compat.custom_call_identity(eqn)[1]
 
 
 @contextlib.contextmanager
 def _analysing(eqn: JaxprEqn) -> Iterator[bool]:
     """Yields False when ``eqn``'s function is already being analysed (a rule that calls
-    its own function): its nested call then keeps its rules unchecked until first used."""
+    its own function, at any shapes: ``odeint``'s backward rule solves a larger, augmented
+    system with ``odeint``, a tower without end): its nested call then keeps its rules
+    unchecked until first used."""
     ident = _identity(eqn)
     if ident in _ACTIVE:
         yield False

@@ -18,29 +18,38 @@ This module only chooses; each mode is built by its own module (``_remat``, ``_f
   no custom VJP, streamed normaliser or complex sum is in the body (``fused_refusal``);
   requested where it does not apply, remat runs instead.
 - ``auto`` weighs what each mode adds over the other. Fused adds memory: the Jacobian rows of
-  every gradient-carrying entry beyond the first, and the invariant inputs' gradients held
-  from the forward pass while the program after the loop runs its backward
-  (``Weighed.fused_extra_bytes``). Remat adds time: one more forward pass per chunk; fused instead
-  pulls back one Jacobian row per entry, which is faster only for a single entry (measured
-  on XLA:CPU: 0.8x remat's time with one entry, 1.4x with two, 1.9x with three). So auto
-  takes fused where there is one gradient-carrying entry and fused's extra memory is within
-  ``MEMORY_SLACK`` (10%) of remat's estimated peak (``Weighed.remat_bytes``), else remat:
-  its memory is then within 10% of the smaller, and its time within 10% of the faster of the
-  two that are. The estimate can miss what XLA's buffer assignment does with fused's
-  Jacobian rows. On the cases of ``benchmarks/auto_choice.py`` it missed (measured: up to
-  1.5x remat where it estimates no extra) only where the caller differentiates the region's
-  chunked inputs (the data, not only the parameters), whose gradients fused stacks from the
-  forward pass; where those are within 10% of remat's estimate, fused measured within 4% of
-  remat on every case (not everywhere: a per-example, ``vmap``-ped MLP differentiated with
-  respect to its weights measures fused at 1.14-1.48x remat with the estimate at no extra, a
-  known gap; measuring on every differentiated first call closes it at two more compiles,
-  2.6x the original's first call). So the estimate decides alone where those gradients are
-  within ``MEMORY_SLACK`` of remat's estimate (``estimate_decides``): no compile, planning
-  costs what the analysis costs. Elsewhere a pick of fused is confirmed on the first call by
-  compiling both modes' ``value_and_grad`` and comparing XLA's temp bytes
-  (``confirm_fused``): fused stays while it measures within 10% of remat. (The region alone
-  compiled does not reproduce that difference: it arises where the region's gradients meet
-  the program around it.)
+  every gradient-carrying entry beyond the first, the invariant inputs' gradients held from
+  the forward pass while the program after the loop runs its backward, and, for layers
+  written per example and ``vmap``-ped, one chunk's largest activation
+  (``Weighed.fused_extra_bytes``). Remat adds time: one more forward pass per chunk; fused
+  instead pulls back one Jacobian row per entry, which is faster only for a single entry
+  (measured on XLA:CPU: 0.8x remat's time with one entry, 1.4x with two, 1.9x with three).
+  So auto takes fused where there is one gradient-carrying entry and fused's extra memory is
+  within ``MEMORY_SLACK`` (10%) of remat's estimated peak (``Weighed.remat_bytes``), else
+  remat (within 10% of the smaller memory, and of the faster of the two that are).
+
+  The activation: XLA schedules a chunk's forward pass and pullback (fused's loop, remat's
+  backward loop) with one chunk's activation more or fewer live at the peak (which of the
+  last layer's weight gradient and input cotangent runs first), and which mode gets it
+  depends on how the model is written. Measured (``value_and_grad`` with respect to the
+  weights, one activation 256 KiB): ``eqx.nn.MLP(16, 4, 256, 3)`` (``W @ x`` per example,
+  ``vmap``-ped, ReLUs), 2048 rows in chunks of 256: fused 1.78 MiB, remat 1.52 (1.17x); the
+  same MLP on the batch (``x @ W``): fused 1.52, remat 1.77; with ``tanh``, or the
+  Monte-Carlo encoder-decoder's convolutions: equal. So the estimate counts it for the first
+  form only (``Split.per_example_layers``). Known gaps: a 2-layer language model with an 8k
+  vocabulary measures fused one chunk's logits above remat (1.16-1.24x), auto takes fused; the
+  per-example form written on the transposed batch (``W.T @ x.T``) measures fused one below.
+
+  The estimate can also miss what XLA's buffer assignment does with fused's Jacobian rows.
+  On the cases of ``benchmarks/auto_choice.py`` it missed (measured: up to 1.5x remat where
+  it estimates no extra) where the caller differentiates the region's chunked inputs (the
+  data, not only the parameters), whose gradients fused stacks from the forward pass. So the
+  estimate decides alone where those gradients are within ``MEMORY_SLACK`` of remat's
+  estimate (``estimate_decides``): no compile, planning costs what the analysis costs.
+  Elsewhere a pick of fused is confirmed on the first call by compiling both modes'
+  ``value_and_grad`` and comparing XLA's temp bytes (``confirm_fused``): fused stays while it
+  measures within 10% of remat (the region compiled alone would not: the difference arises
+  where its gradients meet the program around it).
 """
 
 from __future__ import annotations
@@ -72,13 +81,16 @@ def mode_named(name: str) -> Mode:
 class Weighed:
     """What auto weighs of a candidate, read off its split once (``weigh``): which sums carry
     gradients (``flags``) and their entries (``width``), and the byte sizes of the estimate
-    (see the module docstring): one chunk's materialised activations, the floating invariant
-    inputs (their gradients' accumulators), every floating input of the region, the
-    materialised results of the program after the loop, the outputs stacked back."""
+    (see the module docstring): one chunk's materialised activations, the largest of them
+    where XLA's schedule holds one more under fused (per-example layers; else 0), the
+    floating invariant inputs (their gradients' accumulators), every floating input of the
+    region, the materialised results of the program after the loop, the outputs stacked
+    back."""
 
     flags: tuple[bool, ...]
     width: int
     chunk_bytes: int
+    schedule_bytes: int
     invariant_bytes: int
     input_bytes: int
     epilogue_bytes: int
@@ -95,20 +107,23 @@ class Weighed:
     @property
     def fused_extra_bytes(self) -> int:
         """What fused is estimated to hold beyond remat: the Jacobian rows of every
-        gradient-carrying entry beyond the first, and, where the program after the loop
+        gradient-carrying entry beyond the first; where the program after the loop
         materialises more than one chunk's activations, the invariant inputs' gradients it
-        holds from the forward pass while that part runs its backward."""
+        holds from the forward pass while that part runs its backward; and the activation
+        XLA's schedule holds beyond remat's (``schedule_bytes``)."""
         held_over = self.invariant_bytes if self.epilogue_bytes > self.chunk_bytes else 0
-        return (self.width - 1) * self.input_bytes + held_over
+        return (self.width - 1) * self.input_bytes + held_over + self.schedule_bytes
 
 
 def weigh(candidate: Candidate) -> Weighed:
     """``candidate``'s ``Weighed``."""
     split = candidate.split
+    rows, size = min(candidate.chunk, split.size), max(split.size, 1)
     return Weighed(
         flags=split.gradient_sums,
         width=split.gradient_width,
-        chunk_bytes=split.held_bytes * min(candidate.chunk, split.size) // max(split.size, 1),
+        chunk_bytes=split.held_bytes * rows // size,
+        schedule_bytes=split.largest_held_bytes * rows // size if split.per_example_layers else 0,
         invariant_bytes=split.invariant_bytes,
         input_bytes=split.input_bytes,
         epilogue_bytes=split.epilogue_bytes,
@@ -194,6 +209,11 @@ def choose(
         f"fused would hold {format_bytes(extra)} more than remat's estimated "
         f"{format_bytes(remat_bytes)}"
     )
+    if weighed.schedule_bytes:
+        compared += (
+            f" (of which {format_bytes(weighed.schedule_bytes)}: one chunk's activation, which "
+            "XLA's schedule of layers written per example holds under fused)"
+        )
     if width > 1:
         return decided(REMAT, (
             f"remat, chosen by auto: fused would pull back {width} Jacobian rows per chunk, "

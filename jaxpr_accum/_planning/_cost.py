@@ -19,6 +19,10 @@ dimension (a layer's width) cost memory rather than save it.
 ``net_saving = held * (1 - chunk / N) - stacked - accumulators - invariant cotangents``
 (``Candidate``: a split at a chunk size).
 
+The gradient mode's choice (``_modes._choice``) reads the same accounting per value
+(``carrying_sizes``: the largest activation) and which equations XLA fuses into their
+readers (``fuses_into_readers``, which a ReLU's call is).
+
 The estimate is checked against XLA's own accounting by ``tests/cost_model.py``
 (its summary: ``docs/real-models.md#the-cost-model``).
 """
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from jaxpr_accum import _compat
@@ -45,6 +49,21 @@ FUSED_INTO_READERS = frozenset(
 )  # primitive objects (names the installed JAX lacks cannot appear in a program)
 
 _SCAN = _compat.primitive("scan")
+CONTRACTIONS = frozenset(
+    p for p in map(_compat.primitive, ("dot_general", "conv_general_dilated")) if p is not None
+)
+
+
+def fuses_into_readers(eqn: Any) -> bool:
+    """Whether XLA fuses ``eqn``'s results into the kernels that read them: a primitive of
+    ``FUSED_INTO_READERS``, or a call (``custom_jvp``, ``jit``; not a loop) of only such
+    equations, as ``jax.nn.relu`` is."""
+    subs = [sub for _, sub in _compat.sub_jaxprs(eqn.params)]
+    if not subs:
+        return eqn.primitive in FUSED_INTO_READERS
+    return eqn.primitive is not _SCAN and all(
+        fuses_into_readers(e) for sub in subs for e in _compat.open_jaxpr(sub).eqns
+    )
 
 
 def format_bytes(n: float) -> str:
@@ -70,6 +89,38 @@ def materialised_bytes(eqns: Iterable[Any]) -> int:
     return sum(nbytes(v) for e in eqns if e.primitive not in FUSED_INTO_READERS for v in e.outvars)
 
 
+def carrying_sizes(
+    analysis: Any,
+    ctx: tuple,
+    eqns: Any,
+    indices: Any,
+    *,
+    exclude: Any = (),
+    materialised_only: bool = False,
+) -> Iterator[tuple[int, int]]:
+    """``(bytes, times)`` of each axis-carrying result of ``eqns[indices]`` at full size
+    (only the materialised ones with ``materialised_only``), those inside their sub-jaxprs
+    too, a scan body's ``times`` its number of iterations."""
+    for idx in indices:
+        eqn = eqns[idx]
+        subs = list(_compat.sub_jaxprs(eqn.params))
+        if not (materialised_only and (subs or eqn.primitive in FUSED_INTO_READERS)):
+            for v in eqn.outvars:
+                if v not in exclude and analysis.loc(ctx, v) is not None:
+                    yield nbytes(v), 1
+        times = eqn.params.get("length", 1) if eqn.primitive is _SCAN else 1
+        for path, sub in subs:
+            inner = _compat.open_jaxpr(sub).eqns
+            for size, repeated in carrying_sizes(
+                analysis,
+                (*ctx, (idx, path)),
+                inner,
+                range(len(inner)),
+                materialised_only=materialised_only,
+            ):
+                yield size, times * repeated
+
+
 def carrying_bytes(
     analysis: Any,
     ctx: tuple,
@@ -79,30 +130,12 @@ def carrying_bytes(
     exclude: Any = (),
     materialised_only: bool = False,
 ) -> int:
-    """Bytes of the axis-carrying results of ``eqns[indices]`` at full size (only the
-    materialised ones with ``materialised_only``), counting those inside their sub-jaxprs
-    too, a scan body's once per iteration."""
-    total = 0
-    for idx in indices:
-        eqn = eqns[idx]
-        subs = list(_compat.sub_jaxprs(eqn.params))
-        if not (materialised_only and (subs or eqn.primitive in FUSED_INTO_READERS)):
-            total += sum(
-                nbytes(v)
-                for v in eqn.outvars
-                if v not in exclude and analysis.loc(ctx, v) is not None
-            )
-        times = eqn.params.get("length", 1) if eqn.primitive is _SCAN else 1
-        for path, sub in subs:
-            inner = _compat.open_jaxpr(sub).eqns
-            total += times * carrying_bytes(
-                analysis,
-                (*ctx, (idx, path)),
-                inner,
-                range(len(inner)),
-                materialised_only=materialised_only,
-            )
-    return total
+    """Bytes of the axis-carrying results of ``eqns[indices]`` at full size
+    (``carrying_sizes``), a scan body's once per iteration."""
+    sizes = carrying_sizes(
+        analysis, ctx, eqns, indices, exclude=exclude, materialised_only=materialised_only
+    )
+    return sum(size * times for size, times in sizes)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -40,7 +40,15 @@ from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._engine._axes import Analysis
 from jaxpr_accum._engine._conv import is_conv
-from jaxpr_accum._planning._cost import carrying_bytes, float_bytes, materialised_bytes, nbytes
+from jaxpr_accum._planning._cost import (
+    CONTRACTIONS,
+    carrying_bytes,
+    carrying_sizes,
+    float_bytes,
+    fuses_into_readers,
+    materialised_bytes,
+    nbytes,
+)
 from jaxpr_accum._planning._stages import (
     BODY,
     EPILOGUE,
@@ -90,6 +98,39 @@ class Split:
         return carrying_bytes(
             self.analysis, (), eqns, body, exclude=stacked, materialised_only=True
         )
+
+    @functools.cached_property
+    def largest_held_bytes(self) -> int:
+        """Bytes of the largest of the body's materialised axis-carrying intermediates at
+        full size (one value, not the sum of ``held_bytes``)."""
+        stacked = {v for v, _ in self.stacked}
+        eqns, body = self.jaxpr.eqns, self.indices(BODY)
+        sizes = carrying_sizes(
+            self.analysis, (), eqns, body, exclude=stacked, materialised_only=True
+        )
+        return max((size for size, _ in sizes), default=0)
+
+    @functools.cached_property
+    def per_example_layers(self) -> bool:
+        """Whether the body has layers written per example and ``vmap``-ped: a contraction
+        that puts the axis after the weights' dimensions (``W @ x`` under ``vmap``, as
+        Equinox's ``Linear``) reads a value computed from another contraction's result by
+        equations XLA fuses into their readers only (``fuses_into_readers``: a ReLU, a bias),
+        which ``held_bytes`` does not count though XLA materialises it for the contraction."""
+        eqns, body = self.jaxpr.eqns, self.indices(BODY)
+        contracted: set[Var] = set()
+        between: set[Var] = set()
+        for i in body:
+            eqn = eqns[i]
+            read = set(variables(eqn.invars))
+            if eqn.primitive in CONTRACTIONS:
+                locs = [self.analysis.loc((), v) for v in eqn.outvars]
+                if read & between and any(loc is not None and loc.dim > 0 for loc in locs):
+                    return True
+                contracted.update(eqn.outvars)
+            elif fuses_into_readers(eqn) and read & (contracted | between):
+                between.update(eqn.outvars)
+        return False
 
     @functools.cached_property
     def invariant_bytes(self) -> int:

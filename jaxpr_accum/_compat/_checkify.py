@@ -26,7 +26,9 @@ Invariants: the values are the loop's, which are the original's; within one kind
 first along the axis; outside ``checkify`` nothing here runs (the unchecked program is
 unchanged). Not reached: loops emitted as plain JAX (``native``'s, ``jax.jvp``'s, the
 backward pass, fused's linearization), whose checks JAX checkifies as they are (the same
-errors; see docs/errors.md for the two differences).
+errors; docs/errors.md lists the differences, all where two checks fire or in those loops).
+Of two checks of one kind that both fire, the one firing in the earlier chunk is kept (the
+original keeps the one first in the program).
 """
 
 from __future__ import annotations

@@ -264,8 +264,7 @@ class Region:
         as_written &= self.layout.devices == 1 and not _compat.union_varying(list(avals))
         reached, sig = None, self.signature
         if as_written:  # read off the equations, where their rules are known (``_tangents``)
-            body = [self.split.jaxpr.eqns[i] for i in self.split.indices(BODY)]
-            reached = reached_outputs(body, sig.input_vars, sig.written_outputs, perturbed)
+            reached = reached_outputs(self.written_body(), sig.input_vars, sig.written_outputs, perturbed)
         if reached is None:
             if as_written:
                 closed = self._jaxpr_at(("as written",), self.as_written, avals)[0]
@@ -274,6 +273,10 @@ class Region:
             reached = _compat.nonzero_tangents(closed, perturbed)
         flags = sig.differentiable().flat()
         return sig.outputs([f and r for f, r in zip(flags, reached, strict=True)])
+
+    def written_body(self) -> list:
+        """The region's equations as written (on the whole axis), in program order."""
+        return [self.split.jaxpr.eqns[i] for i in self.split.indices(BODY)]
 
     def as_written(self, *flat: Any) -> list:
         """The region's equations as written, on its whole inputs: its flat outputs, where

@@ -25,6 +25,9 @@ those only). Its rules:
   checkpointed forward pass as a jaxpr, batched by JAX over the vmapped axis; an output that
   no batched argument reaches stays unbatched, as in the original (an ordered callback on it
   runs as in the original, f12); with no argument batched, the primitive itself;
+- **checkify** (``jax.experimental.checkify``, ``_compat.checks_through``): where a check
+  of the enabled error set can fire inside the region, its checkpointed forward pass,
+  checkified by JAX's rules, so the error is carried through the chunks in order;
 - **dead-code elimination** (``jax.jit``, ``jax.vjp``, ``pe.dce_jaxpr``): the equation keeps
   the used outputs only, its forward jaxpr is pruned to them (so the unused ones are not
   computed); its inputs all stay (the region's signature has them all) and so do its effects.
@@ -168,12 +171,17 @@ def _primal_of_vjp(fun: Callable) -> Callable:
     return lambda *args: jax.vjp(fun, *args)[0]
 
 
+def _checkpointed_jaxpr(params: dict) -> Any:
+    """The equation's forward pass (its used outputs) with each chunk's body checkpointed."""
+    closed = params["region"].forward_jaxpr(params["jaxpr"].in_avals, checkpoint=True)
+    used = params["used_outputs"]
+    return closed if used is None else _compat.dce(closed, used)
+
+
 def _batch(axis: Any, args: list, dims: list, *, region: Region, jaxpr: Any, **p: Any) -> tuple:
     # JAX batches the checkpointed loop's jaxpr: outputs no batched argument reaches stay
     # unbatched (dim None), as the original's do
-    closed = region.forward_jaxpr(jaxpr.in_avals, checkpoint=True)
-    if p["used_outputs"] is not None:
-        closed = _compat.dce(closed, p["used_outputs"])
+    closed = _checkpointed_jaxpr({"region": region, "jaxpr": jaxpr, **p})
     batched, out_batched = _compat.batch_jaxpr(closed, axis, dims)
     outs = jax.extend.core.jaxpr_as_fun(batched)(*args)
     return outs, [0 if b else None for b in out_batched]
@@ -233,6 +241,7 @@ region_p = _compat.define_primitive(
     dce=_dce,
     deoptimized=_deoptimized,
 )
+_compat.checks_through(region_p, _checkpointed_jaxpr, lambda params: params["region"].written_body())
 
 # An outer ``serialize_axis`` does not enter an inner one's region: its loop is already chunked.
 _table.register(

@@ -24,6 +24,7 @@ import jax.extend.core
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var  # noqa: F401 (re-exported)
 
+from jaxpr_accum._compat._checkify import checks_through  # noqa: F401 (re-exported)
 from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
     cotangent_aval,
     custom_call_body,

@@ -1,0 +1,183 @@
+"""``jax.experimental.checkify`` through the region: the checks inside it are kept.
+
+``checkify`` traces a function to a jaxpr and interprets it equation by equation, each through
+its rule in JAX's table ``error_checks`` (the default rule binds the equation unchanged, so a
+primitive of our own without a rule would lose every check inside it). Two rules:
+
+- **the region** (``checks_through``): where the enabled error set has a check that can fire
+  inside the region's chunk loop (JAX's own checkify of the loop's jaxpr reports an error
+  effect), the equation is replaced by that loop, checkified by JAX's rules (``scan``'s
+  carries the error through the chunks in order, then the remainder). The loop is the one
+  with checkpointed bodies (``loop_of(params)``), so a derivative taken of the checkified
+  function still recomputes each chunk instead of holding the whole axis. Where no check can
+  fire, the equation is bound as it is. Two repairs make the report the original's: every
+  copy of one check (the full chunks' and the remainder's) gets one code
+  (``_one_code_per_site``), so that of two kinds of error the one whose check comes first in
+  the program is reported, as in the original; an out-of-bounds error names the operand's
+  shape as written, not the chunk's (``_shapes_as_written``).
+- **checkpoint** (``remat_p``): JAX's rule requires the checkified body to close over no
+  constant, which fails on the ``dynamic_slice`` that takes a chunk from the whole input
+  inside each checkpointed body (its check's bounds are array constants): "too many values
+  to unpack". Where the checked body has constants they are passed as leading inputs of
+  the checkpoint instead; everywhere else JAX's rule runs unchanged.
+
+Invariants: the values are the loop's, which are the original's; within one kind of error
+(``Error``'s effect) the first to fire in the chunks' order is kept, which is the original's
+first along the axis; outside ``checkify`` nothing here runs (the unchecked program is
+unchanged). Not reached: loops emitted as plain JAX (``native``'s, ``jax.jvp``'s, the
+backward pass, fused's linearization), whose checks JAX checkifies as they are (the same
+errors; docs/errors.md lists the differences, all where two checks fire or in those loops).
+Of two checks of one kind that both fire, the one firing in the earlier chunk is kept (the
+original keeps the one first in the program).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+from jaxpr_accum._compat._lookup import internal
+
+_CHECKIFY = "jax._src.checkify."
+#: the package's own files: where the loop is emitted from, which differs between the full
+#: chunks' copy of an equation and the remainder's
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def checks_through(
+    p: Any, loop_of: Callable[[dict], Any], written_of: Callable[[dict], list]
+) -> None:
+    """Register ``p``'s checkify rule: its ``loop_of(params)`` (a ``ClosedJaxpr`` of the same
+    inputs and outputs as the equation) checkified, where a check can fire inside it; an
+    out-of-bounds error names the shape of the operand as written, found among the
+    equations ``written_of(params)``."""
+    checkify_jaxpr = internal(_CHECKIFY + "checkify_jaxpr")
+
+    def rule(error: Any, enabled_errors: Any, *args: Any, **params: Any) -> tuple:
+        loop = loop_of(params)
+        with _one_code_per_site():
+            if not _error_effects(loop, enabled_errors, error, args):
+                return error, p.bind(*args, **params)
+            checked, outs = checkify_jaxpr(loop, enabled_errors, error, *args)
+        return _shapes_as_written(checked, error, written_of(params)), outs
+
+    internal(_CHECKIFY + "error_checks")[p] = rule
+
+
+@contextlib.contextmanager
+def _one_code_per_site() -> Iterator[None]:
+    """JAX's ``assert_func`` giving every check of one site (kind, primitive, source) the
+    same code while the loop is checkified: the remainder's copy of a check shares the full
+    chunks' code. ``Error.get`` reports, of the kinds that fired, the one with the least code,
+    which in the original is the check first in program order; with a fresh code per copy, an
+    error of a later check in a full chunk would beat one of an earlier check that fires
+    only in the remainder (traced after the loop)."""
+    module: Any = importlib.import_module(_CHECKIFY.rstrip("."))
+    jax_assert, codes = module.assert_func, dict[str, int]()
+
+    def assert_func(error: Any, pred: Any, new_error: Any) -> Any:
+        site = (
+            type(new_error),
+            getattr(new_error, "prim", None),
+            getattr(new_error, "fmt_string", None),
+            _frames(new_error.traceback_info, _PACKAGE),
+        )
+        if repr(site) not in codes:
+            codes[repr(site)] = module.next_code()
+        code = codes[repr(site)]
+        payload, tree = jax.tree_util.tree_flatten(new_error)
+        effect = new_error.get_effect_type()
+        return module.update_error(error, pred, code, {code: tree}, payload, effect)
+
+    module.assert_func = assert_func
+    try:
+        yield
+    finally:
+        module.assert_func = jax_assert
+
+
+def _shapes_as_written(checked: Any, before: Any, written: list) -> Any:
+    """``checked`` with each out-of-bounds error raised inside the loop naming the operand's
+    shape as written (``(12, 3)``), not the chunk's (``(4, 3)``): the equation of ``written``
+    with the same primitive and source whose operand's shape is the chunk's but for longer
+    dimensions (the axis)."""
+    oob_error = internal(_CHECKIFY + "OOBError")
+    metadata = dict(checked._metadata)
+    for code, tree in checked._metadata.items():
+        if code in before._metadata:
+            continue
+        exc = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
+        if not isinstance(exc, oob_error):
+            continue
+        source = _frames(exc.traceback_info, _PACKAGE)
+        shapes = {
+            tuple(e.invars[0].aval.shape)
+            for e in written
+            if e.primitive.name == exc.prim
+            and _frames(e.source_info.traceback, _PACKAGE) == source
+            and _chunk_of(tuple(exc.operand_shape), tuple(e.invars[0].aval.shape))
+        }
+        if len(shapes) == 1:
+            (shape,) = shapes
+            renamed = oob_error(exc.traceback_info, exc.prim, shape, 0)
+            metadata[code] = jax.tree_util.tree_structure(renamed)
+    return checked._replace(_metadata=metadata)
+
+
+def _chunk_of(chunked: tuple, written: tuple) -> bool:
+    """Whether ``chunked`` is ``written`` with some dimensions shorter (a chunk of them)."""
+    return (
+        len(chunked) == len(written)
+        and chunked != written
+        and all(c <= w for c, w in zip(chunked, written, strict=True))
+    )
+
+
+def _frames(traceback: Any, skipped: str = "") -> list | None:
+    """The traceback's frames (file, line), those of files under ``skipped`` left out."""
+    if traceback is None:
+        return None
+    frames = [(f.file_name, f.line_num) for f in traceback.frames]
+    return [fr for fr in frames if not (skipped and fr[0].startswith(skipped))]
+
+
+def _error_effects(closed: Any, enabled_errors: Any, error: Any, args: tuple) -> set:
+    """The kinds of error that ``closed``, checkified with ``enabled_errors``, can report."""
+    err_vals, err_tree = jax.tree_util.tree_flatten(error)
+    avals = [jax.typeof(x) for x in (*err_vals, *args)]
+    to_checked = internal(_CHECKIFY + "jaxpr_to_checkify_jaxpr")
+    return to_checked(closed, enabled_errors, err_tree, *avals)[2]
+
+
+def _checkpoint_keeping_constants() -> None:
+    """Wrap JAX's checkify rule of ``remat_p`` so that a checked body with constants takes
+    them as inputs (see the module's docstring)."""
+    table = internal(_CHECKIFY + "error_checks")
+    remat_p = internal("jax._src.ad_checkpoint.remat_p")
+    jax_rule = table[remat_p]
+    pe = "jax._src.interpreters.partial_eval."
+    close_jaxpr, constvars_as_inputs = (
+        internal(pe + "close_jaxpr"),
+        internal(pe + "convert_constvars_jaxpr"),
+    )
+
+    def rule(error: Any, enabled_errors: Any, *args: Any, jaxpr: Any, **params: Any) -> Any:
+        err_vals, err_tree = jax.tree_util.tree_flatten(error)
+        avals = [jax.typeof(x) for x in (*err_vals, *args)]
+        to_checked = internal(_CHECKIFY + "jaxpr_to_checkify_jaxpr")
+        checked, out_tree, _ = to_checked(close_jaxpr(jaxpr), enabled_errors, err_tree, *avals)
+        if not checked.consts:
+            return jax_rule(error, enabled_errors, *args, jaxpr=jaxpr, **params)
+        body = constvars_as_inputs(checked.jaxpr)
+        outs = remat_p.bind(*checked.consts, *err_vals, *args, jaxpr=body, **params)
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    table[remat_p] = rule
+
+
+_checkpoint_keeping_constants()

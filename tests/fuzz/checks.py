@@ -1,0 +1,195 @@
+"""The checkify family: random programs with checks that may or may not fire, under
+``jax.experimental.checkify``; the original under the same stack is the oracle.
+
+A program (rendered as source, one operation a line, so that every check has a line of its
+own in a file) is a chain of operations on the data ``x`` (scaled by the parameters ``w``),
+with one or two *sites* among them that can make an error where a row of ``x`` is below a
+threshold: an out-of-bounds index (into the parameters, naming the row; or along a row),
+an integer division by zero, a NaN from ``log`` in the forward pass, a NaN only in the
+backward pass (``sqrt`` at 0), a user ``checkify.check``. The threshold decides whether a
+site fires and in which rows (the data are not sorted, so the first erroring row falls in any
+chunk, the remainder included), or never. Then a reduction over the axis.
+
+The stack: ``checkify`` with an error set (``user_checks`` ... ``all_checks``) around a plain
+call, ``jax.grad``, ``jax.value_and_grad``, ``jax.jvp``, or inside ``jax.vmap`` (over a
+batch of the data, one clean); under ``jax.jit`` or eagerly; every grad mode; chunks that
+divide the axis, that do not, and one chunk. Compared: ``err.get()``'s text and the
+program's line the error's traceback names (None where it names none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+from jax.experimental import checkify
+
+import jaxpr_accum as ja
+
+N, D = 12, 3
+#: a site's line(s) on ``h`` (rows x D); it fires in the rows where ``x[:, 0] < t``
+SITES = {
+    "index": "h = h + jnp.take(w, jnp.where(x[:, :1] < {t}, 40 + jnp.arange(x.shape[0])[:, None], "
+    "0), mode=None)",
+    "index_row": "h = h + jnp.take_along_axis(h, jnp.where(x[:, :1] < {t}, 7, 0), axis=1, "
+    "mode=None)",
+    "div": "h = h + 1 // (x[:, :1] >= {t}).astype(jnp.int32)",
+    "nan": "h = h + jnp.log(x[:, :1] - {t} + 1e-3)",
+    "backward_nan": "h = h + jnp.sqrt(jnp.maximum(x[:, :1] - {t}, 0.0))",
+    "user": 'checkify.check(jnp.all(x[:, 0] >= {t}), "a row below {t}: {{m}}", m=jnp.min(x[:, 0]))',
+}  # fmt: skip
+THRESHOLDS = (-2.0, -0.9, -0.5, 0.0, 0.7)  # -2: never fires
+OPS = ("jnp.tanh({v})", "{v} * 1.5", "jnp.sin({v})", "{v} + 0.5 * {v} ** 3")
+ERRORS = {
+    "user_checks": checkify.user_checks,
+    "index_checks": checkify.index_checks,
+    "div_checks": checkify.div_checks,
+    "nan_checks": checkify.nan_checks,
+    "float_checks": checkify.float_checks,
+    "all_checks": checkify.all_checks,
+}
+CALLS = ("forward", "grad", "value_and_grad", "jvp", "vmap")
+GRAD_MODES = ("auto", "remat", "fused", "native")
+CHUNKS = (4, 5, N)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckPair:
+    """One program with its stack, mode and chunk."""
+
+    sites: tuple[tuple[str, float], ...]
+    ops: tuple[str, ...]
+    errors: str
+    call: str
+    jit: bool
+    grad: str
+    chunk: int
+
+    def source(self) -> str:
+        lines = ["import jax", "import jax.numpy as jnp", "from jax.experimental import checkify"]
+        lines += ["", "", "def f(w, x):", "    h = x * w"]
+        for i, (kind, t) in enumerate(self.sites):
+            lines += ["    h = " + op.format(v="h") for op in self.ops[i::2]]
+            lines += ["    " + SITES[kind].format(t=t)]
+        lines += ["    return jnp.sum(jnp.mean(h, axis=0) ** 2)", ""]
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        sites = ", ".join(f"{k} below {t}" for k, t in self.sites)
+        how = ("jit " if self.jit else "eager ") + self.call
+        return f"{sites}; {self.errors}, {how}, grad={self.grad!r}, chunk={self.chunk}"
+
+
+@st.composite
+def check_pairs(draw: Any) -> CheckPair:
+    site = st.tuples(st.sampled_from(sorted(SITES)), st.sampled_from(THRESHOLDS))
+    return CheckPair(
+        sites=tuple(draw(st.lists(site, min_size=1, max_size=2))),
+        ops=tuple(draw(st.lists(st.sampled_from(OPS), max_size=3))),
+        errors=draw(st.sampled_from(sorted(ERRORS))),
+        call=draw(st.sampled_from(CALLS)),
+        jit=draw(st.booleans()),
+        grad=draw(st.sampled_from(GRAD_MODES)),
+        chunk=draw(st.sampled_from(CHUNKS)),
+    )
+
+
+def load(pair: CheckPair, directory: Path) -> tuple[Any, str]:
+    """``(f, its file)``: the program written to a file of its own and imported."""
+    path = directory / f"check_program_{abs(hash(pair))}.py"
+    path.write_text(pair.source())
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module.f, str(path)
+
+
+#: ``x[:, 0]``: the first row below -0.9 is 10 (the remainder of chunks of 5), below -0.5 it
+#: is 9, below 0 it is 5, below 0.7 it is 1
+FIRST_COLUMN = (0.9, 0.5, 0.8, 0.3, 0.95, -0.1, 0.7, 0.2, 0.6, -0.6, -0.95, 0.4)
+
+
+def data() -> tuple[jax.Array, jax.Array]:
+    """``(w, x)``: the rows of ``x`` in no order (``FIRST_COLUMN``)."""
+    rows = np.sin(np.arange(N * D, dtype=np.float32) * 2.3).reshape(N, D)
+    rows[:, 0] = FIRST_COLUMN
+    return jnp.full((D,), 0.5, jnp.float32), jnp.asarray(rows)
+
+
+def _stacked(pair: CheckPair, f: Any) -> Any:
+    errors = ERRORS[pair.errors]
+    if pair.call == "vmap":
+        run = jax.vmap(checkify.checkify(f, errors=errors), in_axes=(None, 0))
+    else:
+        inner = {
+            "forward": f,
+            "grad": jax.grad(f, argnums=(0, 1)),
+            "value_and_grad": jax.value_and_grad(f),
+            "jvp": lambda w, x: jax.jvp(f, (w, x), (jnp.ones_like(w), jnp.ones_like(x))),
+        }[pair.call]
+        run = checkify.checkify(inner, errors=errors)
+    return jax.jit(run) if pair.jit else run
+
+
+def report(pair: CheckPair, f: Any, file: str) -> tuple[str | None, int | None, tuple]:
+    """``(err.get(), the program's line the error names, the kinds of error that fired)``."""
+    w, x = data()
+    if pair.call == "vmap":
+        x = jnp.stack([jnp.abs(x), x])  # the second of the batch errs where x does
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "(?s).*not expected to save", ja.PlanWarning)
+        err, _ = _stacked(pair, f)(w, x)
+    exc = err.get_exception()
+    if exc is None:
+        return None, None, ()
+    fired = tuple(sorted(e.error_type.__name__ for e, p in err._pred.items() if np.any(p)))
+    first = exc if not hasattr(exc, "error_mapping") else next(iter(exc.error_mapping.values()))
+    lines = [fr.line_num for fr in first.traceback_info.frames if fr.file_name == file]
+    return err.get(), (lines[0] if lines else None), fired
+
+
+#: ``check``'s answer where the original itself raises (JAX's checkify of ``take_along_axis``
+#: under ``jax.vmap``); such pairs are redrawn
+ORIGINAL_RAISES = "the original raises"
+#: ``check``'s answers for the differences docs/errors.md lists (counted, not failures): an
+#: out-of-bounds index into a chunked operand named with the chunk's shape; of two checks
+#: that both fire, the other reported (the same kinds of error fired)
+CHUNK_SHAPE = "known: the chunk's shape"
+ORDER = "known: another check first"
+KNOWN = (ORIGINAL_RAISES, CHUNK_SHAPE, ORDER)
+_SHAPE = re.compile(r"for array of shape \([0-9, ]*\)")
+
+
+def check(pair: CheckPair, directory: Path) -> str | None:
+    """None where the serialized function reports what the original reports (an error, or
+    none, never raising), one of ``KNOWN``, else how they differ."""
+    f, file = load(pair, directory)
+    try:
+        expected = report(pair, f, file)
+    except Exception:  # noqa: BLE001 (JAX's own defect: the pair is redrawn)
+        return ORIGINAL_RAISES
+    sf = ja.serialize_axis(f, chunk=pair.chunk, argnums=1, grad=pair.grad)
+    try:
+        got = report(pair, sf, file)
+    except Exception as e:  # noqa: BLE001 (any exception is the finding)
+        return f"{pair.summary()}: raised {type(e).__name__}: {e}\n{pair.source()}"
+    if expected[1] is None:  # the original's names JAX's frames only (inside ``jnp``)
+        got = (got[0], None, got[2])
+    if got == expected:
+        return None
+    if got[0] and expected[0] and _SHAPE.sub("", got[0]) == _SHAPE.sub("", expected[0]):
+        return CHUNK_SHAPE
+    if len(pair.sites) > 1 and got[2] == expected[2]:
+        return ORDER
+    return f"{pair.summary()}: reported {got}, the original {expected}\n{pair.source()}"

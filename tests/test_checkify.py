@@ -1,0 +1,193 @@
+"""``jax.experimental.checkify`` over a serialized function reports what the original reports
+(issue 46, item 1): every error set (``user_checks``, ``index_checks``, ``div_checks``,
+``nan_checks``, ``float_checks``, ``all_checks``), every gradient mode, forward calls,
+``grad``, ``value_and_grad``, ``jvp``, ``vmap`` (outside and inside ``checkify``) and
+``grad`` of a checkified function, under ``jax.jit`` and eagerly. The text of ``err.get()``
+is compared with the original's under the same stack; a clean program reports None and never
+raises. The errors sit in rows of the axis chosen per case: in a full chunk, in the remainder,
+in both (the first row in the axis's order is the one reported, an out-of-bounds index names
+its row), or nowhere.
+
+The default tier runs a few cases; the matrix is slow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify
+
+import jaxpr_accum as ja
+
+N, D, CHUNK = 10, 3, 4  # chunks: rows 0-3, 4-7, and the remainder 8-9
+W = jnp.asarray(np.random.RandomState(46).normal(size=(D, D)) * 0.3, jnp.float32)
+NOT_WORTH_IT = "(?s).*not expected to save"
+
+
+def index_program(w, x):
+    h = jnp.tanh(x @ w)
+    bad = x[:, 0] < 0
+    idx = jnp.where(bad, 100 + jnp.arange(x.shape[0]), 0)  # names the erroring row
+    return jnp.mean((h + jnp.take(w[0], idx, mode=None)[:, None]) ** 2)
+
+
+def div_program(w, x):
+    h = jnp.tanh(x @ w)
+    return jnp.mean((h + 1 // (x[:, :1] >= 0).astype(jnp.int32)) ** 2)
+
+
+def nan_program(w, x):
+    h = jnp.log(jnp.abs(x @ w) + x[:, :1])  # NaN where the row's first entry is negative
+    return jnp.mean(jnp.where(jnp.isnan(h), 0.0, h) ** 2)
+
+
+def user_program(w, x):
+    h = jnp.tanh(x @ w)
+    checkify.check(jnp.all(x[:, 0] >= 0), "a negative row, min {m}", m=jnp.min(x[:, 0]))
+    return jnp.mean(h**2)
+
+
+def backward_program(w, x):
+    """Clean forward; the gradient of ``sqrt`` at 0 makes a NaN in the backward pass."""
+    h = jnp.where(x[:, :1] < 0, 0.0, x @ w)
+    return jnp.mean(jnp.sqrt(h * h))
+
+
+PROGRAMS = {
+    "index": index_program,
+    "div": div_program,
+    "nan": nan_program,
+    "user": user_program,
+    "backward": backward_program,
+}
+ERRORS = {
+    "user": checkify.user_checks,
+    "index": checkify.index_checks,
+    "div": checkify.div_checks,
+    "nan": checkify.nan_checks,
+    "float": checkify.float_checks,
+    "all": checkify.all_checks,
+}
+#: which rows are negative: a full chunk's row, the remainder's, both, none
+ROWS = {"chunk": (5,), "remainder": (9,), "both": (9, 2), "clean": ()}
+
+
+def data(rows: tuple[int, ...]) -> jax.Array:
+    x = np.abs(np.random.RandomState(7).normal(size=(N, D))) + 0.1
+    for r in rows:
+        x[r] = -(r + 1.0)
+    return jnp.asarray(x, jnp.float32)
+
+
+def _grad_of_checkified(f, errors):
+    def loss_with_error(w, x):
+        err, out = checkify.checkify(f, errors=errors)(w, x)
+        return out, err
+
+    def run(w, x):
+        g, err = jax.grad(loss_with_error, argnums=(0, 1), has_aux=True)(w, x)
+        return err, g
+
+    return run
+
+
+def stack(f, how: str, errors):
+    """``(w, x) -> Error``: the program under the stack ``how``."""
+    ones = (jnp.ones((D, D)), jnp.ones((N, D)))
+    inner = {
+        "forward": f,
+        "grad": jax.grad(f, argnums=(0, 1)),
+        "value_and_grad": jax.value_and_grad(f),
+        "jvp": lambda w, x: jax.jvp(f, (w, x), ones),
+        "vmap_inside": jax.vmap(f, in_axes=(None, 0)),
+    }
+    if how == "vmap_outside":
+        run = jax.vmap(checkify.checkify(f, errors=errors), in_axes=(None, 0))
+    elif how == "grad_of_checkify":
+        run = _grad_of_checkified(f, errors)
+    else:
+        run = checkify.checkify(inner[how], errors=errors)
+    return lambda w, x: run(w, x)[0]
+
+
+def report(f, how: str, errors, rows: tuple[int, ...], jit: bool) -> str | None:
+    x = data(rows)
+    if how.startswith("vmap"):
+        x = jnp.stack([data(()), x])  # the second row of the vmapped axis errs
+    run = stack(f, how, errors)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", NOT_WORTH_IT, ja.PlanWarning)
+        return (jax.jit(run) if jit else run)(W, x).get()
+
+
+def check_case(program: str, errors: str, mode: str, how: str, rows: str, jit: bool) -> None:
+    f = PROGRAMS[program]
+    expected = report(f, how, ERRORS[errors], ROWS[rows], jit)
+    sf = ja.serialize_axis(f, chunk=CHUNK, argnums=1, grad=mode)
+    got = report(sf, how, ERRORS[errors], ROWS[rows], jit)
+    assert got == expected, (program, errors, mode, how, rows, jit)
+    if rows == "clean":
+        assert expected is None
+
+
+FAST = [("index", "index", "remat", "forward", "both", True)]
+
+
+@pytest.mark.parametrize("case", FAST, ids=lambda c: "-".join(map(str, c)))
+def test_checkify_reports_as_the_original(case):
+    check_case(*case)
+
+
+def test_the_comparison_can_fail():
+    """The first erroring row is in the report: a case whose serialized copy reported another
+    row, or dropped the error, would differ from the original."""
+    f = index_program
+    first = report(f, "forward", checkify.index_checks, (2,), jit=True)
+    second = report(f, "forward", checkify.index_checks, (9,), jit=True)
+    assert first and second and first != second and "index 102 " in first
+
+
+HOWS = ("forward", "grad", "value_and_grad", "jvp", "vmap_inside", "vmap_outside")
+PAIRS = [  # (program, error set): each program's own set, and all_checks
+    ("index", "index"), ("div", "div"), ("nan", "nan"), ("nan", "float"), ("user", "user"),
+    ("backward", "nan"), ("index", "all"), ("user", "all"), ("div", "all"),
+]  # fmt: skip
+STACKS = [("both", True), ("clean", True), ("both", False)]
+SLOW = [
+    (program, errors, mode, how, rows, jit)
+    for (program, errors), mode, how, (rows, jit) in itertools.product(
+        PAIRS, ja.GRAD_MODES, HOWS, STACKS
+    )
+] + [
+    (program, errors, mode, "forward", rows, True)
+    for (program, errors), mode, rows in itertools.product(
+        PAIRS, ja.GRAD_MODES, ("chunk", "remainder")
+    )
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW, ids=lambda c: "-".join(map(str, c)))
+def test_checkify_matrix(case):
+    check_case(*case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ja.GRAD_MODES)
+@pytest.mark.parametrize("rows", ["chunk", "clean"])
+def test_grad_of_a_checkified_function(mode, rows):
+    for program in ("index", "nan", "backward"):
+        check_case(program, "all", mode, "grad_of_checkify", rows, True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ja.GRAD_MODES)
+def test_float64(mode):
+    with jax.enable_x64(True):
+        for program in ("nan", "index"):
+            check_case(program, "all", mode, "value_and_grad", "both", True)

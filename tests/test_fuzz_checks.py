@@ -1,0 +1,63 @@
+"""The checkify family of the fuzzer (``tests/fuzz/checks.py``), derandomized for CI: under
+``jax.experimental.checkify`` with every error set, a serialized function reports what the
+original reports (the same ``err.get()`` text, the same line of the program where the
+original names one), or no error where it reports none, in every grad mode, plain, under
+``grad``, ``value_and_grad``, ``jvp`` and ``vmap``, jitted and eager. The default tier runs
+a check that the family can fail; the slow tier runs one pair and the family."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+from .fuzz import checks
+
+#: pairs in the slow tier's run
+PAIRS = 60
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=PAIRS,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+@given(checks.check_pairs())
+def test_fuzz_check_family(tmp_path_factory, pair):
+    failure = checks.check(pair, tmp_path_factory.mktemp("checks"))
+    assume(failure not in checks.KNOWN)
+    assert failure is None, failure
+
+
+PAIR = checks.CheckPair(
+    sites=(("index", -0.5), ("nan", 0.0)),
+    ops=("jnp.tanh({v})",),
+    errors="all_checks",
+    call="forward",
+    jit=True,
+    grad="remat",
+    chunk=5,
+)
+
+
+@pytest.mark.slow
+def test_check_family_pair(tmp_path):
+    assert checks.check(PAIR, tmp_path) is None
+
+
+def test_check_family_can_fail(tmp_path):
+    """The report differs where the error differs: another first erroring row (the index
+    names it), and another kind of error first."""
+    f, file = checks.load(PAIR, tmp_path)
+    expected = checks.report(PAIR, f, file)
+    assert expected[0] is not None
+    later = dataclasses.replace(PAIR, sites=(("index", 0.0), ("nan", 0.0)))
+    g, file2 = checks.load(later, tmp_path)
+    assert checks.report(later, g, file2)[0] != expected[0]
+    swapped = dataclasses.replace(PAIR, sites=(("nan", 0.0), ("index", -0.5)))
+    h, file3 = checks.load(swapped, tmp_path)
+    assert checks.report(swapped, h, file3)[0] != expected[0]

@@ -24,6 +24,8 @@ from jax.experimental import checkify
 
 import jaxpr_accum as ja
 
+from .oracle import covering
+
 N, D, CHUNK = 10, 3, 4  # chunks: rows 0-3, 4-7, and the remainder 8-9
 W = jnp.asarray(np.random.RandomState(46).normal(size=(D, D)) * 0.3, jnp.float32)
 NOT_WORTH_IT = "(?s).*not expected to save"
@@ -158,16 +160,17 @@ PAIRS = [  # (program, error set): each program's own set, and all_checks
     ("backward", "nan"), ("index", "all"), ("user", "all"), ("div", "all"),
 ]  # fmt: skip
 STACKS = [("both", True), ("clean", True), ("both", False)]
+#: the slow tier's rows: every mode meets every transformation, each with three of the
+#: (program, error set) pairs and every stack in rotation; every mode meets every pair with an
+#: error in a full chunk and in the remainder (the whole product: JAXPR_ACCUM_FULL_MATRIX=1)
 SLOW = [
     (program, errors, mode, how, rows, jit)
-    for (program, errors), mode, how, (rows, jit) in itertools.product(
-        PAIRS, ja.GRAD_MODES, HOWS, STACKS
-    )
+    for param in covering(list(itertools.product(ja.GRAD_MODES, HOWS)), PAIRS, STACKS, per=3)
+    for mode, how, (program, errors), (rows, jit) in [param.values]
 ] + [
     (program, errors, mode, "forward", rows, True)
-    for (program, errors), mode, rows in itertools.product(
-        PAIRS, ja.GRAD_MODES, ("chunk", "remainder")
-    )
+    for param in covering(ja.GRAD_MODES, PAIRS, ("chunk", "remainder"))
+    for mode, (program, errors), rows in [param.values]
 ]
 
 

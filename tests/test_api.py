@@ -134,6 +134,7 @@ def test_explain_reports_barrier_with_primitive():
     assert any("cumsum" in s for s in stops), shown
 
 
+@pytest.mark.slow
 def test_explain_lists_a_stop_repeated_over_the_axis_once_with_its_count(capsys):
     """``jax.debug.print`` in a ``vmap``-ped function is one callback per row, each read
     through a ``slice`` of the axis: ``explain`` lists that stop once, with the count, and
@@ -402,6 +403,7 @@ def cma_es_step(mean, sigma, c_sqrt, key):
     return jnp.sum(rank_mu) + 1e-3 * jnp.sum(f)
 
 
+@pytest.mark.slow
 def test_size_at_the_default_axis_names_the_axis_that_saves():
     """``size=pop`` at the default ``axis=0`` finds only the sorted ranks (dimension 0 of an
     ``iota``/``sort``), which save nothing; the population is drawn at dimension 1. The

@@ -54,6 +54,7 @@ def _loops(closed) -> list[str]:
 
 
 @pytest.mark.parametrize("key", list(_params()))
+@pytest.mark.slow
 def test_explain_names_the_mode_the_call_compiles(key: str) -> None:
     case = _cases()[key]
     loss, args = case.make()

@@ -144,6 +144,7 @@ class _nullcontext:
 
 
 @pytest.mark.parametrize("mode", modes("auto", slow=GRAD_MODES))
+@pytest.mark.slow
 def test_composition_row(mode):
     """One row per mode in the default tier: a stale-mask sequence (all inputs, then one,
     then another, then all again) under ``jit``; the full matrix is ``slow``."""
@@ -537,6 +538,7 @@ _WRAPPED = {
     "wrapped", [w if w == "plain" else pytest.param(w, marks=pytest.mark.slow) for w in _WRAPPED]
 )
 @pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
+@pytest.mark.slow
 def test_forward_mode_over_a_custom_vjp_closing_over_a_constant_is_exact(mode, wrapped):
     """Review finding: ``jax.hessian`` (forward over reverse) of a loss whose custom VJP
     closes over a constant array, inside ``jax.checkpoint`` or a ``lax.scan``, raised JAX's
@@ -669,6 +671,7 @@ def _slow(*values):
     + [_slow(m, "logsumexp", "custom_jvp", None) for m in ("remat", "fused")]
     + [_slow("remat", "sum", "custom_vjp", None)],
 )
+@pytest.mark.slow
 def test_second_order_through_custom_rules(mode, head, rule, stacks):
     """f06, f07 and b01: second-order derivatives of a loss with custom rules that are not the
     true derivative (custom VJPs, per-example, batch-mixing and scaled; or a scaled custom
@@ -965,6 +968,7 @@ def test_long_chain_on_an_axis_carrying_constant():
 
 
 @pytest.mark.filterwarnings(NOT_WORTH_IT)  # the derivatives' own plans (auto plans per pattern)
+@pytest.mark.slow
 def test_a_plan_that_cannot_save_memory_says_so_and_warns_once():
     rs = np.random.RandomState(0)
     x = jnp.asarray(rs.normal(size=(256, 16)), jnp.float32)

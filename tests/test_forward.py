@@ -55,6 +55,7 @@ def serialized(fun, grad, **kw):
 
 @pytest.mark.parametrize("grad", modes("auto", slow=GRAD_MODES))
 @pytest.mark.parametrize("fun", [mlp, per_example], ids=["scalar", "per-example"])
+@pytest.mark.slow
 def test_jvp_wrt_every_input(fun, grad):
     sf = serialized(fun, grad)
     primals = (PARAMS, X)
@@ -67,6 +68,7 @@ def test_jvp_wrt_every_input(fun, grad):
 
 
 @pytest.mark.parametrize("grad", modes("remat", slow=GRAD_MODES))
+@pytest.mark.slow
 def test_jacfwd(grad):
     sf = serialized(per_example, grad)
     for argnums in (0, 1):
@@ -75,6 +77,7 @@ def test_jacfwd(grad):
 
 
 @pytest.mark.parametrize("grad", modes("fused", slow=GRAD_MODES))
+@pytest.mark.slow
 def test_linearize_applied_to_several_tangents(grad):
     sf = serialized(mlp, grad)
     out, f_lin = jax.linearize(sf, PARAMS, X)

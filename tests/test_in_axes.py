@@ -43,6 +43,7 @@ def test_in_axes_names_a_batch_inside_a_namedtuple(in_axes):
     assert_matches_original(sf, W, BATCH, SCALE, vmap=False)
 
 
+@pytest.mark.slow
 def test_in_axes_per_leaf_axes_in_a_dict():
     def f(w, data):
         return jnp.sum(jnp.tanh(data["x"] @ w) * data["xt"].T)

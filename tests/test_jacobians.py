@@ -122,6 +122,7 @@ def test_loss_on_the_jacobian(form, grad):
 @pytest.mark.parametrize(
     "grad", [pytest.param(m, marks=() if m == "auto" else slow) for m in GRAD_MODES]
 )
+@pytest.mark.slow
 def test_jvp_of_a_jacobian(grad):
     sf = ja.serialize_axis(jacrev, chunk=CHUNK, size=ROWS, grad=grad)
     tangents = (jax.tree.map(jnp.cos, PARAMS), jnp.sin(X))
@@ -130,6 +131,7 @@ def test_jvp_of_a_jacobian(grad):
 
 
 @pytest.mark.parametrize("form", ["jacrev", "jacfwd", "hessian"])
+@pytest.mark.slow
 def test_automatic_mode_finds_the_basis_axis(form):
     # for jacrev the batch has the basis's size (one output per row): both are candidates,
     # and the basis is the one that saves; for jacfwd and hessian the batch is a candidate
@@ -141,6 +143,7 @@ def test_automatic_mode_finds_the_basis_axis(form):
     assert_tree_close(sf(PARAMS, X), fun(PARAMS, X))
 
 
+@pytest.mark.slow
 def test_memory_of_a_jacobian_whose_basis_dominates():
     # jacfwd over 512 parameters: the original holds every basis vector's pushforward
     # through the hidden layer at once ([512, 64, 32] and more); chunks of 64 hold 64

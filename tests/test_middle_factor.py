@@ -90,7 +90,10 @@ STOPPED = {
 
 @pytest.mark.parametrize(
     "name, mode, chunk",
-    covering(sorted(CHUNKED), GRAD_MODES, [5], per=1)  # one mode each by default, in rotation
+    [  # one mode each, in rotation; the default tier's: all but the first program's
+        p if i else pytest.param(*p.values, id=p.id, marks=pytest.mark.slow)
+        for i, p in enumerate(covering(sorted(CHUNKED), GRAD_MODES, [5], per=1))
+    ]
     + [
         pytest.param(*p.values, id=p.id, marks=pytest.mark.slow)
         for p in covering(sorted(CHUNKED), GRAD_MODES, [1, 12])

@@ -280,6 +280,7 @@ def test_every_program_mode_and_chunk_is_exact(name, grad, chunk):
         assert plan.pairs and plan.second is not None, str(plan)
 
 
+@pytest.mark.slow
 def test_augmentations_drawn_inside_are_bit_identical():
     """The two views drawn inside the function (and the embeddings computed from them) are the
     original's bit for bit: pass 1 draws each chunk's slice of the same random bits."""
@@ -497,6 +498,7 @@ CALLED = {"as_is": lambda f: f, "jit": jax.jit, "checkpoint": jax.checkpoint}
         if (c, g) != ("as_is", "remat")
     ],
 )
+@pytest.mark.slow
 def test_a_custom_vjp_that_both_passes_need_runs_once(called, grad):
     """Fuzz finding: a custom VJP call upstream of the pairs whose result another term also
     reads ran in both passes, so each copy's backward rule got a part of the cotangent; a rule

@@ -163,6 +163,7 @@ def _with_callback(kind: str):
 @pytest.mark.parametrize(
     "kind", [pytest.param("io_callback", marks=pytest.mark.slow), "debug_callback"]
 )
+@pytest.mark.slow
 def test_constants_computed_before_pass_2_leave_the_callbacks_out(kind):
     """Fuzz finding: the program computing the constants before pass 2 kept the user's
     callback and the forward it reads (dead-code elimination keeps effects), reading the

@@ -671,6 +671,7 @@ def _odeint_per_trajectory(w, y0s):
 
 
 @cases
+@pytest.mark.slow
 def test_odeint_per_trajectory(grad, chunk):
     check(_odeint_per_trajectory, W44 / 4, _rand((N, 4), 64), chunk=chunk, grad=grad, argnums=1)
 

@@ -33,8 +33,9 @@ Three kinds of test, every one against the unchunked original (the oracle):
 
 Where the region stops at the normaliser, it runs the rest exactly on the stacked logits
 (exact, not memory-saving); where it streams, it must be just as exact. The default tier runs
-each case once and a few unshrunk random programs; the slow tier runs every case in every
-gradient mode at every kind of chunk size, in float64 too, and the longer property runs.
+a few unshrunk random programs and the hand-written normalisers; the slow tier runs each case
+once, every case in every gradient mode at every kind of chunk size, in float64 too, and the
+longer property runs.
 """
 
 from __future__ import annotations
@@ -686,10 +687,8 @@ def _every_mode(name: str, chunks: Any, x64: bool = False, vmap: bool = True) ->
             assert_matches_original(sf, *args, vmap=vmap and (FULL_MATRIX or j == 0))
 
 
-@pytest.mark.parametrize(
-    "name",
-    [n if n == "vocab_ce" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CASES)],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_case(name):
     chunk, grad = DEFAULT[name]
     sf, args = _serialized(name, chunk, grad)

@@ -223,6 +223,7 @@ def only_value(w, x):
     "n, chunk",
     [(10, 4), *(pytest.param(*c, marks=pytest.mark.slow) for c in [(8, 8), (7, 1), (8, 9)])],
 )
+@pytest.mark.slow
 def test_dce_drops_an_unused_region_output(grad, n, chunk):
     """A program that reads only the value of a region that also computes a metric: JAX's
     dead-code elimination leaves the region the equations of a region built for the value
@@ -256,6 +257,7 @@ def test_dce_drops_an_unused_region_output(grad, n, chunk):
 
 
 @pytest.mark.parametrize("grad", modes("remat", slow=("fused", "native", "auto")))
+@pytest.mark.slow
 def test_a_plan_is_freed_with_its_function(grad):
     """JAX's caches keyed by equation parameters hold the region (which owns the whole plan)
     weakly: once the serialized function is gone, no region outlives it (held strongly, each
@@ -283,6 +285,7 @@ def test_a_plan_is_freed_with_its_function(grad):
     assert live_regions() == before
 
 
+@pytest.mark.slow
 def test_planning_pauses_the_collector_and_restores_it():
     """Planning runs with Python's cyclic collector paused (its full collections walked the
     whole heap several times per plan) and leaves it as it found it: enabled again after a

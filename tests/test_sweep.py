@@ -119,6 +119,7 @@ def test_copies_keep_every_setting_but_chunk_and_grad_and_a_failure_is_a_row():
     assert "chunk 3 &lt;is&gt; broken" in sweep._repr_html_()
 
 
+@pytest.mark.slow
 def test_an_automatic_axis_is_pinned_by_its_size_in_every_copy():
     """Review finding: the default chunks end at the axis's length, where automatic selection
     (which wants an axis longer than the chunk) found none: the last row was an error. The

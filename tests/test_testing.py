@@ -163,6 +163,7 @@ def test_integer_and_key_inputs_and_outputs():
     testing.assert_matches_original(sf, w, x, labels, jax.random.key(3), modes=MODES)
 
 
+@pytest.mark.slow
 def test_keyword_arguments_are_differentiated():
     def f(x, *, w):
         return jnp.sum(jnp.sin(x @ w))
@@ -232,6 +233,7 @@ def _seeded_loss(params, x):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
 def test_seeded_scaled_gradient_is_caught_and_named(mode):
     params, x = _mlp_args()
     sf = ja.serialize_axis(_seeded_loss, chunk=3, argnums=1, grad=mode)
@@ -299,6 +301,7 @@ def _vmap_seeded_loss(params, x):
 
 
 @pytest.mark.parametrize("mode", modes("remat", slow=MODES))
+@pytest.mark.slow
 def test_a_defect_only_under_vmap_is_caught_in_its_context(mode):
     """The vmap contexts are what fails (item 8 of issue 19: they would have caught r13)."""
     params, x = _mlp_args()

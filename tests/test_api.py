@@ -81,7 +81,7 @@ def test_original_is_the_wrapped_function():
     assert not isinstance(g.original, ja.SerializedFunction)
 
 
-@pytest.mark.parametrize("grad", modes("remat", "native", "auto"))
+@pytest.mark.parametrize("grad", modes("remat", "native", slow=("auto",)))
 def test_grad_modes_accepted(grad):
     sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1, grad=grad)
     assert_matches_original(sf, W, X, vmap=False)

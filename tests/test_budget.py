@@ -268,6 +268,7 @@ def _plan_of(sf, pattern_call):
 
 
 @pytest.mark.filterwarnings("ignore:.*holds the whole axis:jaxpr_accum.PlanWarning")
+@pytest.mark.slow
 def test_budget_is_for_what_the_caller_differentiates():
     """r19: ``jax.grad(sf)`` of the parameters only is budgeted for that gradient, not for
     the gradients of every floating argument; a plain call (or ``explain``) keeps the

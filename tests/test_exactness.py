@@ -348,7 +348,10 @@ noised_cotangent.defvjp(
 
 @pytest.mark.parametrize(
     "rule",
-    [position_scaled_cotangent, lambda v: noised_cotangent(v, jax.random.key(1))],
+    [
+        position_scaled_cotangent,
+        pytest.param(lambda v: noised_cotangent(v, jax.random.key(1)), marks=pytest.mark.slow),
+    ],
     ids=["positions", "noise-from-a-key-residual"],
 )
 @pytest.mark.parametrize("mode", modes("native", slow=GRAD_MODES))
@@ -757,7 +760,7 @@ def test_complex_sums_are_exact(mode):
     assert_matches_original(sf, *args, vmap=False)
 
 
-@pytest.mark.parametrize("mode", modes("fused", slow=GRAD_MODES))
+@pytest.mark.parametrize("mode", modes(slow=GRAD_MODES))
 def test_complex_inputs_of_a_real_loss_are_exact_and_quiet(mode):
     """Review finding: fused contracted a complex input's Jacobian rows with its tangent and
     cast the complex part to the real sum with ``astype``, which JAX deprecates (a

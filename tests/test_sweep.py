@@ -233,7 +233,11 @@ class _Terminal(io.StringIO):
 
 @pytest.mark.parametrize(
     "progress, tty, shown",
-    [(None, True, True), (None, False, False), (False, True, False), (True, False, True)],
+    [(None, True, True), (False, True, False)]
+    + [
+        pytest.param(*c, marks=pytest.mark.slow)
+        for c in [(None, False, False), (True, False, True)]
+    ],
 )
 def test_progress_lines_on_a_terminal_or_when_forced(monkeypatch, progress, tty, shown):
     err = _Terminal() if tty else io.StringIO()

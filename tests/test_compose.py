@@ -23,6 +23,9 @@ slow = pytest.mark.slow
 GRAD_MODES = modes("remat", slow=("native",))
 
 
+pytestmark = pytest.mark.xdist_group("compose")  # one worker builds the module's `mlp` once
+
+
 @pytest.fixture(scope="module")
 def mlp():
     return models.make_mlp(n=10)

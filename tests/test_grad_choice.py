@@ -179,6 +179,7 @@ def test_explain_grad_argnums_is_checked():
         sf.explain(*args, grad_argnums="0")
 
 
+@pytest.mark.slow
 def test_fused_measured_above_remat_takes_remat():
     """The estimate has fused within 10% (one entry, no epilogue), but an autoencoder
     differentiated with respect to its data measures 2.5x remat's memory under fused: the

@@ -97,9 +97,8 @@ def _check(name, grad, chunk):
     assert plan.counts["body"] > 0 and not plan.stops, plan
 
 
-@pytest.mark.parametrize(
-    "name", [n if n == "remat" else pytest.param(n, marks=pytest.mark.slow) for n in CASES]
-)
+@pytest.mark.slow  # the default tier's NNX modules: test_flax.py
+@pytest.mark.parametrize("name", list(CASES))
 def test_nnx_transform_chunks_and_is_exact(name):
     _check(name, "auto", 5)
 

@@ -113,7 +113,7 @@ def test_linearize_with_a_chunked_input_held_constant(grad):
     assert_tree_close(got, jax.jvp(lambda x: weighted(PARAMS, x, y), (X,), (t_x,)))
 
 
-@pytest.mark.parametrize("grad", modes("auto", slow=GRAD_MODES))
+@pytest.mark.parametrize("grad", modes(slow=GRAD_MODES))
 def test_closed_over_values(grad):
     def outer(w2):
         def f(w1, x):

@@ -126,6 +126,7 @@ def _exact(f, n: int, chunk: int, grad: str = "auto") -> ja.Plan:
     return plan
 
 
+@pytest.mark.slow
 def test_labels_and_masks_built_inside_run_per_block():
     """Default tier: the supervised-contrastive loss is exact at a chunk that does not divide
     the batch, and no value anywhere (the loop's prologue included, gradients too) is

@@ -145,7 +145,7 @@ def test_nested_vmaps(grad):
     assert_tree_close(run(_serialized(mixed, grad)), run(mixed), what="grad of nested vmaps")
 
 
-@pytest.mark.parametrize("grad", modes("remat", slow=GRAD_MODES))
+@pytest.mark.parametrize("grad", modes(slow=GRAD_MODES))
 def test_jvp_of_grad_under_vmap(grad):
     sf = _serialized(mixed, grad)
 

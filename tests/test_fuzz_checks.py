@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from .fuzz import checks
 
 #: pairs in the slow tier's run
-PAIRS = 60
+PAIRS = 30
 
 
 @pytest.mark.slow

@@ -20,9 +20,7 @@ program's line the error's traceback names (None where it names none).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,8 @@ from hypothesis import strategies as st
 from jax.experimental import checkify
 
 import jaxpr_accum as ja
+
+from .loading import import_program
 
 N, D = 12, 3
 #: a site's line(s) on ``h`` (rows x D); it fires in the rows where ``x[:, 0] < t``
@@ -105,14 +105,7 @@ def check_pairs(draw: Any) -> CheckPair:
 
 def load(pair: CheckPair, directory: Path) -> tuple[Any, str]:
     """``(f, its file)``: the program written to a file of its own and imported."""
-    path = directory / f"check_program_{abs(hash(pair))}.py"
-    path.write_text(pair.source())
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module.f, str(path)
+    return import_program(pair.source(), f"check_program_{abs(hash(pair))}", directory)
 
 
 #: ``x[:, 0]``: the first row below -0.9 is 10 (the remainder of chunks of 5), below -0.5 it

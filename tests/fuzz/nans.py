@@ -21,9 +21,7 @@ Python function) and, for the serialized one, that frame or the line its error n
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
-import sys
 import traceback
 import warnings
 from pathlib import Path
@@ -34,6 +32,8 @@ import jax.numpy as jnp
 from hypothesis import strategies as st
 
 import jaxpr_accum as ja
+
+from .loading import import_program
 
 N, D = 12, 3
 #: operations that keep each value's sign (so that the data's negative half stays negative)
@@ -117,14 +117,7 @@ def nan_pairs(draw: Any) -> NanPair:
 
 def load(pair: NanPair, directory: Path) -> tuple[Any, str]:
     """``(f, its file)``: the program written to a file of its own and imported."""
-    path = directory / f"nan_program_{abs(hash(pair))}.py"
-    path.write_text(pair.source())
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module.f, str(path)
+    return import_program(pair.source(), f"nan_program_{abs(hash(pair))}", directory)
 
 
 def _call(how: str, f: Any, w: Any, x: Any) -> Any:

@@ -31,6 +31,7 @@ EXAMPLES = [
     "vmc_sr.py",
     "contrastive.py",
     "dp_sgd.py",
+    "dpo.py",
 ]
 COMMANDS = {name: [str(ROOT / "examples" / name), "--quick"] for name in EXAMPLES}
 TIMEOUT_S = 600

@@ -170,7 +170,7 @@ class Planner:
         if self.settings.chunk is None:
             return None
         chosen, _ = call.axis(self.settings, attempt.stream)
-        layout = self._layout(call, chosen, self.settings.chunk)
+        layout = self._layout(call, chosen, chosen.chunk)
         if isinstance(layout, _layout.ShardedLayout):
             return None
         two = call.pairing(chosen, attempt.stream)
@@ -210,7 +210,7 @@ class Planner:
         the budget search chooses the chunk (``_fit_budget``; the search measures auto's
         pick of fused itself)."""
         fixed = self.settings.chunk
-        layout = self._layout(call, chosen, chosen.split.size if fixed is None else fixed)
+        layout = self._layout(call, chosen, chosen.split.size if fixed is None else chosen.chunk)
         diff = call.measure.diff if fixed is not None else None
         with _fallback.stage("choosing the gradient mode"):
             decision = _choice.choose(chosen, requested, layout, diff)

@@ -4,9 +4,10 @@ Under ``grad="auto"`` a candidate whose estimate (``_cost.Candidate.warning``) s
 nothing is not built into a loop. Where the estimate is certain (the axis is empty, one chunk
 covers it, or none of the region's intermediates is materialised at full size) that is the
 decision; where it rests on the cost model's arithmetic (stacked outputs and accumulators
-against the activations avoided), both programs are compiled and XLA's temp bytes of their
-``value_and_grad`` with respect to the floating arguments decide: the loop is kept only if it
-measures smaller. ``explain`` says why, and the first call warns.
+against the activations avoided, or a plan that stops with most of the function's memory
+left after its loop, ``_cost.MARGIN``), both programs are compiled and XLA's temp bytes of
+their ``value_and_grad`` with respect to the floating arguments decide: the loop is kept only
+if it measures at least ``MARGIN`` smaller. ``explain`` says why, and the first call warns.
 
 A program that pairs the axis with itself (``_pairwise``) and whose plan still stops
 somewhere is held to more (``for_paired``): the pairs it could not chunk are the
@@ -31,9 +32,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from jaxpr_accum._build._region_p import AUTO, Mode
-from jaxpr_accum._planning._cost import format_bytes
+from jaxpr_accum._planning._cost import MARGIN, format_bytes
 
-MARGIN = 0.10  # the least fraction a stopped plan of a paired program must save, measured
 FORCE_HINT = "; pass grad='remat' (or 'fused' / 'native') to run the chunked loop anyway"
 
 
@@ -73,7 +73,7 @@ def as_written_instead(
     if not candidate.no_saving_is_certain():
         chunked, written = programs.measure(programs.run), programs.measure(programs.original)
         if chunked is not None and written is not None:  # else the estimate decides
-            if chunked < written:
+            if chunked < (1 - MARGIN) * written:
                 return None
             return (
                 f"{warning}; measured: {format_bytes(chunked)} chunked against "

@@ -68,7 +68,7 @@ def choose_split(
             if axis is not None:
                 hint += "; `axis=None` looks at every position"
             raise SerializeError(f"found no {what[3:]} {where}; {hint}")
-    usable = [Candidate(c, chunk) for c in candidates if c.usable]
+    usable = [at_chunk(c, chunk) for c in candidates if c.usable]
     if not usable:
         raise nothing_chunkable(candidates, what)
     chosen = best(usable)
@@ -100,7 +100,7 @@ def _elsewhere(
     none."""
     seen = {c.split.born for c in considered}
     others = [
-        Candidate(s, chunk)
+        at_chunk(s, chunk)
         for s in find_candidates(jaxpr, chunk, axis=None, size=size, arg_names=names)
         if s.usable and s.born not in seen
     ]
@@ -113,6 +113,12 @@ def _elsewhere(
         f"{format_bytes(other.net_saving)}: pass `axis=None` to consider every position, or "
         "name it with `argnums`/`axis` or `in_axes`"
     )
+
+
+def at_chunk(split: Split, chunk: int) -> Candidate:
+    """``split`` at ``chunk`` rows of the axis ``size=`` named: ``chunk / copies`` positions
+    where that axis is copies of the split's side by side."""
+    return Candidate(split, max(1, chunk // split.copies))
 
 
 def input_names(traced: Any) -> dict:
@@ -199,7 +205,26 @@ def find_candidates(
                 or f"dimension {d} of a value of shape {shape}"
             )
             splits.append(make_split(fanned, analysis, born, stream))
+            if size is not None:
+                splits.extend(_as_copies(jaxpr, v, d, born=born, stream=stream))
     return splits
+
+
+def _as_copies(jaxpr: Jaxpr, v: Var, d: int, *, born: str, stream: bool) -> list[Split]:
+    """Where ``v`` is a concatenation along ``d`` of equal parts (DPO's chosen and rejected
+    rows, two views of one batch), the split of the parts' own axis, with ``v`` holding it
+    once per part (``_rules/blocks``): chunk ``c`` takes its rows from every part, so the
+    rows the program pairs across the parts lie in one chunk. None otherwise."""
+    eqn = next((e for e in jaxpr.eqns if v in e.outvars), None)
+    if eqn is None or eqn.primitive.name != "concatenate" or eqn.params["dimension"] != d:
+        return []
+    lengths = {_compat.shape_of(u)[d] for u in eqn.invars}
+    parts = len(eqn.invars)
+    if parts < 2 or len(lengths) != 1 or not (n := lengths.pop()):
+        return []
+    fanned, analysis = _fanout.analyse(jaxpr, n, [(v, AxisLoc(d, 1, parts))])
+    born = f"{born}, as {parts} copies side by side of an axis of size {n}"
+    return [dataclasses.replace(make_split(fanned, analysis, born, stream), copies=parts)]
 
 
 def best(candidates: list[Candidate]) -> Candidate:

@@ -48,6 +48,10 @@ FUSED_INTO_READERS = frozenset(
     if p is not None
 )  # primitive objects (names the installed JAX lacks cannot appear in a program)
 
+#: the least fraction of the estimated memory a plan that stops must save (else it is
+#: measured: ``_assembly/_worth``)
+MARGIN = 0.10
+
 _SCAN = _compat.primitive("scan")
 CONTRACTIONS = frozenset(
     p for p in map(_compat.primitive, ("dot_general", "conv_general_dilated")) if p is not None
@@ -203,6 +207,13 @@ class Candidate:
                 f"{len(split.invariants)} loop-invariant inputs) outweighs the "
                 f"{format_bytes(avoided)} of per-chunk intermediates it avoids holding "
                 f"(estimated: {format_bytes(-estimate)} more)"
+            )
+        elif split.stops and estimate < MARGIN * (split.held_bytes + split.epilogue_bytes):
+            why = (
+                f"it stops at {split.stops[0]}, and the {format_bytes(split.epilogue_bytes)} "
+                f"the function computes after the loop stay at full size: the estimated "
+                f"{format_bytes(estimate)} it saves is under {MARGIN:.0%} of what the function "
+                "holds"
             )
         else:
             return None

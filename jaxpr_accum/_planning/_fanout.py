@@ -37,13 +37,11 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-import jax
-from jax import lax
-
 from jaxpr_accum import _compat
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped, positions
-from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
+from jaxpr_accum._compat import Jaxpr, Literal, Var
 from jaxpr_accum._engine._axes import Analysis
+from jaxpr_accum._planning._input_slices import root_of, through_roots
 from jaxpr_accum._rules.rows import keeps_all
 
 MAX_ROUNDS = 16
@@ -53,8 +51,11 @@ def analyse(jaxpr: Jaxpr, size: int, seeds: Iterable[tuple[Var, AxisLoc]]) -> tu
     """``(jaxpr, analysis)``: the program with its row-map conflicts fanned out, analysed
     (the analysis ``Split`` is made from: an empty axis touches no equation)."""
     seeds = list(seeds)
-    jaxpr = _without_empty_parts(jaxpr)
+    jaxpr, anchors = through_roots(_without_empty_parts(jaxpr), seeds, size)
     analysis, conflicts = _analysed(jaxpr, size, seeds)
+    if anchors and _unanchored(jaxpr, analysis):  # nothing else says where the slices sit
+        seeds += anchors
+        analysis, conflicts = _analysed(jaxpr, size, seeds)
     unchanged, first = (jaxpr, analysis), conflicts.count
     seen: set = set()
     for _ in range(MAX_ROUNDS):
@@ -246,18 +247,6 @@ def _carrying_inputs(jaxpr: Jaxpr, carrying: dict, cone: list[int]) -> list[Var]
             if not isinstance(u, Literal) and u in top and u in carrying:
                 found.setdefault(u, None)
     return list(found)
-
-
-def root_of(x: Var, like: JaxprEqn) -> JaxprEqn:
-    """A *root* of input ``x``: a slice that keeps all of it (``_rules.rows.is_root``), under
-    ``like``'s source information. It carries no row map of ``x``, so each copy reads the
-    rows it needs of the whole input."""
-    shape = _compat.shape_of(x)
-    traced = jax.make_jaxpr(lambda a: lax.slice(a, (0,) * len(shape), shape))(
-        jax.ShapeDtypeStruct(shape, _compat.dtype_of(x))
-    )
-    (eqn,) = traced.jaxpr.eqns
-    return eqn.replace(invars=[x], outvars=[_compat.new_var(x.aval)], source_info=like.source_info)
 
 
 def _without_empty_parts(jaxpr: Jaxpr) -> Jaxpr:

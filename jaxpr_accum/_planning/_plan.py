@@ -83,6 +83,7 @@ class Split:
     sinks: tuple = ()  # streamed sums (``_stream.Sink``)
     streamed: frozenset = frozenset()  # indices of the equations that run streamed
     deferred: frozenset = frozenset()  # values reduced over the axis that they read
+    copies: int = 1  # ``size=`` named ``copies`` side by side of this axis (``_candidates``)
 
     # -- what the cost model reads, each computed once from the stages (``_cost``) ---------
     @functools.cached_property

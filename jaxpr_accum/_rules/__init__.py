@@ -13,6 +13,7 @@ from jaxpr_accum._compat import Array, ClosedJaxpr, Jaxpr, JaxprEqn, Primitive
 from jaxpr_accum._engine._table import RULES, Rule, resolve
 from jaxpr_accum._engine._view import EqnResize, View
 from jaxpr_accum._rules import (  # noqa: F401  (registration side effects)
+    blocks,
     contraction,
     control_flow,
     custom_derivatives,

@@ -157,6 +157,10 @@ def _window_dims(rank: int, skipped: tuple[int, ...]) -> list[int]:
 
 
 class Gather(Rule):
+    # copies of the axis side by side (``blocks``) are positionwise in a batch dimension or a
+    # window taken whole; indexing along them is a barrier
+    middle_factor_ok = True
+
     def propagate(self, eqn: JaxprEqn, view: View) -> None:
         dn = eqn.params["dimension_numbers"]
         operand_shape = _compat.shape_of(eqn.invars[0])
@@ -180,6 +184,9 @@ class Gather(Rule):
                 and sizes[loc.dim] == operand_shape[loc.dim]
             ):
                 view.set_out(0, loc._replace(dim=dn.offset_dims[windows.index(loc.dim)]))
+            elif loc.outer > 1:
+                view.barrier("`gather` indexes along copies of the axis side by side")
+                return
             elif (row := _per_row(eqn, view.analysis, view.ctx, loc.dim)) is not None:
                 view.set_in(1, loc._replace(dim=row))  # each row looks itself up
             elif _lookup(eqn, loc) and view.in_loc(1) is None and view.out_loc(0) is None:
@@ -224,6 +231,8 @@ class Gather(Rule):
 
 class Scatter(Rule):
     """Operands: ``operand, indices, updates``; the output has the operand's shape."""
+
+    middle_factor_ok = True  # only batch dimensions and whole windows: positionwise
 
     def propagate(self, eqn: JaxprEqn, view: View) -> None:
         dn = eqn.params["dimension_numbers"]

@@ -42,6 +42,7 @@ from jaxpr_accum._base._lattice import AxisLoc, positions
 from jaxpr_accum._compat import Array, JaxprEqn
 from jaxpr_accum._engine._table import register
 from jaxpr_accum._engine._view import EqnResize, View
+from jaxpr_accum._rules import blocks
 from jaxpr_accum._rules.shape import SameShape, _carried, _first, _with
 
 #: the position of a dead part's one row: below every chunk (no cell holds it either)
@@ -124,6 +125,7 @@ def _every_part(eqn: JaxprEqn) -> list[int]:
 
 class Concatenate(SameShape):
     row_map_ok = True
+    middle_factor_ok = True  # copies of the whole axis side by side (``blocks``)
 
     def __init__(self) -> None:
         super().__init__(_every_part, _concat_allowed, "")
@@ -142,9 +144,10 @@ class Concatenate(SameShape):
         if not _along(view, eqn, (d,)):
             super().propagate(eqn, view)
             return
-        if _unmappable(view, eqn):
+        bounds = self._bounds(eqn)
+        if blocks.concatenate(eqn, view, [b - a for a, b in bounds]) or _unmappable(view, eqn):
             return
-        total, bounds = _compat.shape_of(eqn.outvars[0])[d], self._bounds(eqn)
+        total = _compat.shape_of(eqn.outvars[0])[d]
         for i, (a, b) in enumerate(bounds):
             # a part all of whose rows live tells the result's map, unless the result is read
             # in part (then its parts live in part); a dead part, or one read in part, tells
@@ -164,7 +167,7 @@ class Concatenate(SameShape):
     def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         out = r.out_locs[0]
         d = eqn.params["dimension"]
-        if out is None or out.dim != d:
+        if out is None or out.dim != d or out.outer > 1:  # copies: the parts' chunks joined
             return super().resize(eqn, r, invals)
         first, rows = r.window(out)
         offset: int | Array = 0
@@ -200,6 +203,7 @@ class Slice(SameShape):
     them only; elsewhere positionwise."""
 
     row_map_ok = True
+    middle_factor_ok = True  # whole copies of the axis taken out of a concatenation (``blocks``)
 
     def __init__(self) -> None:
         super().__init__(_first, self._unit_stride, "slices along the axis with a stride")
@@ -224,6 +228,8 @@ class Slice(SameShape):
         if not self._unit_stride(eqn, d):
             view.barrier("`slice` slices along the axis with a stride")
             return
+        if blocks.slice_copies(eqn, view, d):
+            return
         if (in_loc is not None and out_loc is not None and in_loc.dim != out_loc.dim) or (
             _unmappable(view, eqn)
         ):
@@ -244,10 +250,11 @@ class Slice(SameShape):
         # the slice's, so along the axis the chunk keeps all of it
         loc = _carried(r.in_locs[0])
         d = loc.dim
+        a, b = blocks.slice_bounds(eqn, r, loc) if loc.outer > 1 else (0, r.rows(loc))
         params = {
             **eqn.params,
-            "start_indices": _with(eqn.params["start_indices"], d, 0),
-            "limit_indices": _with(eqn.params["limit_indices"], d, r.rows(loc)),
+            "start_indices": _with(eqn.params["start_indices"], d, a),
+            "limit_indices": _with(eqn.params["limit_indices"], d, b),
         }
         with _compat.user_context(eqn):
             return _compat.bind(eqn, invals, params)

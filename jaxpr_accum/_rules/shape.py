@@ -226,13 +226,6 @@ def _dus_allowed(eqn: JaxprEqn, d: int) -> bool:
     return _compat.shape_of(eqn.invars[1])[d] == _compat.shape_of(eqn.invars[0])[d]
 
 
-class Split(SameShape):
-    """``split``: pieces along ``axis``; the axis elsewhere is shared by every piece."""
-
-    def __init__(self) -> None:
-        super().__init__(_first, _not_param("axis"), "splits the axis into pieces")
-
-
 class Stack(Rule):
     """``stack``: operands gain a new dimension ``axis`` (the axis shifts past it)."""
 
@@ -283,7 +276,6 @@ register("dynamic_slice", DynamicSlice())
 register("iota", Iota())
 register("pad", SameShape(_first, _pad_allowed, "pads along the axis"))
 register("tile", SameShape(_first, _tile_allowed, "repeats the axis"))
-register("split", Split())
 register("stack", Stack())
 register("unstack", Unstack())
 register(

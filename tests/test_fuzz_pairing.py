@@ -1,0 +1,31 @@
+"""The never-worse family of the fuzzer (``tests/fuzz/pairing.py``), derandomized for CI:
+random pairwise losses under ``grad="auto"`` are exact, and where a plan saves less than 10% of
+the original's memory the function runs as written with one ``PlanWarning``. The slow tier
+runs the family; ``tests/fuzz/campaign.py``-style long runs take more programs
+(``HYPOTHESIS_PROFILE=thorough``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from .fuzz import pairing
+
+#: programs in the slow tier's run
+PROGRAMS = 8 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else 200
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=PROGRAMS,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+@given(pairing.pairing_programs())
+def test_fuzz_pairing_family(program):
+    failure = pairing.check(program)
+    assert failure is None, failure

@@ -210,8 +210,8 @@ class Candidate:
             )
         elif split.stops and estimate < MARGIN * (split.held_bytes + split.epilogue_bytes):
             why = (
-                f"it stops at {split.stops[0]}, and the {format_bytes(split.epilogue_bytes)} "
-                f"the function computes after the loop stay at full size: the estimated "
+                f"the {format_bytes(split.epilogue_bytes)} the function computes after the "
+                f"loop, where the region stops, stay at full size: the estimated "
                 f"{format_bytes(estimate)} it saves is under {MARGIN:.0%} of what the function "
                 "holds"
             )

@@ -12,7 +12,7 @@ dense MLP and the Flax dropout MLP of ``tests/sharding_cases.py`` and every grad
   mesh_axis="data")``, on the batch sharded over the global mesh, compiled once with
   ``jax.jit(jax.value_and_grad(sf)).lower(...).compile()``: its value and gradients (the
   batch gradient gathered from every process), and the collectives in its HLO
-  (``sharding_cases.hlo_facts``);
+  (``benchmarks/hlo.py``'s ``hlo_facts``);
 * three ``optax.adam`` steps of the serialized loss on the global mesh, the same three steps
   of the reference in this process, and the parameters after them, saved to
   ``OUTDIR/params-{model}-{mode}-{rank}.npz`` so that the test compares them across processes.
@@ -73,8 +73,9 @@ def cases(outdir: Path, rank: int) -> dict[str, Any]:
     from jax.sharding import PartitionSpec as P
 
     import jaxpr_accum as ja
+    from benchmarks.hlo import hlo_facts
     from tests.oracle import GRAD_MODES
-    from tests.sharding_cases import dropout_problem, hlo_facts, mlp_problem, rel_err
+    from tests.sharding_cases import dropout_problem, mlp_problem, rel_err
 
     def devices() -> dict[str, Any]:
         return {

@@ -133,12 +133,12 @@ def describe(found: Sequence, batch_axes: Sequence[str]) -> str:
         scatters = sum(a in batch_axes for p in sharded for axes in p.dims for a in axes)
         parts.append(
             f"{len(sharded)} loop-invariant input(s) stay sharded (FSDP / tensor parallelism): "
-            "each device holds its shard across the loop; per chunk, each pass over the chunks "
-            f"all-gathers them where the chunk uses them ({gathers} all-gather(s)) and the "
-            f"backward reduce-scatters their gradients ({scatters} reduce-scatter(s) over "
-            f"{tuple(batch_axes)}, a local slice over other mesh axes): FSDP's own cost, the "
-            "only collectives inside the loop; their gradients accumulate and leave sharded "
-            "like them"
+            "each device holds its shard across the loop and accumulates its shard of their "
+            "gradients; per chunk, each pass over the chunks all-gathers them where the chunk "
+            f"uses them ({gathers} all-gather(s)) and the backward brings their gradients back "
+            f"to the shards ({scatters} reduce-scatter(s) over {tuple(batch_axes)}, a local "
+            "slice over other mesh axes): FSDP's own cost, the only collectives inside the loop; "
+            "their gradients leave sharded like them"
         )
     if whole:
         parts.append(f"{len(whole)} sharded input(s) gathered whole before the loop: {whole[0]}")

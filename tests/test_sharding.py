@@ -309,3 +309,14 @@ def test_a_parameter_the_shards_do_not_divide_stays_whole(results: dict) -> None
     text = case(results, "fsdp-auto-mlp-remat")["explain"]
     assert "1 sharded input(s) gathered whole before the loop" in text, text
     assert "dimension of 4 is not divided by the 8 shards of ('data',)" in text, text
+
+
+def test_sharded_parameter_jacobian_rows_and_forward_mode(results: dict) -> None:
+    """Two sums of a ``P("data", "model")`` weight: ``jax.jacrev`` (fused's rows with a
+    row dimension) and ``jax.linearize`` (the chunked forward mode), every mode."""
+    facts = case(results, "fsdp_tp-two_sums")
+    for grad in ("remat", "fused", "native"):
+        got = facts[grad]
+        assert got["plan_grad"] == grad, got
+        assert got["jacrev_err"] <= RTOL and got["linearize_err"] <= RTOL, (grad, got)
+        assert got["jacrev_spec"] == "P(None, 'data', 'model')", (grad, got)

@@ -11,15 +11,16 @@ cotangent reduce-scattered back to the shard there (``_shards``): those are the 
 collectives inside the loop, and its cotangent leaves with the input's sharding.
 
 ``detect`` finds the layout of a call: from ``mesh_axis=``, or from the ``Explicit`` mesh axes
-that the inputs' shardings put on the axis (seen alike eagerly and under ``jit``); the
-placement of an invariant input from its ``Explicit`` sharding (its aval's, for one computed
-before the loop) or from ``param_specs=`` (``Auto`` axes, where the avals carry none).
+that the inputs' shardings put on the axis (seen alike eagerly and under ``jit``). The
+placement of an invariant input is its value's ``Explicit`` sharding (at run time, for one
+computed before the loop) or, for an input of the call, ``param_specs=`` (``Auto`` axes, whose
+avals carry none).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -51,21 +52,17 @@ class Layout:
         every device (None), or why a sharded one is gathered whole before the loop."""
         return None
 
-    def enter(self, signature: Signature, inputs: Inputs) -> tuple[Inputs, list, Inputs]:
-        """``(inputs, placements, specs)``: the region's inputs as ``map``'s function takes
-        them (placed by ``to``), the placement of each invariant one and their specs."""
-        invariants = inputs.invariants
+    def enter(self, signature: Signature, inputs: Inputs) -> tuple[list, Inputs]:
+        """``(placements, specs)``: the placement of each invariant input of the region (at
+        ``inputs``; ``_shards``, None: whole) and the specs of ``map``'s function's inputs."""
         placements = [
             p if isinstance(p, _shards.Placement) else None
-            for p in map(self.placement, signature.invariants, invariants)
+            for p in map(self.placement, signature.invariants, inputs.invariants)
         ]
         specs = Inputs(
             [self.spec_of(p) for p in placements], [self.spec(loc) for loc in signature.chunk_locs]
         )
-        return Inputs(self.to(invariants, placements), list(inputs.chunked)), placements, specs
-
-    def to(self, values: Sequence, placements: Sequence) -> list:
-        return list(values)
+        return placements, specs
 
     def spec_of(self, placement: _shards.Placement | None, lead: int = 0) -> Any:
         """The ``shard_map`` spec of an invariant input placed so (or of its Jacobian rows:
@@ -114,16 +111,6 @@ class ShardedLayout(Layout):
         found = [self.placement(v, None) for v in Signature.of(split).invariants]
         return _shards.describe(found, self.axes)
 
-    def to(self, values: Sequence, placements: Sequence) -> list:
-        """Values sharded over ``Explicit`` axes but whole in the loop (an uneven shard)
-        gathered before it: ``shard_map`` takes an input only as its specs say."""
-        return [
-            jax.sharding.reshard(x, PartitionSpec())
-            if p is None and _compat.explicit_sharding(x) is not None
-            else x
-            for x, p in zip(values, placements, strict=True)
-        ]
-
     def spec_of(self, placement: _shards.Placement | None, lead: int = 0) -> Any:
         return PartitionSpec() if placement is None else placement.spec(lead)
 
@@ -157,19 +144,13 @@ def detect(
         for v, x in zip(split.jaxpr.invars, inputs, strict=True)
         if (loc := split.analysis.loc((), v)) is not None
     ]
-    specs = {
-        v: spec if sharding is None else sharding.spec
-        for v, x, spec in zip(split.jaxpr.invars, inputs, given, strict=True)
-        if split.analysis.loc((), v) is None
-        and ((sharding := _compat.explicit_sharding(x)) is not None or spec is not None)
-    }
     axes, mesh = mesh_axis, None
     for x, loc in carrying:
         sharding = _compat.named_sharding(x)
         if sharding is None:
             continue
         entry = sharding.spec[loc.dim] if loc.dim < len(sharding.spec) else None
-        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        names = _names(entry)
         if axes is None and names and _compat.explicit_axes(sharding.mesh, names):
             axes = names  # only explicit axes are seen alike eagerly and under jit
         mesh = mesh or sharding.mesh
@@ -189,13 +170,7 @@ def detect(
             f"`mesh_axis` names {missing}, which the mesh does not have "
             f"(its axes: {tuple(mesh.axis_names)})"
         )
-    missing = sorted({a for s in specs.values() for e in s if e for a in _names(e)} - set(mesh.axis_names))
-    if missing:
-        raise ArgumentError(
-            f"`param_specs` names mesh axes {missing}, which the mesh does not have "
-            f"(its axes: {tuple(mesh.axis_names)})"
-        )
-    layout = ShardedLayout(mesh, axes, specs)
+    layout = ShardedLayout(mesh, axes, _invariant_specs(split, inputs, given, mesh))
     d = layout.devices
     if d == 1:
         return Layout()
@@ -213,7 +188,25 @@ def detect(
     return layout
 
 
+def _invariant_specs(split: Split, inputs: list, given: list, mesh: Any) -> dict:
+    """``{input variable: PartitionSpec}`` of the inputs without the axis that are sharded
+    over ``Explicit`` axes or named by ``param_specs`` (``given``)."""
+    specs = {
+        v: spec if sharding is None else sharding.spec
+        for v, x, spec in zip(split.jaxpr.invars, inputs, given, strict=True)
+        if split.analysis.loc((), v) is None
+        and ((sharding := _compat.explicit_sharding(x)) is not None or spec is not None)
+    }
+    named = {a for spec in specs.values() for entry in spec for a in _names(entry)}
+    missing = sorted(named - set(mesh.axis_names))
+    if missing:
+        raise ArgumentError(
+            f"`param_specs` names mesh axes {missing}, which the mesh does not have "
+            f"(its axes: {tuple(mesh.axis_names)})"
+        )
+    return specs
+
 
 def _names(entry: Any) -> tuple[str, ...]:
-    """The mesh axes of one ``PartitionSpec`` entry."""
-    return (entry,) if isinstance(entry, str) else tuple(entry)
+    """The mesh axes of one ``PartitionSpec`` entry (none for None)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)

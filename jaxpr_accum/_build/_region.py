@@ -59,9 +59,9 @@ class Region:
     def __repr__(self) -> str:
         return f"Region(axis={self.split.size}, chunk={self.chunk})"
 
-    def loop(self, placements: list) -> ChunkLoop:
-        """This device's chunk loop (call it inside the layout's mapped function)."""
-        return self.layout.loop(self.split, self.signature, self.accum_dtype, self.chunk, placements)
+    def loop(self, shards: list) -> ChunkLoop:
+        """This device's chunk loop (inside the layout's mapped function; ``Layout.enter``)."""
+        return self.layout.loop(self.split, self.signature, self.accum_dtype, self.chunk, shards)
 
     def _merged(self, out: Outputs) -> Outputs:
         """One device's outputs merged across devices: sums added (and cast back to their
@@ -84,7 +84,7 @@ class Region:
     def forward(self, inputs: Inputs, checkpoint: bool = False) -> Outputs:
         """The region's outputs (``checkpoint``: each chunk's body under ``jax.checkpoint``,
         so that JAX's own differentiation of the loop recomputes it)."""
-        inputs, placements, in_specs = self.layout.enter(self.signature, inputs)
+        placements, in_specs = self.layout.enter(self.signature, inputs)
 
         def local(inv: list, ch: list) -> Outputs:
             return self._merged(self.loop(placements).forward(Inputs(inv, ch), checkpoint))
@@ -96,8 +96,7 @@ class Region:
         """Forward mode: the tangents of the differentiable outputs (no finals) for the
         ``tangents`` of the inputs (None: zero). ``finals``: the forward's final stabilisers."""
         sig, layout, spec = self.signature, self.layout, self.layout.spec
-        inputs, placements, in_specs = self.layout.enter(self.signature, inputs)
-        tangents = Inputs(layout.to(tangents.invariants, placements), list(tangents.chunked))
+        placements, in_specs = self.layout.enter(self.signature, inputs)
         nz = Inputs(
             [i for i, t in enumerate(tangents.invariants) if t is not None],
             [i for i, t in enumerate(tangents.chunked) if t is not None],
@@ -140,7 +139,7 @@ class Region:
         """The remat backward: cotangents of the perturbed floating inputs (None elsewhere),
         in the inputs' dtypes, for the output cotangents ``cts`` (None: zero)."""
         sig, layout, spec = self.signature, self.layout, self.layout.spec
-        inputs, placements, in_specs = self.layout.enter(self.signature, inputs)
+        placements, in_specs = self.layout.enter(self.signature, inputs)
         present = Outputs(*([i for i, c in enumerate(g) if c is not None] for g in cts))
         diff = Inputs(
             wanted(inputs.invariants, perturbed.invariants),
@@ -184,7 +183,7 @@ class Region:
         """The fused forward: the sums and the Jacobian rows of the gradient-carrying ones
         with respect to the perturbed floating inputs (None elsewhere)."""
         sig, layout, spec = self.signature, self.layout, self.layout.spec
-        inputs, placements, in_specs = self.layout.enter(self.signature, inputs)
+        placements, in_specs = self.layout.enter(self.signature, inputs)
         diff = Inputs(
             wanted(inputs.invariants, perturbed.invariants),
             wanted(inputs.chunked, perturbed.chunked),

@@ -114,8 +114,7 @@ def serialize_axis(
             arguments): a ``PartitionSpec`` or None (replicated) per leaf of a pytree prefix
             of the positional arguments, as ``jax.jit``'s ``in_shardings``. Under a sharded
             layout, a sharded parameter stays sharded across the loop (FSDP, tensor
-            parallelism): each chunk gathers it where it is used and reduce-scatters its
-            gradient.
+            parallelism): each chunk's step gathers it and reduce-scatters its gradient.
 
     Returns:
         A ``SerializedFunction`` that takes and returns what ``fun`` does (for type checkers

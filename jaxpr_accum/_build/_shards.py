@@ -1,5 +1,5 @@
 """Sharded loop-invariant inputs (FSDP, tensor parallelism): each device holds its shard
-across the chunk loop and gathers the whole input where a chunk uses it.
+across the chunk loop and gathers the whole input in each chunk's step.
 
 A ``Placement`` is the mesh axes of each dimension of an invariant input (its
 ``PartitionSpec``, every mesh axis manual under the layout's ``shard_map``). Per chunk:
@@ -136,8 +136,8 @@ def describe(found: Sequence, batch_axes: Sequence[str]) -> str:
         parts.append(
             f"{len(sharded)} loop-invariant input(s) stay sharded (FSDP / tensor parallelism): "
             "each device holds its shard across the loop and accumulates its shard of their "
-            "gradients; per chunk, each pass over the chunks all-gathers them where the chunk "
-            f"uses them ({gathers} all-gather(s)) and the backward brings their gradients back "
+            "gradients; per chunk, each pass over the chunks all-gathers them in the chunk's "
+            f"step ({gathers} all-gather(s)) and the backward brings their gradients back "
             f"to the shards ({scatters} reduce-scatter(s) over {tuple(batch_axes)}, a local "
             "slice over other mesh axes): FSDP's own cost, the only collectives inside the loop; "
             "their gradients leave sharded like them"

@@ -241,9 +241,7 @@ region_p = _compat.define_primitive(
     dce=_dce,
     deoptimized=_deoptimized,
 )
-_compat.checks_through(
-    region_p, _checkpointed_jaxpr, lambda params: params["region"].written_body()
-)
+_compat.checks_through(region_p, _checkpointed_jaxpr, lambda params: params["region"].written_body())
 
 # An outer ``serialize_axis`` does not enter an inner one's region: its loop is already chunked.
 _table.register(

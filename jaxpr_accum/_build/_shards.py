@@ -56,7 +56,7 @@ class Placement(NamedTuple):
 def placement_of(spec: Any, shape: Sequence[int], mesh_shape: dict) -> Placement | str:
     """The placement of an input of ``shape`` with ``spec`` on a mesh of ``mesh_shape``, or
     why it stays replicated (a dimension its shards do not divide: ``shard_map`` needs even
-    shards, and padding would change the reductions over that dimension)."""
+    shards, and padding would change the shapes every equation reading it computes with)."""
     entries = list(spec) + [None] * (len(shape) - len(spec))
     dims = tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
     sizes = tuple(tuple(mesh_shape[a] for a in axes) for axes in dims)

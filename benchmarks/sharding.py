@@ -1,9 +1,11 @@
-"""Data parallelism: the chunked run sharded over 8 devices vs the same run on one device.
+"""Data parallelism: the chunked run sharded over 8 devices vs the same run on one device;
+FSDP and tensor parallelism (``sharding_fsdp``).
 
 Run from the repository root (CPU is fine: it simulates 8 devices)::
 
-    python benchmarks/sharding.py              # Markdown table
+    python benchmarks/sharding.py              # Markdown tables: data parallel, then FSDP
     python benchmarks/sharding.py --repeats 31 --rows 4096
+    python benchmarks/sharding.py --part fsdp --fsdp-rows 4096 16384
 
 An MLP regression loss over ``rows`` rows is serialized with ``argnums=1`` (the batch) and
 ``chunk`` rows per chunk, and ``jax.jit(jax.value_and_grad(sf))`` is compiled twice:
@@ -23,6 +25,12 @@ interquartile range. Values and gradients of both are checked against each other
 On a CPU host the 8 "devices" share the host's cores, so the time ratio measures the overhead
 of the sharded layout (shard_map, per-device loops, one all-reduce), not a speed-up; on 8
 real accelerators the sharded run does 1/8 of the work per device.
+
+``--part fsdp`` prints the FSDP tables of ``sharding_fsdp`` (per-device temp memory of the
+original, ``serialize_axis`` and a hand-written scan at each of ``--fsdp-rows``; the 4 x 2
+mesh; the collectives of every program by kind and place) and whether ``serialize_axis``
+meets its targets: at most half the original's memory at the largest batch, below it at the
+smallest, and at most the hand-written scan's at every batch.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from harness import fmt_bytes  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from measuring import temp_bytes_of  # noqa: E402
+from sharding_fsdp import fsdp_rows, fsdp_tp_rows  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
 
@@ -137,6 +146,67 @@ def measure(grad: str, args: argparse.Namespace, mesh: Any) -> dict[str, Any]:
     }
 
 
+def table(header: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for cells in rows:
+        print("| " + " | ".join(cells) + " |")
+    print()
+
+
+def fsdp_tables(args: argparse.Namespace) -> None:
+    """The FSDP tables (module docstring) and the targets' check."""
+    width, depth = args.fsdp_width, args.fsdp_depth
+    print(
+        f"FSDP: {depth} layers of {width} x {width} sharded P('data', None) on {N_DEVICES} "
+        "devices (Auto axes), chunk = N / 16, grad='remat', per-device temp memory\n"
+    )
+    by_rows = {n: {r["program"]: r for r in fsdp_rows(n, width, depth)} for n in args.fsdp_rows}
+    programs = list(next(iter(by_rows.values())))
+    cells = []
+    for n, found in by_rows.items():
+        base = found["original (GSPMD)"]["temp"]
+        cells.append(
+            [f"{n:,}"]
+            + [f"{fmt_bytes(found[p]['temp'])} ({found[p]['temp'] / base:.2f}x)" for p in programs]
+        )
+    table(["batch N", *programs], cells)
+    counts = [
+        [f"{n:,}", p, r["loop"], r["outside"]]
+        for n, found in by_rows.items()
+        for p, r in found.items()
+    ]
+    table(["batch N", "program", "collectives inside the loop", "outside"], counts)
+    n_tp = min(args.fsdp_rows)
+    print(
+        f"FSDP on 'data' and tensor parallel on 'model': mesh (4, 2), weights P('data', 'model'), "
+        f"N = {n_tp:,}, chunk = N / 16\n"
+    )
+    tp = fsdp_tp_rows(n_tp, width, depth)
+    table(
+        ["program", "temp / device", "max rel. diff vs unsharded", "inside the loop", "outside"],
+        [
+            [r["program"], fmt_bytes(r["temp"]), f"{r['err']:.1e}", r["loop"], r["outside"]]
+            for r in tp
+        ],
+    )
+    ratio = {
+        n: f["serialize_axis"]["temp"] / f["original (GSPMD)"]["temp"] for n, f in by_rows.items()
+    }
+    small, large = min(by_rows), max(by_rows)
+    met = (
+        ratio[large] <= 0.5
+        and ratio[small] < 1
+        and all(
+            f["serialize_axis"]["temp"] <= f["hand-written scan"]["temp"] for f in by_rows.values()
+        )
+    )
+    print(
+        f"targets {'met' if met else 'NOT met'}: serialize_axis / original "
+        + ", ".join(f"{r:.2f} at N={n:,}" for n, r in ratio.items())
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=4096)
@@ -145,9 +215,21 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--grad", nargs="+", default=["auto", "remat"])
+    parser.add_argument("--part", choices=("all", "dp", "fsdp"), default="all")
+    parser.add_argument("--fsdp-rows", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--fsdp-width", type=int, default=1024)
+    parser.add_argument("--fsdp-depth", type=int, default=6)
     args = parser.parse_args()
 
     assert jax.device_count() == N_DEVICES, jax.devices()
+    if args.part != "fsdp":
+        data_parallel_table(args)
+    if args.part != "dp":
+        fsdp_tables(args)
+
+
+def data_parallel_table(args: argparse.Namespace) -> None:
+    """The data-parallel table: the sharded run vs one device, per gradient mode."""
     mesh = jax.make_mesh((N_DEVICES,), ("data",))
     rows = [measure(g, args, mesh) for g in args.grad]
 
@@ -166,20 +248,21 @@ def main() -> None:
         "time ratio (median of pairs) [IQR]",
         "max rel. diff",
     ]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
+    cells = []
     for r in rows:
-        cells = [
-            r["grad"],
-            fmt_bytes(r["temp_sharded"]),
-            fmt_bytes(r["temp_one"]),
-            f"{r['temp_sharded'] / r['temp_one']:.3f}",
-            f"{r['time_sharded'] * 1e3:.1f} ms",
-            f"{r['time_one'] * 1e3:.1f} ms",
-            f"{r['ratio']:.2f} [{r['ratio_iqr'][0]:.2f}, {r['ratio_iqr'][1]:.2f}]",
-            f"{r['err']:.1e}",
-        ]
-        print("| " + " | ".join(cells) + " |")
+        cells.append(
+            [
+                r["grad"],
+                fmt_bytes(r["temp_sharded"]),
+                fmt_bytes(r["temp_one"]),
+                f"{r['temp_sharded'] / r['temp_one']:.3f}",
+                f"{r['time_sharded'] * 1e3:.1f} ms",
+                f"{r['time_one'] * 1e3:.1f} ms",
+                f"{r['ratio']:.2f} [{r['ratio_iqr'][0]:.2f}, {r['ratio_iqr'][1]:.2f}]",
+                f"{r['err']:.1e}",
+            ]
+        )
+    table(header, cells)
 
 
 if __name__ == "__main__":

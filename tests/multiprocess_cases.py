@@ -12,10 +12,11 @@ dense MLP and the Flax dropout MLP of ``tests/sharding_cases.py`` and every grad
   mesh_axis="data")``, on the batch sharded over the global mesh, compiled once with
   ``jax.jit(jax.value_and_grad(sf)).lower(...).compile()``: its value and gradients (the
   batch gradient gathered from every process), and the collectives in its HLO
-  (``sharding_cases.hlo_facts``);
+  (``benchmarks/hlo.py``'s ``hlo_facts``); the ``fsdp-`` cases shard the parameters over
+  ``"data"`` too (FSDP, ``param_specs=``), with the gradients' shardings;
 * three ``optax.adam`` steps of the serialized loss on the global mesh, the same three steps
   of the reference in this process, and the parameters after them, saved to
-  ``OUTDIR/params-{model}-{mode}-{rank}.npz`` so that the test compares them across processes.
+  ``OUTDIR/params-{case}-{rank}.npz`` so that the test compares them across processes.
 
 It writes one JSON object per line to ``OUTDIR/facts-{rank}.jsonl``: ``{"case": name, ...}``
 or ``{"case": name, "error": traceback}``. It only measures; the assertions live in
@@ -73,8 +74,10 @@ def cases(outdir: Path, rank: int) -> dict[str, Any]:
     from jax.sharding import PartitionSpec as P
 
     import jaxpr_accum as ja
+    from benchmarks.hlo import hlo_facts
     from tests.oracle import GRAD_MODES
-    from tests.sharding_cases import dropout_problem, hlo_facts, mlp_problem, rel_err
+    from tests.sharding_cases import dropout_problem, mlp_problem, rel_err
+    from tests.sharding_fsdp import FSDP, dropout_specs, placed_spec, spec_text
 
     def devices() -> dict[str, Any]:
         return {
@@ -88,10 +91,15 @@ def cases(outdir: Path, rank: int) -> dict[str, Any]:
     local = jax.local_devices()[0]
 
     def place(tree: Any, spec: Any) -> Any:
-        """Global arrays from the full host arrays every process holds."""
-        sharding = NamedSharding(mesh, spec)
+        """Global arrays from the full host arrays every process holds (``spec``: one for
+        every leaf, or a tree of them)."""
+        specs = jax.tree.map(lambda _: spec, tree) if isinstance(spec, P) else spec
         return jax.tree.map(
-            lambda a: jax.make_array_from_callback(a.shape, sharding, lambda idx: a[idx]), tree
+            lambda a, s: jax.make_array_from_callback(
+                a.shape, NamedSharding(mesh, s), lambda idx: a[idx]
+            ),
+            tree,
+            specs,
         )
 
     def to_host(tree: Any) -> Any:
@@ -111,16 +119,25 @@ def cases(outdir: Path, rank: int) -> dict[str, Any]:
             return keyed, params, batch, (key_data,)
         return loss, params, batch, rest
 
-    def model_case(model: str, mode: str) -> dict[str, Any]:
+    def weights(tree: Any) -> list:
+        return [a for a in jax.tree.leaves(tree) if a.ndim == 2]
+
+    def model_case(model: str, mode: str, fsdp: bool) -> dict[str, Any]:
         loss, params, batch, rest = problem(model)
         vg = {"argnums": (0, 1)}
         ref_value, ref_grads = jax.jit(jax.value_and_grad(loss, **vg))(
             *jax.device_put((params, batch, *rest), local)
         )
-        sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1, grad=mode, mesh_axis="data")
-        args = (place(params, P()), place(batch, P("data")), *place(rest, P()))
+        # FSDP: the parameters sharded over "data" (``param_specs``: the mesh's axes are Auto),
+        # those whose dimensions 8 devices do not divide placed whole
+        specs = {"mlp": FSDP, "dropout": dropout_specs(P("data", None), P("data"))}[model]
+        specs = jax.tree.map(lambda a, s: placed_spec(a.shape, s, mesh), params, specs)
+        kw = {"param_specs": (specs, None, *(None for _ in rest))} if fsdp else {}
+        sf = ja.serialize_axis(loss, chunk=CHUNK, argnums=1, grad=mode, mesh_axis="data", **kw)
+        args = (place(params, specs if fsdp else P()), place(batch, P("data")), *place(rest, P()))
         compiled = jax.jit(jax.value_and_grad(sf, **vg)).lower(*args).compile()
-        value, grads = to_host(compiled(*args))
+        out = compiled(*args)
+        sharded_grads, (value, grads) = out[1], to_host(out)
         plan = sf.explain(*args)
 
         # Three optimiser steps, serialized on the global mesh and as written on one device.
@@ -148,7 +165,7 @@ def cases(outdir: Path, rank: int) -> dict[str, Any]:
         p_sf_host = to_host(p_sf)
         leaves = jax.tree.leaves(p_sf_host)
         np.savez(
-            outdir / f"params-{model}-{mode}-{rank}.npz",
+            outdir / f"params-{'fsdp-' if fsdp else ''}{model}-{mode}-{rank}.npz",
             **{f"leaf{i}": leaf for i, leaf in enumerate(leaves)},
         )
 
@@ -168,13 +185,18 @@ def cases(outdir: Path, rank: int) -> dict[str, Any]:
             "plan_chunk": plan.chunk,
             "plan_axis_size": plan.axis_size,
             "plan_layout": str(plan.layout),
+            # the weights' (the loop reads them as passed; biases are broadcast before it)
+            "grad_specs": [spec_text(g.sharding.spec) for g in weights(sharded_grads[0])],
+            "param_specs": [spec_text(a.sharding.spec) for a in weights(args[0])],
             **hlo_facts(compiled.as_text()),
         }
 
     out: dict[str, Any] = {"devices": devices}
     for model in ("mlp", "dropout"):
         for mode in GRAD_MODES:
-            out[f"{model}-{mode}"] = lambda model=model, mode=mode: model_case(model, mode)
+            for fsdp in (False, True):
+                name = f"{'fsdp-' if fsdp else ''}{model}-{mode}"
+                out[name] = lambda model=model, mode=mode, fsdp=fsdp: model_case(model, mode, fsdp)
     return out
 
 

@@ -27,7 +27,6 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import contextlib  # noqa: E402
 import json  # noqa: E402
-import re  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -41,98 +40,12 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxpr_accum as ja  # noqa: E402
+from benchmarks.hlo import hlo_facts  # noqa: E402
 from tests.oracle import GRAD_MODES  # noqa: E402
 
 N_DEVICES = 8
 BATCH = 64  # 8 rows per device
 CHUNK = 16  # 2 rows per device per chunk: 4 chunks
-
-# --------------------------------------------------------------------------------------
-# HLO text: computations, while loops, collectives
-# --------------------------------------------------------------------------------------
-
-COLLECTIVES = (
-    "all-reduce",
-    "all-gather",
-    "all-to-all",
-    "ragged-all-to-all",
-    "collective-permute",
-    "collective-broadcast",
-    "reduce-scatter",
-)
-_HEADER = re.compile(r"^(?:ENTRY\s+)?%?(\S+)\s+\(.*\{\s*$")
-_OPCODE = re.compile(
-    r"\s(" + "|".join(COLLECTIVES) + r")(-start|-done)?\("
-)  # an instruction's opcode is followed by "(", a name by " =", "," or ")"
-_CALLED = re.compile(
-    r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)"
-)
-_CALLED_LIST = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
-_WHILE = re.compile(r"\swhile\(.*?condition=%?([\w.\-]+), body=%?([\w.\-]+)")
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-
-
-def hlo_computations(text: str) -> dict[str, str]:
-    """``{name: body text}`` for every computation of an HLO module's text."""
-    comps: dict[str, str] = {}
-    name, lines = None, []
-    for line in text.splitlines():
-        if name is None:
-            m = _HEADER.match(line)
-            if m and not line.startswith("HloModule"):
-                name, lines = m.group(1), []
-        elif line.startswith("}"):
-            comps[name] = "\n".join(lines)
-            name = None
-        else:
-            lines.append(line)
-    return comps
-
-
-def called(body: str) -> set[str]:
-    names = set(_CALLED.findall(body))
-    for group in _CALLED_LIST.findall(body):
-        names.update(n.strip().lstrip("%") for n in group.split(",") if n.strip())
-    return names
-
-
-def reachable(comps: dict[str, str], roots: set[str]) -> set[str]:
-    """``roots`` and every computation they call, transitively."""
-    seen: set[str] = set()
-    todo = list(roots)
-    while todo:
-        n = todo.pop()
-        if n in seen or n not in comps:
-            continue
-        seen.add(n)
-        todo.extend(called(comps[n]) - seen)
-    return seen
-
-
-def collectives_in(body: str) -> list[str]:
-    return [op + suffix for op, suffix in _OPCODE.findall(body)]
-
-
-def hlo_facts(text: str) -> dict[str, Any]:
-    """While loops, the collectives inside them, and the module's all-reduce count."""
-    comps = hlo_computations(text)
-    loops = [(c, b) for body in comps.values() for c, b in _WHILE.findall(body)]
-    roots = {n for pair in loops for n in pair}
-    missing = sorted(r for r in roots if r not in comps)
-    in_loops = reachable(comps, roots)
-    loop_collectives = sorted({f"{op} in {n}" for n in in_loops for op in collectives_in(comps[n])})
-    everywhere = [op for body in comps.values() for op in collectives_in(body)]
-    return {
-        "n_computations": len(comps),
-        "n_while": len(loops),
-        "loop_computations_missing": missing,
-        "n_loop_computations": len(in_loops),
-        "loop_collectives": loop_collectives,
-        "all_reduce_total": sum(op in ("all-reduce", "all-reduce-start") for op in everywhere),
-        "collectives_total": sorted(set(everywhere)),
-        "trip_counts": sorted({int(n) for n in _TRIP.findall(text)}),
-    }
-
 
 # --------------------------------------------------------------------------------------
 # Comparing with the oracle
@@ -669,9 +582,12 @@ CASES["shard_map_idioms"] = case_shard_map_idioms
 
 
 def main(names: list[str]) -> None:
-    for name in names or list(CASES):
+    from tests.sharding_fsdp import CASES as FSDP_CASES  # imports this module: not at the top
+
+    cases = {**CASES, **FSDP_CASES}
+    for name in names or list(cases):
         try:
-            facts = {"case": name, **CASES[name]()}
+            facts = {"case": name, **cases[name]()}
         except Exception:
             facts = {"case": name, "error": traceback.format_exc()}
         print(json.dumps(facts), flush=True)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax import lax
 from jax.extend.core import ClosedJaxpr
+from jax.sharding import PartitionSpec as P
 
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
@@ -309,6 +310,23 @@ def test_bad_grad_mode(grad):
 @pytest.mark.parametrize("size", [0, -2, 2.5])
 def test_bad_size(size):
     _raises_naming("size", lambda: ja.serialize_axis(loss, chunk=4, size=size))
+
+
+@pytest.mark.parametrize("specs", ["data", (P("data"), 0), [None, ("data",)]])
+def test_bad_param_specs(specs):
+    _raises_naming("param_specs", lambda: ja.serialize_axis(loss, chunk=4, param_specs=specs))
+
+
+def test_param_specs_naming_an_axis_the_mesh_lacks():
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    sf = ja.serialize_axis(
+        loss, chunk=4, argnums=1, mesh_axis="data", param_specs=(P("model"), None)
+    )
+    with (
+        jax.set_mesh(mesh),
+        pytest.raises(ValueError, match=r"`param_specs` names mesh axes \['model'\]"),
+    ):
+        sf(W, X)
 
 
 def test_not_callable():

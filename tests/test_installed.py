@@ -132,8 +132,11 @@ def test_the_repr_shows_every_setting_not_at_its_default():
     )
     by_leaf = ja.serialize_axis(f, chunk=3, in_axes=(None, 0))
     assert repr(by_leaf) == "serialize_axis('f', chunk=3, in_axes=(None, 0))"
+    specs = (jax.sharding.PartitionSpec("d", None), None)
+    by_spec = ja.serialize_axis(f, chunk=3, argnums=1, param_specs=specs)
+    assert repr(by_spec) == f"serialize_axis('f', chunk=3, argnums=(1,), param_specs={specs!r})"
     shown = {"chunk", "memory", "axis", "argnums", "grad", "accum_dtype", "mesh_axis", "size"}
-    assert shown | {"in_axes"} == SETTING_NAMES  # every setting shown above
+    assert shown | {"in_axes", "param_specs"} == SETTING_NAMES  # every setting shown above
 
 
 def test_a_serialized_call_is_the_originals():

@@ -18,6 +18,10 @@ assertions live here:
 * after three ``optax.adam`` steps the parameters are bit-identical in both processes, and
   equal the three steps of the unchanged loss on one device within the same tolerance.
 
+The same again with the parameters sharded over ``"data"`` too (FSDP, ``param_specs=``):
+inside the loop only their gathers and their gradients' reduce-scatters, across processes,
+and the gradients leave sharded like the parameters.
+
 Each process is bounded by a timeout and killed by its PID when the test module is done.
 """
 
@@ -47,6 +51,7 @@ SCRIPT = ROOT / "tests" / "multiprocess_cases.py"
 N_PROCESSES = 2
 LOCAL_DEVICES = 4
 MODELS = ("mlp", "dropout")
+LAYOUTS = ("", "fsdp-")  # replicated parameters, or sharded over "data" (FSDP)
 RTOL = 2e-4
 TIMEOUT_S = 600
 
@@ -130,13 +135,14 @@ def test_two_processes_with_four_devices_each(run: dict[str, Any]) -> None:
         assert facts["device_count"] == N_PROCESSES * LOCAL_DEVICES
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("model", MODELS)
 def test_values_and_gradients_match_single_process_reference(
-    run: dict[str, Any], model: str, mode: str
+    run: dict[str, Any], model: str, mode: str, layout: str
 ) -> None:
     for rank in range(N_PROCESSES):
-        facts = case(run, f"{model}-{mode}", rank)
+        facts = case(run, f"{layout}{model}-{mode}", rank)
         assert facts["value_err"] <= RTOL, (rank, facts)
         assert facts["params_grad_err"] <= RTOL, (rank, facts)
         assert facts["batch_grad_err"] <= RTOL, (rank, facts)
@@ -149,35 +155,45 @@ def test_values_and_gradients_match_single_process_reference(
         assert facts["plan_grad"] in expected, (rank, facts)
         assert facts["plan_axis_size"] == 64 and facts["plan_chunk"] == 16, (rank, facts)
         assert "('data',)" in facts["plan_layout"], (rank, facts)
+        if layout:  # FSDP: each weight's gradient leaves sharded like the weight
+            assert facts["grad_specs"] == facts["param_specs"], (rank, facts)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("model", MODELS)
-def test_no_collectives_inside_the_chunk_loop(run: dict[str, Any], model: str, mode: str) -> None:
+def test_no_collectives_inside_the_chunk_loop_but_fsdps(
+    run: dict[str, Any], model: str, mode: str, layout: str
+) -> None:
     for rank in range(N_PROCESSES):
-        facts = case(run, f"{model}-{mode}", rank)
+        facts = case(run, f"{layout}{model}-{mode}", rank)
         assert facts["n_while"] >= 1, (rank, facts)
         assert facts["loop_computations_missing"] == [], (rank, facts)
-        assert facts["loop_collectives"] == [], (rank, facts)
+        kinds = {entry.split(" in ")[0] for entry in facts["loop_collectives"]}
+        if layout:  # FSDP: the parameters' gathers and their gradients' reduce-scatters only
+            assert "all-gather" in kinds and kinds <= {"all-gather", "reduce-scatter"}, kinds
+        else:
+            assert not kinds, (rank, facts)
         # the accumulators are summed across all 8 devices, after the loop
         assert facts["all_reduce_total"] >= 1, (rank, facts)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", GRAD_MODES)
 @pytest.mark.parametrize("model", MODELS)
 def test_parameters_after_optax_steps_are_identical_across_processes(
-    run: dict[str, Any], model: str, mode: str
+    run: dict[str, Any], model: str, mode: str, layout: str
 ) -> None:
     saved = []
     for rank in range(N_PROCESSES):
-        facts = case(run, f"{model}-{mode}", rank)
+        facts = case(run, f"{layout}{model}-{mode}", rank)
         assert facts["steps_err"] <= RTOL, (rank, facts)
-        with np.load(run["outdir"] / f"params-{model}-{mode}-{rank}.npz") as npz:
+        with np.load(run["outdir"] / f"params-{layout}{model}-{mode}-{rank}.npz") as npz:
             saved.append([npz[f"leaf{i}"] for i in range(facts["n_param_leaves"])])
     first, *others = saved
     for rank, leaves in enumerate(others, start=1):
         for i, (a, b) in enumerate(zip(first, leaves, strict=True)):
             assert a.shape == b.shape and np.array_equal(a, b), (
-                f"{model}-{mode}: parameter leaf {i} differs between process 0 and {rank}: "
+                f"{layout}{model}-{mode}: parameter leaf {i} differs between process 0 and {rank}: "
                 f"max |diff| {np.max(np.abs(a - b))}"
             )

@@ -16,6 +16,17 @@ measures; the assertions live here:
 * ``chunk`` not a multiple of the shards: a ``ValueError`` at the first call naming both
   numbers and the nearest valid sizes; an axis the shards do not divide: a ``ValueError``;
 * ``str(sf.explain(...))`` names the mesh axis and the per-device chunk.
+
+With parameters sharded (``tests/sharding_fsdp.py``: FSDP over the batch's mesh axis, tensor
+parallelism over another, both on a 4 x 2 mesh; ``Explicit`` meshes and ``Auto`` ones with
+``param_specs=``), every mode, a remainder chunk and dropout:
+
+* values and gradients equal the unsharded original's, the dropout zeros exactly; each
+  gradient leaves sharded like its parameter;
+* inside the loop only the parameters' all-gathers and (over the batch's axis) their
+  gradients' reduce-scatters; no all-reduce outside it moves a whole sharded gradient;
+* ``explain`` counts the gathers and reduce-scatters, and says why a parameter whose
+  dimension the shards do not divide is gathered whole before the loop.
 """
 
 from __future__ import annotations
@@ -231,3 +242,81 @@ def test_idioms_inside_shard_map(results: dict) -> None:
     assert len(facts) == 48, facts
     bad = {k: v for k, v in facts.items() if "raised" in v or v["err"] > RTOL}
     assert not bad, bad
+
+
+# -- FSDP and tensor parallelism (``tests/sharding_fsdp.py``) --------------------------------
+FSDP_CASES = [
+    f"{layout}-{grad}"
+    for layout in ("fsdp-auto-mlp", "fsdp-explicit-mlp", "fsdp_tp-explicit-mlp")
+    for grad in ("remat", "fused", "native", "auto")
+]
+FSDP_CASES += ["fsdp_tp-auto-mlp-remat", "tp-explicit-mlp-remat", "tp-explicit-mlp-native"]
+FSDP_CASES += [f"fsdp-remainder-dropout-{g}" for g in ("remat", "fused", "native")]
+FSDP_CASES += ["fsdp-auto-remainder-mlp-remat"]
+
+
+@pytest.mark.parametrize("name", FSDP_CASES)
+def test_sharded_parameters_values_and_gradients_match_unsharded_original(
+    results: dict, name: str
+) -> None:
+    """Parameters sharded over the batch's mesh axis (FSDP), another one (tensor parallel)
+    or both, every mode, a remainder chunk, dropout: the unsharded original's values and
+    gradients, the same dropout zeros; each gradient leaves sharded like its parameter
+    (on an ``Auto`` mesh, the weights, which the loop reads as passed)."""
+    facts = case(results, name)
+    if not name.endswith("-auto"):
+        assert facts["plan_grad"] == name.rsplit("-", 1)[1]
+    for what in ("value_err", "params_grad_err", "batch_grad_err"):
+        assert facts[what] <= RTOL, f"{what} = {facts[what]:.3e} > {RTOL}"
+    assert facts["batch_grad_zeros_equal"], "dropout draws differ from the original's"
+    pairs = zip(facts["grad_specs"], facts["param_specs"], facts["param_ndims"], strict=True)
+    auto = "-auto-" in name
+    for got, placed, ndim in pairs:
+        if not auto or ndim == 2:
+            assert got == placed, (facts["grad_specs"], facts["param_specs"])
+
+
+@pytest.mark.parametrize("name", FSDP_CASES)
+def test_sharded_parameters_only_gather_and_scatter_inside_the_loop(
+    results: dict, name: str
+) -> None:
+    """Inside the loop: the gathers of the sharded parameters and (over the batch's mesh
+    axis) the reduce-scatters of their gradients, nothing else; outside: no all-reduce of a
+    whole sharded parameter's gradient."""
+    facts = case(results, name)
+    inside = facts["collectives"]["loop"]
+    assert set(inside) <= {"all-gather", "all-gather-start", "reduce-scatter"}, inside
+    assert inside.get("all-gather", 0) + inside.get("all-gather-start", 0) >= 1, inside
+    if not name.startswith("tp-"):  # FSDP: the gradients are reduce-scattered per chunk
+        assert inside.get("reduce-scatter", 0) >= 1, inside
+    whole = {tuple(s) for s in facts["sharded_shapes"]}
+    reduced = [s for s in facts["all_reduce_shapes"] if tuple(s) in whole]
+    assert not reduced, f"all-reduces of whole sharded gradients: {reduced}"
+
+
+@pytest.mark.parametrize("name", FSDP_CASES)
+def test_explain_counts_the_collectives_of_sharded_parameters(results: dict, name: str) -> None:
+    text = case(results, name)["explain"]
+    assert "stay sharded (FSDP / tensor parallelism)" in text, text
+    assert re.search(r"\(\d+ all-gather\(s\)\)", text), text
+    assert re.search(r"\d+ reduce-scatter\(s\) over \('data',\)", text), text
+    assert "FSDP's own cost" in text, text
+
+
+def test_a_parameter_the_shards_do_not_divide_stays_whole(results: dict) -> None:
+    """``param_specs`` shards the last layer's 4 outputs over 8 devices: that parameter is
+    gathered whole before the loop and ``explain`` says why."""
+    text = case(results, "fsdp-auto-mlp-remat")["explain"]
+    assert "1 sharded input(s) gathered whole before the loop" in text, text
+    assert "dimension of 4 is not divided by the 8 shards of ('data',)" in text, text
+
+
+def test_sharded_parameter_jacobian_rows_and_forward_mode(results: dict) -> None:
+    """Two sums of a ``P("data", "model")`` weight: ``jax.jacrev`` (fused's rows with a
+    row dimension) and ``jax.linearize`` (the chunked forward mode), every mode."""
+    facts = case(results, "fsdp_tp-two_sums")
+    for grad in ("remat", "fused", "native"):
+        got = facts[grad]
+        assert got["plan_grad"] == grad, got
+        assert got["jacrev_err"] <= RTOL and got["linearize_err"] <= RTOL, (grad, got)
+        assert got["jacrev_spec"] == "P(None, 'data', 'model')", (grad, got)

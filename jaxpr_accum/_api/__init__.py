@@ -36,6 +36,7 @@ def serialize_axis(
     grad: str = "auto",
     accum_dtype: Any = None,
     mesh_axis: str | tuple[str, ...] | None = None,
+    param_specs: Any = None,
 ) -> SerializedFunction[P, R]: ...
 
 
@@ -52,6 +53,7 @@ def serialize_axis(
     grad: str = "auto",
     accum_dtype: Any = None,
     mesh_axis: str | tuple[str, ...] | None = None,
+    param_specs: Any = None,
 ) -> Callable[[Callable[P, R]], SerializedFunction[P, R]]: ...
 
 
@@ -67,6 +69,7 @@ def serialize_axis(
     grad: str = "auto",
     accum_dtype: Any = None,
     mesh_axis: str | tuple[str, ...] | None = None,
+    param_specs: Any = None,
 ) -> SerializedFunction[P, R] | Callable[[Callable[P, R]], SerializedFunction[P, R]]:
     """Run one axis of ``fun`` in chunks, with the same values and gradients.
 
@@ -106,6 +109,12 @@ def serialize_axis(
         mesh_axis: A mesh axis name, or a tuple of names, that the axis is sharded over on a
             mesh of ``Auto`` axes (an ``Explicit`` one is detected): each device runs its
             shard in chunks.
+        param_specs: The ``PartitionSpec`` of each argument the loop reads whole (the
+            parameters), on a mesh of ``Auto`` axes (an ``Explicit`` one's are read from the
+            arguments): a ``PartitionSpec`` or None (replicated) per leaf of a pytree prefix
+            of the positional arguments, as ``jax.jit``'s ``in_shardings``. Under a sharded
+            layout, a sharded parameter stays sharded across the loop (FSDP, tensor
+            parallelism): each chunk's step gathers it and reduce-scatters its gradient.
 
     Returns:
         A ``SerializedFunction`` that takes and returns what ``fun`` does (for type checkers
@@ -140,6 +149,7 @@ def serialize_axis(
         accum_dtype=accum_dtype,
         mesh_axis=mesh_axis,
         in_axes=in_axes,
+        param_specs=param_specs,
     )
     if fun is None:
         return lambda f: SerializedFunction(_callable(f), settings)

@@ -47,7 +47,9 @@ class CallPlans:
             seeds = _arguments.seed_axes(self.settings, call, self.original)
             traced = _trace.trace(self.original, call, seeds)
             with collector_paused():
-                prepared = self.planner.prepare(traced, [*traced.consts, *call.dyn], key, pattern)
+                specs = [None] * len(traced.consts) + _arguments.param_specs(self.settings, call)
+                inputs = [*traced.consts, *call.dyn]
+                prepared = self.planner.prepare(traced, inputs, key, pattern, specs=specs)
             prepared.plan = _messages.with_hint(prepared.plan, self.settings, call)
             if key is not None and not traced.has_tracer_consts:
                 self.cache.put(key, prepared)

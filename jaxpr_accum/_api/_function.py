@@ -71,6 +71,7 @@ class SerializedFunction(Generic[P, R]):
     accum_dtype = _setting("accum_dtype")
     mesh_axis = _setting("mesh_axis")
     in_axes = _setting("in_axes")
+    param_specs = _setting("param_specs")
 
     def __init__(self, fun: Callable[P, R], settings: Settings):
         object.__setattr__(self, "settings", settings)

@@ -21,6 +21,7 @@ ORDER = (
     "grad",
     "accum_dtype",
     "mesh_axis",
+    "param_specs",
 )
 
 

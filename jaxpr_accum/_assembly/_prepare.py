@@ -85,8 +85,10 @@ class Planning:
     ``diff`` its caller differentiates), with what every attempt shares, made once: the axis
     per ``stream`` (``_candidates``), the two-pass plan, the measured programs."""
 
-    def __init__(self, traced: _trace.Traced, inputs: list, key: Any, diff: list[int]):
-        self.traced, self.inputs, self.key = traced, inputs, key
+    def __init__(
+        self, traced: _trace.Traced, inputs: list, key: Any, diff: list[int], *, specs: list
+    ):
+        self.traced, self.inputs, self.key, self.specs = traced, inputs, key, specs
         self.measure = _budget.Measure(inputs, diff)
         self.axes: dict[bool, tuple[Candidate, list[Candidate]]] = {}
         self.pairings: dict[bool, _pairwise.TwoPass | None] = {}
@@ -132,7 +134,13 @@ class Planner:
         self.chunks = LRU(CACHE_SIZE)
 
     def prepare(
-        self, traced: _trace.Traced, inputs: list, key: Any, pattern: tuple | None = None
+        self,
+        traced: _trace.Traced,
+        inputs: list,
+        key: Any,
+        pattern: tuple | None = None,
+        *,
+        specs: list | None = None,
     ) -> Prepared:
         """The widest plan that plans, builds and validates (``_fallback``): in two passes,
         in one, without streamed normalisers, with native gradients."""
@@ -140,7 +148,8 @@ class Planner:
         if why is not None:
             warn(why)
             return Prepared.unchunked(traced, why)
-        call = Planning(traced, inputs, key, traced.differentiated(inputs, pattern))
+        specs = specs or [None] * len(inputs)  # ``param_specs``, one per input
+        call = Planning(traced, inputs, key, traced.differentiated(inputs, pattern), specs=specs)
         prepared = self._attempts(call)
         if self.requested is AUTO or self.settings.memory is not None:  # they measure ``diff``
             names = [call.names[call.traced.jaxpr.invars[i]] for i in call.measure.diff]
@@ -202,7 +211,7 @@ class Planner:
 
     def _layout(self, call: Planning, chosen: Candidate, chunk: int) -> _layout.Layout:
         mesh_axis = self.settings.mesh_axis
-        return _layout.detect(chosen.split, call.inputs, mesh_axis, chunk)
+        return _layout.detect(chosen.split, call.inputs, call.specs, mesh_axis, chunk)
 
     def _chunk(self, call: Planning, chosen: Candidate, requested: Mode) -> Decision:
         """The decision at the chunk: the mode ``_choice`` picks at ``chunk=`` (settled there

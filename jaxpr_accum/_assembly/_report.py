@@ -33,10 +33,12 @@ def _described(layout: _layout.Layout, split: Split, chunk: int) -> str:
     if not isinstance(layout, _layout.ShardedLayout):
         return "one device, contiguous chunks"
     per = chunk // layout.devices
+    shards = layout.described(split)
     return (
         f"sharded over mesh axis {layout.axes} ({layout.devices} devices): each device scans its "
         f"own shard of {split.size // layout.devices} in chunks of {per} (chunk i takes {per} "
         "rows from every shard); accumulators are summed across devices once, after the loop"
+        + (f"; {shards}" if shards else "")
     )
 
 

@@ -108,6 +108,7 @@ class Settings:
     mesh_axis: tuple[str, ...] | None = None
     memory: int | float | None = None  # bytes, or a fraction of the device's memory limit
     in_axes: Any = None  # as ``jax.vmap``'s: a prefix of the positional arguments
+    param_specs: Any = None  # ``PartitionSpec``s: a prefix of the positional arguments
 
     @classmethod
     def validated(
@@ -122,6 +123,7 @@ class Settings:
         accum_dtype: Any = None,
         mesh_axis: Any = None,
         in_axes: Any = None,
+        param_specs: Any = None,
     ) -> Settings:
         if (chunk is None) == (memory is None):
             raise ValueError(
@@ -166,7 +168,11 @@ class Settings:
             mesh_axis = tuple(axes)
         if in_axes is not None:
             in_axes = _check_in_axes(in_axes, argnums, size)
-        return cls(chunk, axis, argnums, size, grad, accum_dtype, mesh_axis, memory, in_axes)
+        if param_specs is not None:
+            _check_param_specs(param_specs)
+        return cls(
+            chunk, axis, argnums, size, grad, accum_dtype, mesh_axis, memory, in_axes, param_specs
+        )
 
     def at(self, chunk: int, grad: str, axis_size: int) -> Settings:
         """These settings at another (checked) chunk and mode, as a sweep copies them. An
@@ -208,6 +214,18 @@ def _check_in_axes(in_axes: Any, argnums: Any, size: Any) -> Any:
     if not any(x is not None for x in leaves):
         raise ValueError(f"`in_axes` must name at least one axis (an int), got {in_axes!r}")
     return in_axes
+
+
+def _check_param_specs(param_specs: Any) -> None:
+    """``param_specs`` as ``jax.jit``'s ``in_shardings`` with specs: a ``PartitionSpec`` or
+    ``None`` per leaf of a pytree prefix of the positional arguments."""
+    leaves = jax.tree_util.tree_leaves(param_specs, is_leaf=lambda x: x is None)
+    bad = [x for x in leaves if x is not None and not isinstance(x, jax.sharding.PartitionSpec)]
+    if bad:
+        raise TypeError(
+            f"`param_specs` leaves must be `PartitionSpec`s or None, got {bad[0]!r} in "
+            f"{param_specs!r}"
+        )
 
 
 SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))

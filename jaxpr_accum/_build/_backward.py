@@ -8,6 +8,10 @@ buffer, which avoids a transpose). A chunk's share of an output cotangent is: th
 cotangent for a sum, its own entry for a per-chunk partial, its rows for a stacked output,
 and for a streamed term the accumulator's cotangent rescaled by ``exp(s_chunk - s_final)``.
 
+A sharded invariant input is gathered whole in each chunk and pulled back whole; its
+cotangent is brought back to the device's shard in the step (``ChunkLoop.scatter``), so its
+accumulator is shard-sized.
+
 Outputs whose cotangent is zero (None) are not differentiated at all: a pullback fed zeros
 can still make NaNs (a max whose recomputed location test fails). Invariant: the cotangent of
 each input is the sum over chunks of the chunk's pullback, which is the unchunked pullback
@@ -131,7 +135,10 @@ class _Pullback:
             for ct, loc in zip(cts.stacked, loop.stacked_locs, strict=True)
         ]
         groups = (cts.sums, ct_partials, ct_stacked, self.stream_shares(stabs))
-        return canonicalize(pullback, loop.split.may_convolve)([groups[g][j] for g, j in present])
+        d_inv, d_ch = canonicalize(pullback, loop.split.may_convolve)(
+            [groups[g][j] for g, j in present]
+        )
+        return loop.scatter(d_inv, self.diff.invariants), d_ch
 
     def stream_shares(self, stabs: Sequence) -> list:
         """Each streamed term's share: the accumulator's cotangent rescaled by

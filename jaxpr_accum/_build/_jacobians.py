@@ -7,7 +7,8 @@ over every manual axis an input varies over, so that each device's rows are its 
 A replicated input would be ``pvary``-ed inside the chunk, and the pullback of each basis
 vector (the transpose of that ``pvary``) summed over the mesh: the Jacobian of every device's
 sums, which the contraction with the cotangent sums again (gradients 8x on 8 devices).
-``_fused`` takes this mode only where every sum varies over those axes."""
+``_fused`` takes this mode only where every sum varies over those axes. The rows of a sharded
+invariant input are brought back to the device's shard in each step (``ChunkLoop.scatter``)."""
 
 from __future__ import annotations
 
@@ -67,8 +68,10 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
         basis = _compat.vary(eye, _compat.varying_axes(rows_out))  # the rows' type (shard_map)
         if width == 1:  # no vmap: batching would make the convolutions non-canonical
             d_inv, d_ch = canonicalize(pullback, loop.split.may_convolve)(basis[0])
-            return sums, list(d_inv), [x[None] for x in d_ch]  # rows of invariants: no row dim
-        return (sums, *canonicalize(jax.vmap(pullback), loop.split.may_convolve)(basis))
+            # rows of invariants: no row dim
+            return sums, loop.scatter(d_inv, diff.invariants), [x[None] for x in d_ch]
+        d_inv, d_ch = canonicalize(jax.vmap(pullback), loop.split.may_convolve)(basis)
+        return sums, loop.scatter(d_inv, diff.invariants, lead=1), d_ch
 
     jac = [
         jnp.zeros(

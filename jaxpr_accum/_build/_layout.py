@@ -4,10 +4,17 @@
 ``jax.shard_map`` over the mesh axes the serialized axis is sharded on: each device scans its
 own shard in chunks of ``k / D`` with the global offset of its rows (so iotas and random
 counters are those of the unchunked program); sums, invariant cotangents and Jacobians are
-``psum``-ed once, after the loop; nothing crosses devices inside it.
+``psum``-ed once, after the loop. Every mesh axis is manual. A replicated invariant input
+enters whole (``P()``) and nothing crosses devices inside the loop; a sharded one (FSDP,
+tensor parallelism: its ``placement``) enters as its shard, is gathered in each step and its
+cotangent reduce-scattered back to the shard there (``_shards``): those are the only
+collectives inside the loop, and its cotangent leaves with the input's sharding.
 
 ``detect`` finds the layout of a call: from ``mesh_axis=``, or from the ``Explicit`` mesh axes
-that the inputs' shardings put on the axis (seen alike eagerly and under ``jit``).
+that the inputs' shardings put on the axis (seen alike eagerly and under ``jit``). The
+placement of an invariant input is its value's ``Explicit`` sharding (at run time, for one
+computed before the loop) or, for an input of the call, ``param_specs=`` (``Auto`` axes, whose
+avals carry none).
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ from jax.sharding import PartitionSpec
 from jaxpr_accum import _compat
 from jaxpr_accum._base._errors import ArgumentError
 from jaxpr_accum._base._lattice import AxisLoc
+from jaxpr_accum._build import _shards
 from jaxpr_accum._build._loop import ChunkLoop
+from jaxpr_accum._build._signature import Inputs, Signature
 from jaxpr_accum._planning._plan import Split
 
 
@@ -32,14 +41,38 @@ class Layout:
 
     devices = 1
 
-    def loop(self, split: Split, signature: Any, accum_dtype: Any, chunk: int) -> ChunkLoop:
+    def loop(
+        self, split: Split, signature: Any, accum_dtype: Any, chunk: int, shards: list
+    ) -> ChunkLoop:
         """The chunk loop of this device (inside ``map``'s function when sharded)."""
-        return ChunkLoop(split, signature, accum_dtype, split.size, chunk, 0)
+        return ChunkLoop(split, signature, accum_dtype, split.size, chunk, 0, shards)
+
+    def placement(self, v: Any, x: Any) -> _shards.Placement | str | None:
+        """Where invariant input ``v`` (value ``x``) lives in the loop: sharded, whole on
+        every device (None), or why a sharded one is gathered whole before the loop."""
+        return None
+
+    def enter(self, signature: Signature, inputs: Inputs) -> tuple[list, Inputs]:
+        """``(placements, specs)``: the placement of each invariant input of the region (at
+        ``inputs``; ``_shards``, None: whole) and the specs of ``map``'s function's inputs."""
+        placements = [
+            p if isinstance(p, _shards.Placement) else None
+            for p in map(self.placement, signature.invariants, inputs.invariants)
+        ]
+        specs = Inputs(
+            [self.spec_of(p) for p in placements], [self.spec(loc) for loc in signature.chunk_locs]
+        )
+        return placements, specs
+
+    def spec_of(self, placement: _shards.Placement | None, lead: int = 0) -> Any:
+        """The ``shard_map`` spec of an invariant input placed so (or of its Jacobian rows:
+        ``lead`` dimensions before it)."""
+        return None
 
     def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
         return fn
 
-    def reduce(self, x: Any) -> Any:
+    def reduce(self, x: Any, placement: _shards.Placement | None = None) -> Any:
         return x
 
     def maximum(self, x: Any) -> Any:
@@ -52,22 +85,45 @@ class Layout:
 class ShardedLayout(Layout):
     """The axis sharded over ``axes`` of ``mesh``: ``shard_map``, one device per shard."""
 
-    def __init__(self, mesh: Any, axes: tuple[str, ...]):
-        self.mesh, self.axes = mesh, axes
+    def __init__(self, mesh: Any, axes: tuple[str, ...], specs: dict | None = None):
+        self.mesh, self.axes, self.specs = mesh, axes, specs or {}
         self.devices = math.prod(mesh.shape[a] for a in axes)
 
-    def loop(self, split: Split, signature: Any, accum_dtype: Any, chunk: int) -> ChunkLoop:
+    def loop(
+        self, split: Split, signature: Any, accum_dtype: Any, chunk: int, shards: list
+    ) -> ChunkLoop:
         local = split.size // self.devices
         offset = lax.axis_index(self.axes) * local
-        return ChunkLoop(split, signature, accum_dtype, local, chunk // self.devices, offset)
+        k = chunk // self.devices
+        return ChunkLoop(split, signature, accum_dtype, local, k, offset, shards, self.axes)
+
+    def placement(self, v: Any, x: Any) -> _shards.Placement | str | None:
+        """From ``x``'s ``Explicit`` sharding, else from ``param_specs=`` (``detect``)."""
+        sharding = _compat.explicit_sharding(x)
+        spec = self.specs.get(v) if sharding is None else sharding.spec
+        if spec is None or all(e is None for e in spec):
+            return None
+        return _shards.placement_of(spec, _compat.shape_of(v), dict(self.mesh.shape))
+
+    def described(self, split: Split) -> str:
+        """The placements of the invariant inputs the region reads as passed in, for the
+        report (those computed before the loop are placed as they are at run time)."""
+        found = [self.placement(v, None) for v in Signature.of(split).invariants]
+        return _shards.describe(found, self.axes)
+
+    def spec_of(self, placement: _shards.Placement | None, lead: int = 0) -> Any:
+        return PartitionSpec() if placement is None else placement.spec(lead)
 
     def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
         return jax.shard_map(
             fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
         )
 
-    def reduce(self, x: Any) -> Any:
-        return None if x is None else lax.psum(x, self.axes)
+    def reduce(self, x: Any, placement: _shards.Placement | None = None) -> Any:
+        """``x`` summed over the devices of the serialized axis (those of the placement of
+        the input whose cotangent it is excepted: its steps summed over them)."""
+        axes = _shards.unreduced(placement, self.axes)
+        return x if x is None or not axes else lax.psum(x, axes)
 
     def maximum(self, x: Any) -> Any:
         return lax.pmax(x, self.axes)
@@ -78,9 +134,11 @@ class ShardedLayout(Layout):
         return PartitionSpec(*([None] * loc.dim), self.axes)
 
 
-def detect(split: Split, inputs: list, mesh_axis: tuple[str, ...] | None, chunk: int) -> Layout:
+def detect(
+    split: Split, inputs: list, given: list, mesh_axis: tuple[str, ...] | None, chunk: int
+) -> Layout:
     """Where the axis lives for this call (``inputs``: the values of ``split.jaxpr``'s
-    inputs): one device, or sharded over mesh axes."""
+    inputs, ``given``: their ``param_specs``): one device, or sharded over mesh axes."""
     carrying = [
         (x, loc)
         for v, x in zip(split.jaxpr.invars, inputs, strict=True)
@@ -92,7 +150,7 @@ def detect(split: Split, inputs: list, mesh_axis: tuple[str, ...] | None, chunk:
         if sharding is None:
             continue
         entry = sharding.spec[loc.dim] if loc.dim < len(sharding.spec) else None
-        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        names = _names(entry)
         if axes is None and names and _compat.explicit_axes(sharding.mesh, names):
             axes = names  # only explicit axes are seen alike eagerly and under jit
         mesh = mesh or sharding.mesh
@@ -112,7 +170,7 @@ def detect(split: Split, inputs: list, mesh_axis: tuple[str, ...] | None, chunk:
             f"`mesh_axis` names {missing}, which the mesh does not have "
             f"(its axes: {tuple(mesh.axis_names)})"
         )
-    layout = ShardedLayout(mesh, axes)
+    layout = ShardedLayout(mesh, axes, _invariant_specs(split, inputs, given, mesh))
     d = layout.devices
     if d == 1:
         return Layout()
@@ -129,3 +187,26 @@ def detect(split: Split, inputs: list, mesh_axis: tuple[str, ...] | None, chunk:
         )
     return layout
 
+
+def _invariant_specs(split: Split, inputs: list, given: list, mesh: Any) -> dict:
+    """``{input variable: PartitionSpec}`` of the inputs without the axis that are sharded
+    over ``Explicit`` axes or named by ``param_specs`` (``given``)."""
+    specs = {
+        v: spec if sharding is None else sharding.spec
+        for v, x, spec in zip(split.jaxpr.invars, inputs, given, strict=True)
+        if split.analysis.loc((), v) is None
+        and ((sharding := _compat.explicit_sharding(x)) is not None or spec is not None)
+    }
+    named = {a for spec in specs.values() for entry in spec for a in _names(entry)}
+    missing = sorted(named - set(mesh.axis_names))
+    if missing:
+        raise ArgumentError(
+            f"`param_specs` names mesh axes {missing}, which the mesh does not have "
+            f"(its axes: {tuple(mesh.axis_names)})"
+        )
+    return specs
+
+
+def _names(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one ``PartitionSpec`` entry (none for None)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)

@@ -13,6 +13,8 @@ groups of ``_signature``.
 - ``tangents`` (forward mode): each chunk under ``jax.jvp``, the tangents of its outputs
   accumulated as the values are (a streamed term's tangent rescaled by its final stabiliser).
   The backward passes are in ``_backward`` (remat) and ``_fused`` (Jacobian rows).
+  A sharded invariant input (``shards``) is held as this device's shard and gathered in each
+  step (``chunk_inputs``); the backward passes scatter its cotangent back there (``_shards``).
 
 Invariant: a chunk's body evaluates exactly the split's body equations on that chunk's rows,
 so every output position is computed once, from the same values as unchunked.
@@ -32,6 +34,7 @@ from jaxpr_accum._base._dtypes import accumulator_dtype, is_float
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._planning._plan import BODY, Split
 from jaxpr_accum._engine._resize import cells, eval_body, shifted, split_body, take_chunk
+from jaxpr_accum._build import _shards
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
 
 
@@ -75,7 +78,8 @@ def wanted(values: Sequence, perturbed: Sequence[bool] | None) -> list[int]:
 
 
 class ChunkLoop:
-    """The chunked region on one device: ``size`` positions from global position ``offset``."""
+    """The chunked region on one device: ``size`` positions from global position ``offset``;
+    ``shards``: each invariant input's placement, ``batch_axes``: the axis's mesh axes."""
 
     def __init__(
         self,
@@ -85,13 +89,15 @@ class ChunkLoop:
         size: int,
         chunk: int,
         offset: Any,
+        shards: Sequence[_shards.Placement | None],
+        batch_axes: tuple[str, ...] = (),
     ):
         self.split, self.signature, self.accum_dtype = split, signature, accum_dtype
         self.size, self.chunk, self.offset = size, chunk, offset
+        self.shards, self.batch_axes = list(shards), batch_axes
         self.body_indices = split.indices(BODY)
-        self.chunk_locs = signature.chunk_locs
+        self.chunk_locs, self.terms = signature.chunk_locs, signature.streams.terms
         self.stacked_locs = [loc for _, loc in signature.stacked]
-        self.terms = signature.streams.terms
         self.n_full, self.rem = divmod(size, chunk)
         self.cells = cells(split.analysis, offset, size, chunk)
         self.parts = split_body(split, signature, self.body_indices, self.cells)
@@ -133,8 +139,13 @@ class ChunkLoop:
             for x, loc in zip(chunked, self.chunk_locs, strict=True)
         ]
 
+    def scatter(self, cts: Sequence, indices: Sequence[int], lead: int = 0) -> list:
+        """The cotangents of the whole invariant inputs at ``indices``, back to the shards."""
+        return _shards.scatter_all(cts, [self.shards[i] for i in indices], self.batch_axes, lead)
+
     def chunk_inputs(self, inputs: Inputs, start: Any, k: int) -> Inputs:
-        return Inputs(list(inputs.invariants), self.slices(inputs.chunked, start, k))
+        invariants = _shards.gather_all(inputs.invariants, self.shards, start)
+        return Inputs(invariants, self.slices(inputs.chunked, start, k))
 
     def over_chunks(self, step: Callable, carry: Any, xs: Any = (), reads: Any = ()) -> tuple:
         """Run ``step(carry, k, start, x) -> (carry, y)`` over every chunk of this shard.
@@ -262,8 +273,9 @@ class ChunkLoop:
                 self.chunk_inputs(inputs, start, kk), kk, start, needed
             )
             t_ch = self.slices(tangents.chunked, start, kk)
+            t_inv = _shards.gather_all(tangents.invariants, self.shards, start)
             dots = (
-                [tangents.invariants[i] for i in needed.invariants],
+                [t_inv[i] for i in needed.invariants],
                 [t_ch[i] for i in needed.chunked],
             )
             out, dout = jax.jvp(f, primals, dots)

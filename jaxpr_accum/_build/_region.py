@@ -3,7 +3,8 @@
 A region is a split (which equations form the body, ``_plan``), its signature (the named input
 and output groups, ``_signature``), the chunk, the layout (one device, or sharded: each device
 loops over its own shard under ``shard_map``, ``_layout``) and the accumulation dtype. Its
-passes run the per-device loops and merge what the devices computed, once, after the loop:
+passes run the per-device loops and merge what the devices computed, once, after the loop
+(sharded invariant inputs enter, and their cotangents leave, as shards: ``_shards``):
 
 - ``forward``: the outputs (sums summed across devices and cast back to their dtypes,
   streamed accumulators rescaled to the devices' common stabiliser);
@@ -46,9 +47,6 @@ class Region:
         self.signature = Signature.of(split)
         spec = layout.spec
         sig = self.signature
-        self.input_specs = Inputs(
-            [spec(None) for _ in sig.invariants], [spec(loc) for loc in sig.chunk_locs]
-        )
         self.output_specs = Outputs(
             [spec(None) for _ in sig.sums],
             [spec(AxisLoc(0)) for _ in sig.partials],
@@ -61,9 +59,9 @@ class Region:
     def __repr__(self) -> str:
         return f"Region(axis={self.split.size}, chunk={self.chunk})"
 
-    def loop(self) -> ChunkLoop:
-        """This device's chunk loop (call it inside the layout's mapped function)."""
-        return self.layout.loop(self.split, self.signature, self.accum_dtype, self.chunk)
+    def loop(self, shards: list) -> ChunkLoop:
+        """This device's chunk loop (inside the layout's mapped function; ``Layout.enter``)."""
+        return self.layout.loop(self.split, self.signature, self.accum_dtype, self.chunk, shards)
 
     def _merged(self, out: Outputs) -> Outputs:
         """One device's outputs merged across devices: sums added (and cast back to their
@@ -86,17 +84,19 @@ class Region:
     def forward(self, inputs: Inputs, checkpoint: bool = False) -> Outputs:
         """The region's outputs (``checkpoint``: each chunk's body under ``jax.checkpoint``,
         so that JAX's own differentiation of the loop recomputes it)."""
+        placements, in_specs = self.layout.enter(self.signature, inputs)
 
         def local(inv: list, ch: list) -> Outputs:
-            return self._merged(self.loop().forward(Inputs(inv, ch), checkpoint))
+            return self._merged(self.loop(placements).forward(Inputs(inv, ch), checkpoint))
 
-        fn = self.layout.map(local, tuple(self.input_specs), self.output_specs)
+        fn = self.layout.map(local, tuple(in_specs), self.output_specs)
         return Outputs(*fn(*inputs))
 
     def tangents(self, inputs: Inputs, tangents: Inputs, finals: Sequence) -> Outputs:
         """Forward mode: the tangents of the differentiable outputs (no finals) for the
         ``tangents`` of the inputs (None: zero). ``finals``: the forward's final stabilisers."""
         sig, layout, spec = self.signature, self.layout, self.layout.spec
+        placements, in_specs = self.layout.enter(self.signature, inputs)
         nz = Inputs(
             [i for i, t in enumerate(tangents.invariants) if t is not None],
             [i for i, t in enumerate(tangents.chunked) if t is not None],
@@ -109,7 +109,9 @@ class Region:
                 given.invariants[i] = t
             for i, t in zip(nz.chunked, t_ch, strict=True):
                 given.chunked[i] = t
-            out = self.loop().tangents(Inputs(inv, ch), given, sig.streams.finals_per_term(finals))
+            out = self.loop(placements).tangents(
+                Inputs(inv, ch), given, sig.streams.finals_per_term(finals)
+            )
             dtypes = [d for d, f in zip(sig.sum_dtypes(), flags.sums, strict=True) if f]
             sums = [layout.reduce(s).astype(d) for s, d in zip(out.sums, dtypes, strict=True)]
             return Outputs(
@@ -120,9 +122,9 @@ class Region:
         fn = layout.map(
             local,
             (
-                *self.input_specs,
-                [self.input_specs.invariants[i] for i in nz.invariants],
-                [self.input_specs.chunked[i] for i in nz.chunked],
+                *in_specs,
+                [in_specs.invariants[i] for i in nz.invariants],
+                [in_specs.chunked[i] for i in nz.chunked],
                 [spec(None)] * sig.streams.n_finals,
             ),
             out_specs,
@@ -137,6 +139,7 @@ class Region:
         """The remat backward: cotangents of the perturbed floating inputs (None elsewhere),
         in the inputs' dtypes, for the output cotangents ``cts`` (None: zero)."""
         sig, layout, spec = self.signature, self.layout, self.layout.spec
+        placements, in_specs = self.layout.enter(self.signature, inputs)
         present = Outputs(*([i for i, c in enumerate(g) if c is not None] for g in cts))
         diff = Inputs(
             wanted(inputs.invariants, perturbed.invariants),
@@ -147,11 +150,10 @@ class Region:
             full = Outputs(
                 *(spread(g, p, n) for g, p, n in zip(given, present, sig.sizes(), strict=True))
             )
-            grads = backward(
-                self.loop(), Inputs(inv, ch), full, sig.streams.finals_per_term(finals), perturbed
-            )
+            loop, finals_ = self.loop(placements), sig.streams.finals_per_term(finals)
+            grads = backward(loop, Inputs(inv, ch), full, finals_, perturbed)
             return (
-                [layout.reduce(grads.invariants[i]) for i in diff.invariants],
+                [layout.reduce(grads.invariants[i], placements[i]) for i in diff.invariants],
                 [grads.chunked[i] for i in diff.chunked],
             )
 
@@ -161,10 +163,10 @@ class Region:
         )
         fn = layout.map(
             local,
-            (*self.input_specs, given_specs, [spec(None)] * sig.streams.n_finals),
+            (*in_specs, given_specs, [spec(None)] * sig.streams.n_finals),
             (
-                [self.input_specs.invariants[i] for i in diff.invariants],
-                [self.input_specs.chunked[i] for i in diff.chunked],
+                [in_specs.invariants[i] for i in diff.invariants],
+                [in_specs.chunked[i] for i in diff.chunked],
             ),
         )
         d_inv, d_ch = fn(*inputs, given, list(finals))
@@ -181,26 +183,28 @@ class Region:
         """The fused forward: the sums and the Jacobian rows of the gradient-carrying ones
         with respect to the perturbed floating inputs (None elsewhere)."""
         sig, layout, spec = self.signature, self.layout, self.layout.spec
+        placements, in_specs = self.layout.enter(self.signature, inputs)
         diff = Inputs(
             wanted(inputs.invariants, perturbed.invariants),
             wanted(inputs.chunked, perturbed.chunked),
         )
+        lead = int(self.split.gradient_width > 1)  # the rows of an invariant input
 
         def local(inv: list, ch: list) -> tuple:
-            sums, jac = jacobians(self.loop(), Inputs(inv, ch), perturbed)
+            sums, jac = jacobians(self.loop(placements), Inputs(inv, ch), perturbed)
             sums = [layout.reduce(s).astype(d) for s, d in zip(sums, sig.sum_dtypes(), strict=True)]
             return (
                 sums,
-                [layout.reduce(jac.invariants[i]) for i in diff.invariants],
+                [layout.reduce(jac.invariants[i], placements[i]) for i in diff.invariants],
                 [jac.chunked[i] for i in diff.chunked],
             )
 
         fn = layout.map(
             local,
-            tuple(self.input_specs),
+            tuple(in_specs),
             (
                 self.output_specs.sums,
-                [spec(None) for _ in diff.invariants],
+                [layout.spec_of(placements[i], lead) for i in diff.invariants],
                 [spec(with_row_dim(sig.chunk_locs[i])) for i in diff.chunked],
             ),
         )

@@ -87,6 +87,8 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
 from jaxpr_accum._compat._sharding import (  # noqa: F401 (re-exported)
     context_mesh_key,
     explicit_axes,
+    explicit_sharding,
+    explicit_spec,
     named_sharding,
     placement_key,
 )

@@ -51,3 +51,25 @@ def explicit_axes(mesh: Any, names: Sequence[str]) -> bool:
     """Whether all of ``names`` are ``Explicit`` axes of ``mesh`` (shardings in the avals)."""
     types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
     return all(types.get(n) == jax.sharding.AxisType.Explicit for n in names)
+
+
+def _spec_axes(spec: Any) -> tuple[str, ...]:
+    return tuple(a for e in spec if e is not None for a in ((e,) if isinstance(e, str) else e))
+
+
+def explicit_sharding(x: Any) -> Any:
+    """A value's ``NamedSharding`` where it shards it over ``Explicit`` mesh axes only (seen
+    alike eagerly and under ``jit``), else None."""
+    sharding = named_sharding(x)
+    if sharding is None or not _spec_axes(sharding.spec):
+        return None
+    return sharding if explicit_axes(sharding.mesh, _spec_axes(sharding.spec)) else None
+
+
+def explicit_spec(aval: Any) -> Any:
+    """The ``PartitionSpec`` of an aval sharded over ``Explicit`` mesh axes only, else None."""
+    sharding = getattr(aval, "sharding", None)
+    if not isinstance(sharding, jax.sharding.NamedSharding) or not sharding.mesh.axis_names:
+        return None
+    names = _spec_axes(sharding.spec)
+    return sharding.spec if names and explicit_axes(sharding.mesh, names) else None

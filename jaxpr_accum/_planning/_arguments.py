@@ -187,6 +187,15 @@ def _named_axes(settings: Any, call: Call) -> list | None:
     return axes
 
 
+def param_specs(settings: Any, call: Call) -> list:
+    """The ``PartitionSpec`` ``param_specs`` gives each dynamic leaf (None: not given)."""
+    if settings.param_specs is None:
+        return [None] * len(call.dyn)
+    per_leaf = _compat.flatten_in_axes(settings.param_specs, call.args)  # one per leaf of args
+    specs = [s for s, dyn in zip(per_leaf, call.dynamic, strict=False) if dyn]
+    return specs + [None] * (len(call.dyn) - len(specs))  # keyword arguments: not given
+
+
 def _argnums_axes(settings: Any, call: Call) -> list:
     argnums, axis, n = settings.argnums, settings.axis, len(call.args)
     for a in argnums:

@@ -1,0 +1,147 @@
+"""Sharded loop-invariant inputs (FSDP, tensor parallelism): each device holds its shard
+across the chunk loop and gathers the whole input in each chunk's step.
+
+A ``Placement`` is the mesh axes of each dimension of an invariant input (its
+``PartitionSpec``, every mesh axis manual under the layout's ``shard_map``). Per chunk:
+
+- ``gather``: the shard, tied to the loop counter (``tie``: an optimization barrier, so that
+  XLA cannot hoist the loop-invariant gather out of the loop and carry the whole input), is
+  all-gathered along each sharded dimension (``tiled``). JAX's transpose of that gather is a
+  reduce-scatter over every axis of the placement: right where JAX differentiates the loop
+  (``native``, the JVP rule), whose ``shard_map`` divides a replicated cotangent among the
+  devices that computed it;
+- ``scatter``: the cotangent of the whole input, as the hand-written backward passes
+  (``_backward``, ``_jacobians``) compute it on every device, back to the device's shard:
+  reduce-scattered over the serialized axis's mesh axes (the devices hold different rows, so
+  their cotangents add up) and sliced over the others (the devices along them computed the
+  same chunk: their cotangents are equal, and adding them would count it twice).
+
+Invariant: a device's accumulator of a sharded input's cotangent is its shard of the whole
+cotangent summed over the serialized axis's devices in its placement; ``unreduced`` names the
+serialized axis's mesh axes it is still to be summed over after the loop (those the placement
+does not use). ``describe`` counts the collectives per chunk for ``explain``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+from jax import lax
+from jax.sharding import PartitionSpec
+
+
+class Placement(NamedTuple):
+    """The mesh axes of each dimension of an input (``()``: not sharded), and the sizes of
+    those mesh axes."""
+
+    dims: tuple[tuple[str, ...], ...]
+    sizes: tuple[tuple[int, ...], ...]
+
+    def spec(self, lead: int = 0) -> PartitionSpec:
+        """The ``PartitionSpec`` (after ``lead`` unsharded leading dimensions)."""
+        entries = [None if not axes else axes[0] if len(axes) == 1 else axes for axes in self.dims]
+        return PartitionSpec(*([None] * lead), *entries)
+
+    def axes(self) -> set[str]:
+        return {a for axes in self.dims for a in axes}
+
+    def n_gathers(self) -> int:
+        """Collectives per gather (one per sharded dimension)."""
+        return sum(bool(axes) for axes in self.dims)
+
+
+def placement_of(spec: Any, shape: Sequence[int], mesh_shape: dict) -> Placement | str:
+    """The placement of an input of ``shape`` with ``spec`` on a mesh of ``mesh_shape``, or
+    why it stays replicated (a dimension its shards do not divide: ``shard_map`` needs even
+    shards, and padding would change the shapes every equation reading it computes with)."""
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    dims = tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
+    sizes = tuple(tuple(mesh_shape[a] for a in axes) for axes in dims)
+    for n, axes, s in zip(shape, dims, sizes, strict=True):
+        if n % math.prod(s):
+            return f"its dimension of {n} is not divided by the {math.prod(s)} shards of {axes}"
+    return Placement(dims, sizes)
+
+
+@jax.custom_jvp
+def tie(x: Any, counter: Any) -> Any:
+    """``x``, made to depend on the loop ``counter`` (an optimization barrier of both)."""
+    return lax.optimization_barrier((x, counter))[0]
+
+
+@tie.defjvp
+def _tie_jvp(primals: tuple, tangents: tuple) -> tuple:
+    return tie(*primals), tangents[0]
+
+
+def gather(x: Any, placement: Placement, counter: Any) -> Any:
+    """The whole input from this device's shard ``x``, gathered inside the loop step."""
+    x = tie(x, counter)
+    for dim, axes in enumerate(placement.dims):
+        if axes:
+            x = lax.all_gather(x, axes, axis=dim, tiled=True)
+    return x
+
+
+def scatter(ct: Any, placement: Placement, batch_axes: Sequence[str], lead: int = 0) -> Any:
+    """This device's shard of the whole cotangent ``ct`` (after ``lead`` leading
+    dimensions), summed over ``batch_axes`` in the placement (module docstring)."""
+    for dim, (axes, sizes) in enumerate(zip(placement.dims, placement.sizes, strict=True)):
+        d = dim + lead
+        for axis, size in zip(axes, sizes, strict=True):  # major to minor, as tiled gathers
+            if axis in batch_axes:
+                ct = lax.psum_scatter(ct, axis, scatter_dimension=d, tiled=True)
+            else:
+                block = ct.shape[d] // size
+                ct = lax.dynamic_slice_in_dim(ct, lax.axis_index(axis) * block, block, d)
+    return ct
+
+
+def unreduced(placement: Placement | None, batch_axes: Sequence[str]) -> tuple[str, ...]:
+    """The serialized axis's mesh axes a cotangent is still summed over after the loop."""
+    used = placement.axes() if placement is not None else set()
+    return tuple(a for a in batch_axes if a not in used)
+
+
+def gather_all(values: Sequence, placements: Sequence, counter: Any) -> list:
+    """``values`` whole: the sharded ones gathered (``gather``; None stays None)."""
+    return [
+        x if p is None or x is None else gather(x, p, counter)
+        for x, p in zip(values, placements, strict=True)
+    ]
+
+
+def scatter_all(
+    cts: Sequence, placements: Sequence, batch_axes: Sequence[str], lead: int = 0
+) -> list:
+    """The cotangents ``cts`` of whole inputs placed so, back to the shards (``scatter``)."""
+    return [
+        ct if p is None else scatter(ct, p, batch_axes, lead)
+        for ct, p in zip(cts, placements, strict=True)
+    ]
+
+
+def describe(found: Sequence, batch_axes: Sequence[str]) -> str:
+    """The report's sentence on the invariant inputs' placements (``found``: a
+    ``Placement``, None or a reason each); "" when none is sharded."""
+    sharded = [p for p in found if isinstance(p, Placement)]
+    whole = [p for p in found if isinstance(p, str)]
+    parts = []
+    if sharded:
+        gathers = sum(p.n_gathers() for p in sharded)
+        scatters = sum(a in batch_axes for p in sharded for axes in p.dims for a in axes)
+        parts.append(
+            f"{len(sharded)} loop-invariant input(s) stay sharded (FSDP / tensor parallelism): "
+            "each device holds its shard across the loop and accumulates its shard of their "
+            "gradients; per chunk, each pass over the chunks all-gathers them in the chunk's "
+            f"step ({gathers} all-gather(s)) and the backward brings their gradients back "
+            f"to the shards ({scatters} reduce-scatter(s) over {tuple(batch_axes)}, a local "
+            "slice over other mesh axes): FSDP's own cost, the only collectives inside the loop; "
+            "their gradients leave sharded like them"
+        )
+    if whole:
+        parts.append(f"{len(whole)} sharded input(s) gathered whole before the loop: {whole[0]}")
+    return "; ".join(parts)

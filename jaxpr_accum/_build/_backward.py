@@ -31,11 +31,11 @@ from jaxpr_accum import (
     _compat,
     _stream,
 )
-from jaxpr_accum._engine._conv import canonicalize
 from jaxpr_accum._base._dtypes import accumulator_dtype
 from jaxpr_accum._build._loop import ChunkLoop, add_into, join, wanted
-from jaxpr_accum._engine._resize import scaled, take_chunk
 from jaxpr_accum._build._signature import Inputs, Outputs
+from jaxpr_accum._engine._conv import canonicalize
+from jaxpr_accum._engine._resize import scaled, take_chunk
 
 
 def _present(cts: Outputs, flags: Outputs) -> list[tuple[int, int]]:

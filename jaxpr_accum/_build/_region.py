@@ -27,16 +27,16 @@ from typing import Any
 import jax
 
 from jaxpr_accum import _compat, _stream
-from jaxpr_accum._engine import _interpret
-from jaxpr_accum._engine._tangents import reached_outputs
+from jaxpr_accum._base._lattice import AxisLoc
+from jaxpr_accum._base._lists import pick, select, spread
 from jaxpr_accum._build._backward import backward
 from jaxpr_accum._build._jacobians import jacobians, with_row_dim
-from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._build._loop import ChunkLoop, wanted
-from jaxpr_accum._planning._plan import BODY, Split
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
-from jaxpr_accum._base._lists import pick, select, spread
+from jaxpr_accum._engine import _interpret
+from jaxpr_accum._engine._tangents import reached_outputs
+from jaxpr_accum._planning._plan import BODY, Split
 
 
 class Region:
@@ -268,7 +268,9 @@ class Region:
         as_written &= self.layout.devices == 1 and not _compat.union_varying(list(avals))
         reached, sig = None, self.signature
         if as_written:  # read off the equations, where their rules are known (``_tangents``)
-            reached = reached_outputs(self.written_body(), sig.input_vars, sig.written_outputs, perturbed)
+            reached = reached_outputs(
+                self.written_body(), sig.input_vars, sig.written_outputs, perturbed
+            )
         if reached is None:
             if as_written:
                 closed = self._jaxpr_at(("as written",), self.as_written, avals)[0]

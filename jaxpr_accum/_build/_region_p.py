@@ -47,9 +47,9 @@ from typing import Any
 import jax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._engine import _table
 from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._signature import Inputs, Outputs
+from jaxpr_accum._engine import _table
 
 
 class Mode:
@@ -241,7 +241,9 @@ region_p = _compat.define_primitive(
     dce=_dce,
     deoptimized=_deoptimized,
 )
-_compat.checks_through(region_p, _checkpointed_jaxpr, lambda params: params["region"].written_body())
+_compat.checks_through(
+    region_p, _checkpointed_jaxpr, lambda params: params["region"].written_body()
+)
 
 # An outer ``serialize_axis`` does not enter an inner one's region: its loop is already chunked.
 _table.register(

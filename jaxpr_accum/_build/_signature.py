@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import Var
 from jaxpr_accum._base._dtypes import is_float
 from jaxpr_accum._base._lattice import AxisLoc
+from jaxpr_accum._compat import Var
 from jaxpr_accum._stream.layout import StreamLayout
 
 

@@ -58,8 +58,15 @@ def _plan(sf, *args):
         return sf.explain(*args)
 
 
-@pytest.mark.parametrize("loss", [dpo_pairs, dpo_split])
-@pytest.mark.parametrize("how", ["argnums", "size"])
+@pytest.mark.parametrize(
+    "loss, how",
+    [
+        (dpo_pairs, "argnums"),
+        (dpo_split, "size"),
+        pytest.param(dpo_pairs, "size", marks=pytest.mark.slow),
+        pytest.param(dpo_split, "argnums", marks=pytest.mark.slow),
+    ],
+)
 def test_concatenated_pairs_are_chunked_together(loss, how):
     """With the pairs named (``argnums``) or the concatenated rows (``size=2B``), the whole
     loss is chunked: no stop, the pairs' sum the only reduction after the loop."""
@@ -73,6 +80,7 @@ def test_concatenated_pairs_are_chunked_together(loss, how):
     assert_matches_original(sf, w, a, r, vmap=False)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings(NOT_WORTH_IT)
 def test_a_slice_that_cuts_a_part_stops():
     """``s[: B + 1]`` takes a row of the second part: the region stops there, exactly (the
@@ -101,8 +109,17 @@ ROW_MAPS = {
 }
 
 
-@pytest.mark.parametrize("name", list(ROW_MAPS))
-@pytest.mark.parametrize("how", ["argnums", "size"])
+FAST_ROW_MAPS = {("halves rejoined", "argnums"), ("jnp.roll, read whole too", "size")}
+
+
+@pytest.mark.parametrize(
+    "name, how",
+    [
+        pytest.param(name, how, marks=() if (name, how) in FAST_ROW_MAPS else pytest.mark.slow)
+        for name in ROW_MAPS
+        for how in ("argnums", "size")
+    ],
+)
 def test_row_maps_of_the_chunked_input(name, how):
     """r31: slices of the chunked input itself, rejoined or beside a whole read of it, are
     chunked (no stop) and exact."""

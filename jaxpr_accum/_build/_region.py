@@ -268,9 +268,8 @@ class Region:
         as_written &= self.layout.devices == 1 and not _compat.union_varying(list(avals))
         reached, sig = None, self.signature
         if as_written:  # read off the equations, where their rules are known (``_tangents``)
-            reached = reached_outputs(
-                self.written_body(), sig.input_vars, sig.written_outputs, perturbed
-            )
+            body, outputs = self.written_body(), sig.written_outputs
+            reached = reached_outputs(body, sig.input_vars, outputs, perturbed)
         if reached is None:
             if as_written:
                 closed = self._jaxpr_at(("as written",), self.as_written, avals)[0]

@@ -208,9 +208,9 @@ class Candidate:
                 f"{format_bytes(avoided)} of per-chunk intermediates it avoids holding "
                 f"(estimated: {format_bytes(-estimate)} more)"
             )
-        elif split.stops and estimate < MARGIN * (split.held_bytes + split.epilogue_bytes):
+        elif split.stops and estimate < MARGIN * (split.held_bytes + split.epilogue_result_bytes):
             why = (
-                f"the {format_bytes(split.epilogue_bytes)} the function computes after the "
+                f"the {format_bytes(split.epilogue_result_bytes)} the function computes after the "
                 f"loop, where the region stops, stay at full size: the estimated "
                 f"{format_bytes(estimate)} it saves is under {MARGIN:.0%} of what the function "
                 "holds"

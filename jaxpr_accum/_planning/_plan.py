@@ -149,6 +149,12 @@ class Split:
         return materialised_bytes(self.jaxpr.eqns[i] for i in self.indices(EPILOGUE))
 
     @functools.cached_property
+    def epilogue_result_bytes(self) -> int:
+        """Bytes of every result of the epilogue, fused or not: what its backward may hold
+        (XLA materialises broadcast pairs there that the forward fuses)."""
+        return sum(nbytes(v) for i in self.indices(EPILOGUE) for v in self.jaxpr.eqns[i].outvars)
+
+    @functools.cached_property
     def outside_bytes(self) -> int:
         """Bytes of every result of the prologue and the epilogue (computed once)."""
         outside = zip(self.jaxpr.eqns, self.stages, strict=True)

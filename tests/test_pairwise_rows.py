@@ -105,7 +105,7 @@ def _plan(sf: ja.SerializedFunction, *args: object) -> ja.Plan:
 
 
 def _reads(plan: ja.Plan) -> list[str]:
-    return [p for p in plan.pairs if "at their columns" in p]
+    return [p for p in plan.pairs if "rows of the pairs chunked" in p]
 
 
 def test_kernel_weighted_rows_run_in_two_passes():

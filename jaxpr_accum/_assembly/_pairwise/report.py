@@ -24,12 +24,13 @@ def pairs(two: TwoPass, names: dict) -> list[str]:
     for read in pairing.rewired:
         eqn = pairing.jaxpr.eqns[read.index]
         columns = describe_value(pairing, read.col_root, names)
+        rows = "the pairs"
         if isinstance(read, Use):
             rows = describe_value(pairing, read.row_root, names)
-            what = f"rows of {rows} chunked, columns of {columns} whole"
-        else:
-            what = f"the pairs with {columns} whole, at their columns"
-        out.append(f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}: {what}")
+        out.append(
+            f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}: rows of {rows} chunked, "
+            f"columns of {columns} whole"
+        )
     return out
 
 

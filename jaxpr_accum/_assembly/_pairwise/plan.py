@@ -122,6 +122,7 @@ def plan(single: Candidate, names: dict, stream: bool = True) -> TwoPass | None:
 
 
 def _two_passes(single: Candidate, pairing: Pairing, names: dict, stream: bool) -> TwoPass | None:
+    """The two passes of ``pairing`` (its uses and reads), or None (see ``plan``)."""
     split = single.split
     found = rewrite.cut(pairing)
     if found is None:
@@ -138,7 +139,8 @@ def _two_passes(single: Candidate, pairing: Pairing, names: dict, stream: bool) 
         first = Candidate(make_split(program, analysis, split.born, stream), single.chunk)
         if not first.split.has_body:
             return None
-    program, columns, seeds, analysis = _second_pass(pairing, stacked, once)
+    cut_out = _second_pass(pairing, stacked, once)
+    program, seeds, analysis = cut_out.program, cut_out.seeds, cut_out.analysis
     made: list[Var] = []
     whole = program
     for _ in range(MAX_ROUNDS):
@@ -152,18 +154,27 @@ def _two_passes(single: Candidate, pairing: Pairing, names: dict, stream: bool) 
     if not second.has_body:
         return None
     fed = Constants(tuple(made), constants.program_of(whole, made) if made else None)
-    return TwoPass(single, pairing, stacked, first, Candidate(second, single.chunk), columns, fed)
+    second_candidate = Candidate(second, single.chunk)
+    return TwoPass(single, pairing, stacked, first, second_candidate, cut_out.columns, fed)
 
 
-def _second_pass(
-    pairing: Pairing, stacked: tuple[Var, ...], once: frozenset[int]
-) -> tuple[Jaxpr, dict[Var, Var], list, Analysis]:
-    """``(pass 2 with its constants private to each reader, its column copies, the seeds of
-    its analysis, that analysis)``."""
+@dataclasses.dataclass(frozen=True)
+class _Second:
+    """Pass 2 as cut (its constants private to each reader), its column copies (copy ->
+    root), the seeds of its analysis and that analysis."""
+
+    program: Jaxpr
+    columns: dict[Var, Var]
+    seeds: list
+    analysis: Analysis
+
+
+def _second_pass(pairing: Pairing, stacked: tuple[Var, ...], once: frozenset[int]) -> _Second:
     program, columns = rewrite.second_pass(pairing, stacked, once)
     program = constants.private(program)
     seeds = [(v, loc) for v in program.invars if (loc := pairing.loc(v)) is not None]
-    return program, columns, seeds, Analysis(program, pairing.analysis.size).run(seeds)
+    analysis = Analysis(program, pairing.analysis.size).run(seeds)
+    return _Second(program, columns, seeds, analysis)
 
 
 def _stops(pairing: Pairing) -> int | None:
@@ -172,7 +183,7 @@ def _stops(pairing: Pairing) -> int | None:
     found = rewrite.cut(pairing)
     if found is None:
         return None
-    return len(_second_pass(pairing, *found)[3].barriers)
+    return len(_second_pass(pairing, *found).analysis.barriers)
 
 
 def describe_value(pairing: Pairing, v: Var, names: dict) -> str:

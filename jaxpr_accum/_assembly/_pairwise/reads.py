@@ -9,28 +9,30 @@ of ``g`` on the columns' dimension) needs ``v`` whole as well: read per block, a
 reads every per-row value, it would put the axis on the columns too, and the region would
 stop (the axis at two places), leaving the pairs after the loop. So such an equation is a
 *read* (``detect.Read``): as a pairing's column side, the operand's root (the value it is a
-layout of) is stacked by pass 1, and pass 2 reads it twice, as chunked rows wherever the
-program reads it per row and whole, through its column copy and a copy of the layout chain,
-at the read. The read's result then carries the row axis only: that block's rows of it.
+layout of, or a rearrangement of the rows of: ``permute``) is stacked by pass 1, and pass 2
+reads it twice, as chunked rows wherever the program reads it per row and whole, through its
+column copy and a copy of the chain from the root, at the read. The read's result then
+carries the row axis only: that block's rows of it.
 
 **Candidates** (``candidates``): a top-level ``dot_general`` or elementwise equation, not a
 pairing, that reads a value computed from a pairing (``k``) and an operand that is not, and
-that is a layout of a root carrying the axis in the pairing's analysis (the encoded rows, the
+that is a layout (or a rearrangement of the rows) of a root carrying the axis in the
+pairing's analysis (the encoded rows, the
 chunked input or another per-row value computed from it: what pass 1 can stack).
 
 **Choice** (``extend``). Rewiring any operand to a column copy computes what the original
-computes: the copy is fed the same array as its root, the chain is pure layout equations,
-and JAX adds the cotangents of the root's rows and columns as it does for a pairing. So the
-choice decides the plan, never a number. It is made by pass 2's analysis (``stops``: the
-equations where pass 2 would stop with a set of reads, None where there is no pass 2):
-every candidate is taken; then each is dropped where pass 2 stops at fewer equations
-without it (a per-row value read at the rows, ``x + phi`` or ``w[:, None] * k``: its column
-copy would put the axis on the pairs' columns again), then each where pass 2 stops at no
-more equations without it (a contraction that was not with the column side, or one that
-another read already frees); the reads left are kept only where pass 2 stops at fewer
-equations than with none. Otherwise the pairing is returned unchanged: the plan is the one
-without reads. At most ``MAX_READS`` candidates are weighed (``2 MAX_READS + 2`` analyses of
-pass 2).
+computes: the copy is fed the same array as its root, the chain is pure (layouts and
+rearrangements, applied to the whole copy), and JAX adds the cotangents of the root's rows
+and columns as it does for a pairing. So the choice decides the plan, never a number. It is
+made by pass 2's analysis (``stops``: the equations where pass 2 would stop with a set of
+reads, None where there is no pass 2): every candidate is taken; then each is dropped where
+pass 2 stops at fewer equations without it (a per-row value read at the rows, ``x + phi`` or
+``w[:, None] * k``: its column copy, read at the rows, would carry the axis there too), then
+each where pass 2 stops at no more equations without it (a contraction that was not with
+the column side, or one that another read already frees); the reads left are kept only
+where pass 2 stops at fewer equations than with none. Otherwise the pairing is returned
+unchanged: the plan is the one without reads. At most ``MAX_READS`` candidates are weighed
+(``2 MAX_READS + 2`` analyses of pass 2).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ A program encodes the chunked rows (``z = tanh(x @ w1) @ w2``, perhaps normalise
 by one of the idioms users write (a matrix product ``z @ z.T``, a broadcast difference or
 product summed over the features, the two halves of the batch against each other, two views
 joined, a sort of each column), applies a kernel (an RBF, a temperature, ``tanh``) and reduces
-(a mean, a per-row logsumexp, a per-row max). It is serialized with ``argnums`` or ``size=``
+(a mean, a per-row logsumexp, a per-row max, or the mean square of the pairs contracted with
+the column side's rows, ``k @ z``). It is serialized with ``argnums`` or ``size=``
 at a drawn chunk, and called under ``jax.value_and_grad``.
 
 Checked: the value and gradients are the original's; XLA's temp bytes of the jitted
@@ -53,10 +54,12 @@ KERNELS = {
     "temperature": lambda s: s / 0.3,
     "tanh": jnp.tanh,
 }
-REDUCTIONS = {
-    "mean": jnp.mean,
-    "row logsumexp": lambda s: jnp.mean(jax.nn.logsumexp(s, axis=1)),
-    "row max": lambda s: jnp.mean(jnp.max(s, axis=1)),
+REDUCTIONS = {  # of the pairs ``s`` and the encoded rows ``z``
+    "mean": lambda s, z: jnp.mean(s),
+    "row logsumexp": lambda s, z: jnp.mean(jax.nn.logsumexp(s, axis=1)),
+    "row max": lambda s, z: jnp.mean(jnp.max(s, axis=1)),
+    # the pairs contracted with the column side's rows (the last rows of ``z``: the halves')
+    "kernel-weighted rows": lambda s, z: jnp.mean((s @ z[-s.shape[1] :]) ** 2),
 }
 
 
@@ -76,8 +79,9 @@ class PairingProgram:
             return z / jnp.linalg.norm(z, axis=1, keepdims=True) if self.normalise else z
 
         def f(w, x):
-            s = PAIRINGS[self.pairing](enc(w, x), x, lambda v: enc(w, v))
-            return REDUCTIONS[self.reduction](KERNELS[self.kernel](s))
+            z = enc(w, x)
+            s = PAIRINGS[self.pairing](z, x, lambda v: enc(w, v))
+            return REDUCTIONS[self.reduction](KERNELS[self.kernel](s), z)
 
         return f
 

@@ -4,6 +4,8 @@ pass 2 chunks the pairs by rows, with the full stacked value as a loop-invariant
 
 - ``detect``: the pairing equations, their row and column sides and the values they pair;
 - ``permute``: rearranged rows of a root (``z[::-1]``, a roll, a gather) as a column layout;
+- ``reads``: per-row values read at the pairs' columns (``k @ z``, SVGD's ``k * g[None]``),
+  which pass 2 reads whole too;
 - ``rewrite``: the two programs, cut from the traced one;
 - ``constants``: labels, masks and positives built from ``iota`` in pass 2, per block;
 - ``plan``: ``TwoPass``, both passes planned as ordinary splits, and their estimate;

@@ -14,7 +14,9 @@ Each side's *root* is the value the operand is a layout of: walking back through
 ``convert_element_type`` (``z`` for ``z.T`` and for ``z[None]`` broadcast to ``[N, N, d]``).
 The roots are what pass 1 stacks: the embeddings, a few values per example; the *chain* of
 layout equations from a column root to its operand is what pass 2 re-emits on the full
-stacked value.
+stacked value. A pairing is a ``Use``: a ``Read`` of a column copy (the operand, its root and
+chain) with a row side; the other reads of a column copy (``k @ z``) are chosen by ``reads``
+and added to the ``Pairing``, whose roots are those of its uses and its reads.
 
 On the column side a rearrangement of a root's rows along the axis (``permute``: ``z[::-1]``,
 a roll, a gather) is walked through too: the column copy is whole, so pass 2 rearranges it.
@@ -62,39 +64,60 @@ def _layout_primitives() -> frozenset:
 
 
 @functools.cache
-def _dot_general() -> object:
+def dot_general() -> object:
     return _compat.primitive("dot_general")
 
 
 @dataclasses.dataclass(frozen=True)
-class Use:
-    """One pairing equation: its index, the operand positions of its row and column sides,
-    the roots of both sides, and the layout equations from the column root to the column
-    operand (indices, in program order)."""
+class Read:
+    """An equation that reads a root's column copy in pass 2: its index, the operand position
+    that reads it (``col``), the root, and the layout equations from the root to that operand
+    (indices, in program order)."""
 
     index: int
-    row: int
     col: int
-    row_root: Var
     col_root: Var
     chain: tuple[int, ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class Use(Read):
+    """One pairing equation: a ``Read`` of its column side, with the operand position and the
+    root of its row side."""
+
+    row: int
+    row_root: Var
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Pairing:
-    """Every pairing of one axis (``analysis``) in ``jaxpr``; ``roots``: the values both
-    sides are layouts of, in program order (inputs first)."""
+    """Every pairing of one axis (``analysis``) in ``jaxpr`` (``uses``), and the other
+    equations that read a root's column copy (``reads``: ``reads.py``)."""
 
     jaxpr: Jaxpr
     analysis: Analysis
     uses: tuple[Use, ...]
-    roots: tuple[Var, ...]
+    reads: tuple[Read, ...] = ()
+
+    @functools.cached_property
+    def roots(self) -> tuple[Var, ...]:
+        """The values both sides of the uses and the reads are layouts of, in program order
+        (inputs first): what pass 1 stacks."""
+        found = {r for u in self.uses for r in (u.row_root, u.col_root)}
+        found.update(r.col_root for r in self.reads)
+        order = {v: i for i, v in enumerate([*self.jaxpr.invars, *definitions(self.jaxpr)])}
+        return tuple(sorted(found, key=order.__getitem__))
+
+    @property
+    def rewired(self) -> tuple[Read, ...]:
+        """Every equation that reads a column copy: the uses, then the reads."""
+        return (*self.uses, *self.reads)
 
     @property
     def column_roots(self) -> tuple[Var, ...]:
         seen: dict = {}
-        for use in self.uses:
-            seen.setdefault(use.col_root, None)
+        for read in self.rewired:
+            seen.setdefault(read.col_root, None)
         return tuple(seen)
 
     def loc(self, v: Var) -> AxisLoc | None:
@@ -104,7 +127,7 @@ class Pairing:
 def sides(analysis: Analysis, eqn: JaxprEqn) -> tuple[int, int] | None:
     """``(row operand, column operand)`` if ``eqn`` pairs ``analysis``'s axis with itself."""
     locs = [analysis.loc((), v) for v in eqn.invars]
-    if eqn.primitive is _dot_general():
+    if eqn.primitive is dot_general():
         lhs, rhs = locs[0], locs[1]
         if lhs is None or rhs is None:
             return None
@@ -127,12 +150,12 @@ def _plain(loc: AxisLoc) -> bool:
     return loc.inner == 1 and loc.outer == 1
 
 
-def _carries(analysis: Analysis | None, v: Var) -> bool:
+def carries(analysis: Analysis | None, v: Var) -> bool:
     loc = None if analysis is None else analysis.loc((), v)
     return loc is not None and _plain(loc)
 
 
-def _definitions(jaxpr: Jaxpr) -> dict:
+def definitions(jaxpr: Jaxpr) -> dict:
     return {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
 
 
@@ -148,7 +171,7 @@ def root_of(
         eqn = jaxpr.eqns[defined[v]]
         ins = variables(eqn.invars)
         found = None if rearranging is None else permute.rearranged(jaxpr, eqn, defined)
-        if found is not None and _carries(rearranging, found[0]):
+        if found is not None and carries(rearranging, found[0]):
             chain.extend((defined[v], *found[1]))
             v = found[0]
             continue
@@ -160,8 +183,8 @@ def root_of(
 
 
 def _pairing(jaxpr: Jaxpr, analysis: Analysis) -> Pairing | None:
-    """Every pairing of ``analysis``'s axis, with the roots of both sides; None if none."""
-    defined = _definitions(jaxpr)
+    """Every pairing of ``analysis``'s axis; None if none."""
+    defined = definitions(jaxpr)
     uses = []
     for idx, eqn in enumerate(jaxpr.eqns):
         if ((), idx) not in analysis.barriers:
@@ -172,12 +195,8 @@ def _pairing(jaxpr: Jaxpr, analysis: Analysis) -> Pairing | None:
         row, col = found
         row_root, _ = root_of(jaxpr, eqn.invars[row], defined)
         col_root, chain = root_of(jaxpr, eqn.invars[col], defined, analysis)
-        uses.append(Use(idx, row, col, row_root, col_root, chain))
-    if not uses:
-        return None
-    order = {v: i for i, v in enumerate([*jaxpr.invars, *defined])}
-    roots = sorted({r for u in uses for r in (u.row_root, u.col_root)}, key=order.__getitem__)
-    return Pairing(jaxpr, analysis, tuple(uses), tuple(roots))
+        uses.append(Use(idx, col, col_root, chain, row=row, row_root=row_root))
+    return Pairing(jaxpr, analysis, tuple(uses)) if uses else None
 
 
 def _reborn(split: Split) -> list[tuple[Var, AxisLoc, int]]:

@@ -1,10 +1,12 @@
 """``TwoPass``: a program that pairs the axis with itself, planned as two ordinary splits.
 
 ``plan(single, stream)`` takes the one-pass candidate (where the pairing is a barrier and
-the pairs run after the loop, on the full axis) and, when ``detect`` finds pairings, cuts the
-program in two (``rewrite``: each effect and each custom VJP call in exactly one pass; no
-two-pass plan where the cut would reorder the effects) and plans each part as any other
-program is planned (``_plan.make_split``):
+the pairs run after the loop, on the full axis) and, when ``detect`` finds pairings, adds the
+reads of per-row values at the pairs' columns that free pass 2 (``reads``: ``k @ z``; where
+the plan with them fails, it is planned without), cuts the program in two (``rewrite``: each
+effect and each custom VJP call in exactly one pass; no two-pass plan where the cut would
+reorder the effects) and plans each part as any other program is planned
+(``_plan.make_split``):
 
 - pass 1 is analysed with the one-pass plan's own facts (the same axis, where the program's
   inputs and values carry it), so it chunks exactly what the one-pass plan chunks before the
@@ -30,10 +32,10 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpr_accum import _compat
-from jaxpr_accum._assembly._pairwise import constants, detect, rewrite
+from jaxpr_accum._assembly._pairwise import constants, detect, reads, rewrite
 from jaxpr_accum._assembly._pairwise.constants import Constants
 from jaxpr_accum._assembly._pairwise.detect import Pairing
-from jaxpr_accum._compat import Var
+from jaxpr_accum._compat import Jaxpr, Var
 from jaxpr_accum._engine._axes import Analysis
 from jaxpr_accum._planning._cost import Candidate, format_bytes
 from jaxpr_accum._planning._plan import make_split
@@ -106,19 +108,29 @@ class TwoPass:
 
 def plan(single: Candidate, names: dict, stream: bool = True) -> TwoPass | None:
     """The two-pass plan of ``single``'s program, or None when nothing pairs an axis with
-    itself (or pass 2 would chunk nothing); ``names``: the inputs' names, for ``explain``."""
-    split = single.split
-    pairing = detect.find(split)
+    itself (or pass 2 would chunk nothing); ``names``: the inputs' names, for ``explain``.
+    The pairing's reads of per-row values at its columns (``reads``) are those that remove
+    stops of pass 2; where the plan with them fails, it is the plan without."""
+    pairing = detect.find(single.split)
     if pairing is None:
         return None
-    jaxpr = split.jaxpr
+    extended = reads.extend(pairing, _stops)
+    two = _two_passes(single, extended, names, stream)
+    if two is None and extended is not pairing:
+        return _two_passes(single, pairing, names, stream)
+    return two
+
+
+def _two_passes(single: Candidate, pairing: Pairing, names: dict, stream: bool) -> TwoPass | None:
+    """The two passes of ``pairing`` (its uses and reads), or None (see ``plan``)."""
+    split = single.split
     found = rewrite.cut(pairing)
     if found is None:
         return None
     stacked, once = found
     first = None
     if stacked:
-        program = rewrite.first_pass(jaxpr, stacked, once)
+        program = rewrite.first_pass(split.jaxpr, stacked, once)
         values = {*program.invars, *(v for e in program.eqns for v in e.outvars)}
         facts = [
             (v, loc) for (ctx, v), loc in split.analysis.locs.items() if ctx == () and v in values
@@ -127,10 +139,8 @@ def plan(single: Candidate, names: dict, stream: bool = True) -> TwoPass | None:
         first = Candidate(make_split(program, analysis, split.born, stream), single.chunk)
         if not first.split.has_body:
             return None
-    program, columns = rewrite.second_pass(pairing, stacked, once)
-    program = constants.private(program)
-    seeds = [(v, loc) for v in program.invars if (loc := pairing.loc(v)) is not None]
-    analysis = Analysis(program, pairing.analysis.size).run(seeds)
+    cut_out = _second_pass(pairing, stacked, once)
+    program, seeds, analysis = cut_out.program, cut_out.seeds, cut_out.analysis
     made: list[Var] = []
     whole = program
     for _ in range(MAX_ROUNDS):
@@ -144,7 +154,36 @@ def plan(single: Candidate, names: dict, stream: bool = True) -> TwoPass | None:
     if not second.has_body:
         return None
     fed = Constants(tuple(made), constants.program_of(whole, made) if made else None)
-    return TwoPass(single, pairing, stacked, first, Candidate(second, single.chunk), columns, fed)
+    second_candidate = Candidate(second, single.chunk)
+    return TwoPass(single, pairing, stacked, first, second_candidate, cut_out.columns, fed)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Second:
+    """Pass 2 as cut (its constants private to each reader), its column copies (copy ->
+    root), the seeds of its analysis and that analysis."""
+
+    program: Jaxpr
+    columns: dict[Var, Var]
+    seeds: list
+    analysis: Analysis
+
+
+def _second_pass(pairing: Pairing, stacked: tuple[Var, ...], once: frozenset[int]) -> _Second:
+    program, columns = rewrite.second_pass(pairing, stacked, once)
+    program = constants.private(program)
+    seeds = [(v, loc) for v in program.invars if (loc := pairing.loc(v)) is not None]
+    analysis = Analysis(program, pairing.analysis.size).run(seeds)
+    return _Second(program, columns, seeds, analysis)
+
+
+def _stops(pairing: Pairing) -> int | None:
+    """The equations where pass 2's analysis stops (before constants are computed whole),
+    or None where the effects allow no two passes."""
+    found = rewrite.cut(pairing)
+    if found is None:
+        return None
+    return len(_second_pass(pairing, *found).analysis.barriers)
 
 
 def describe_value(pairing: Pairing, v: Var, names: dict) -> str:

@@ -1,5 +1,6 @@
-"""What ``explain`` shows of a two-pass plan: both passes, what is stacked between them, and
-the pairings that made the second pass necessary (primitive and user source line)."""
+"""What ``explain`` shows of a two-pass plan: both passes, what is stacked between them, the
+pairings that made the second pass necessary (primitive and user source line) and the
+equations that read a per-row value at the pairs' columns (``k @ z``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from jaxpr_accum import _compat
+from jaxpr_accum._assembly._pairwise.detect import Use
 from jaxpr_accum._assembly._pairwise.plan import TwoPass, describe_value
 from jaxpr_accum._assembly._report import Plan
 from jaxpr_accum._assembly._report_text import PlanStop
@@ -15,15 +17,19 @@ from jaxpr_accum._planning._cost import nbytes
 
 
 def pairs(two: TwoPass, names: dict) -> list[str]:
-    """One line per pairing equation: where it is, and which values give its rows and columns."""
-    jaxpr = two.pairing.jaxpr
+    """One line per pairing equation (where it is, and which values give its rows and
+    columns), then one per read of a per-row value at the pairs' columns (``reads``)."""
+    pairing = two.pairing
     out = []
-    for use in two.pairing.uses:
-        eqn = jaxpr.eqns[use.index]
+    for read in pairing.rewired:
+        eqn = pairing.jaxpr.eqns[read.index]
+        columns = describe_value(pairing, read.col_root, names)
+        rows = "the pairs"
+        if isinstance(read, Use):
+            rows = describe_value(pairing, read.row_root, names)
         out.append(
-            f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}: rows of "
-            f"{describe_value(two.pairing, use.row_root, names)} chunked, columns of "
-            f"{describe_value(two.pairing, use.col_root, names)} whole"
+            f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}: rows of {rows} chunked, "
+            f"columns of {columns} whole"
         )
     return out
 

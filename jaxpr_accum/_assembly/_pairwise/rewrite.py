@@ -8,8 +8,9 @@
   results are inputs now), so what only they needed (the encoder) is dropped too. Each
   pairing reads its column side from the column copy, through a copy of the layout chain from
   the root (``z.T`` becomes ``z_col.T``; ``z[::-1].T``, ``rev`` then ``transpose`` of
-  ``z_col``; a roll's slices and ``concatenate``); every other reader of a root, the row side
-  included, reads the root itself.
+  ``z_col``; a roll's slices and ``concatenate``), and so does each *read* of a per-row value
+  at the pairs' columns (``k @ z`` reads ``z_col``: ``reads``); every other reader of a root,
+  the row side included, reads the root itself.
 
 Two kinds of equation run in exactly one pass (``cut``), where any other equation that both
 passes need (the encoder's hidden layer, read by the pairs and by another term) is computed
@@ -43,7 +44,7 @@ the cotangent, adds them up as the original's does.
 from __future__ import annotations
 
 from jaxpr_accum import _compat
-from jaxpr_accum._assembly._pairwise.detect import Pairing
+from jaxpr_accum._assembly._pairwise.detect import Pairing, Read
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, Literal, Var
 from jaxpr_accum._planning._stages import variables
 
@@ -140,24 +141,24 @@ def second_pass(
     jaxpr = pairing.jaxpr
     columns = {root: _compat.new_var(root.aval) for root in pairing.column_roots}
     defined_here = set(stacked)
-    uses = {u.index: u for u in pairing.uses}
+    reads: dict[int, list[Read]] = {}
+    for read in pairing.rewired:
+        reads.setdefault(read.index, []).append(read)
     eqns = []
     for idx, eqn in enumerate(jaxpr.eqns):
         if defined_here & set(eqn.outvars) or idx in once:
             continue
-        use = uses.get(idx)
-        if use is not None:
-            env: dict = {use.col_root: columns[use.col_root]}
-            for c in use.chain:
+        invars: list = list(eqn.invars)
+        for read in reads.get(idx, ()):
+            env: dict = {read.col_root: columns[read.col_root]}
+            for c in read.chain:
                 link = jaxpr.eqns[c]
                 outs = [_compat.new_var(x.aval) for x in link.outvars]
                 ins = [x if isinstance(x, Literal) else env.get(x, x) for x in link.invars]
                 eqns.append(link.replace(invars=ins, outvars=outs))
                 env.update(zip(link.outvars, outs, strict=True))
-            invars: list = list(eqn.invars)
-            invars[use.col] = env.get(invars[use.col], invars[use.col])
-            eqn = eqn.replace(invars=invars)
-        eqns.append(eqn)
+            invars[read.col] = env.get(invars[read.col], invars[read.col])
+        eqns.append(eqn.replace(invars=invars) if idx in reads else eqn)
     computed = [v for v in stacked if v not in set(jaxpr.invars)]
     program = jaxpr.replace(invars=[*jaxpr.invars, *computed, *columns.values()], eqns=eqns)
     return _dce(program), {col: root for root, col in columns.items()}

@@ -98,6 +98,19 @@ def covering(
     return rows
 
 
+def tiered(rows: list, fast: Sequence[tuple]) -> list:
+    """``rows`` (``pytest.param``s, from :func:`covering`) in the slow tier, except those whose
+    values are one of ``fast`` (added where ``rows`` lacks them), which stay in the default
+    tier."""
+    fast = [tuple(f) for f in fast]
+    kept = [tuple(r.values) for r in rows]
+    rows = rows + [pytest.param(*f, id="-".join(map(str, f))) for f in fast if f not in kept]
+    return [
+        r if tuple(r.values) in fast else pytest.param(*r.values, id=r.id, marks=pytest.mark.slow)
+        for r in rows
+    ]
+
+
 # --------------------------------------------------------------------------------------
 # Walking jaxprs
 # --------------------------------------------------------------------------------------

@@ -160,12 +160,13 @@ PAIRS = [  # (program, error set): each program's own set, and all_checks
     ("backward", "nan"), ("index", "all"), ("user", "all"), ("div", "all"),
 ]  # fmt: skip
 STACKS = [("both", True), ("clean", True), ("both", False)]
-#: the slow tier's rows: every mode meets every transformation, each with two of the
-#: (program, error set) pairs and every stack in rotation; every mode meets every pair with an
-#: error in a full chunk and in the remainder (the whole product: JAXPR_ACCUM_FULL_MATRIX=1)
+#: the slow tier's rows: every mode meets every transformation, each with one of the
+#: (program, error set) pairs and one stack in rotation (every pair and stack met); every
+#: mode meets every pair with an error in a full chunk and in the remainder (the whole
+#: product: JAXPR_ACCUM_FULL_MATRIX=1)
 SLOW = [
     (program, errors, mode, how, rows, jit)
-    for param in covering(list(itertools.product(ja.GRAD_MODES, HOWS)), PAIRS, STACKS, per=2)
+    for param in covering(list(itertools.product(ja.GRAD_MODES, HOWS)), PAIRS, STACKS, per=1)
     for mode, how, (program, errors), (rows, jit) in [param.values]
 ] + [
     (program, errors, mode, "forward", rows, True)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from .fuzz import nans
 
 #: pairs in the slow tier's run
-PAIRS = 60
+PAIRS = 30
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ modes and chunk sizes, the Flax transformer block and the property run are ``slo
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -29,7 +28,7 @@ from jax import lax
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import assert_matches_original, iter_eqns
+from .oracle import assert_matches_original, covering, iter_eqns, tiered
 
 N = 10
 D = 4
@@ -522,19 +521,13 @@ GAMMA_FAMILY = {
 ROUNDED_AFTER_THE_DRAW = {"ball"}
 
 
-def _family_case(name: str, grad: str, chunk: int) -> Any:
-    fast = (name, grad, chunk) == ("gamma", "remat", 7)
-    return pytest.param(name, grad, chunk, marks=() if fast else slow)
-
-
 @pytest.mark.parametrize(
     "name, grad, chunk",
-    [
-        _family_case(name, grad, chunk)
-        for name in GAMMA_FAMILY
-        for grad in ("remat", "fused", "native")
-        for chunk in (5, 7, N)  # dividing, not dividing, one chunk
-    ],
+    # every distribution meets every mode and every chunk: dividing, not dividing, one chunk
+    tiered(
+        covering(list(GAMMA_FAMILY), ("remat", "fused", "native"), (5, 7, N)),
+        [("gamma", "remat", 7)],
+    ),
 )
 def test_gamma_family_draws_bit_identical(name, grad, chunk):
     """A constant shape parameter is folded into the sampler as in the original (the draw

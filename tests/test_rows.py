@@ -458,7 +458,7 @@ def input_rows(tree) -> list[int]:
 
 
 @pytest.mark.slow
-@settings(deadline=None, max_examples=25)
+@settings(deadline=None, max_examples=12)
 @given(
     tree=row_trees(),
     chunk=st.sampled_from([1, 2, 3, 4, 5, 7, "axis", "more"]),

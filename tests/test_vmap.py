@@ -29,7 +29,7 @@ from jax.experimental import io_callback
 import jaxpr_accum as ja
 from jaxpr_accum.testing import assert_tree_close
 
-from .oracle import GRAD_MODES, covering, modes
+from .oracle import GRAD_MODES, covering, modes, tiered
 
 slow = pytest.mark.slow
 
@@ -246,13 +246,15 @@ def _callback_outcome(run, f, args):
 
 @pytest.mark.parametrize(
     "kind, axis, grad, what",
-    [
-        pytest.param(k, a, g, w, marks=() if (k, a, g, w) == F12 else slow)
-        for k in CALLBACKS
-        for a in CALLBACK_AXES
-        for g in GRAD_MODES
-        for w in ("values", "vjp", "grad")
-    ],
+    # every callback at every axis meets every mode and every run (not every triple)
+    tiered(
+        covering(
+            list(itertools.product(CALLBACKS, CALLBACK_AXES)),
+            GRAD_MODES,
+            ("values", "vjp", "grad"),
+        ),
+        [F12],
+    ),
 )
 def test_f12_callbacks_under_vmap(kind, axis, grad, what):
     in_axes, batched = CALLBACK_AXES[axis]

@@ -205,7 +205,7 @@ def find_candidates(
                 or f"dimension {d} of a value of shape {shape}"
             )
             splits.append(make_split(fanned, analysis, born, stream))
-            if size is not None:
+            if size is not None and splits[-1].stops:  # the parts' rows paired: as copies
                 splits.extend(_as_copies(jaxpr, v, d, born=born, stream=stream))
     return splits
 

@@ -122,6 +122,7 @@ def main():
     params, reference = init(jax.random.key(0)), init(jax.random.key(1))
     sf = ja.serialize_axis(dpo_loss, chunk=CHUNK, argnums=(2, 3, 4, 5))
     print(f"DPO, {LAYERS}-layer decoder (width {WIDTH}, vocabulary {VOCAB}, {SEQ} tokens)")
+    print("XLA temp memory of value_and_grad, original and serialized, by batch of pairs:")
     print(f"{'pairs':>6} {'original':>12} {'serialized':>12} {'ratio':>6}")
     ratio = 1.0
     for pairs in PAIRS:

@@ -10,22 +10,17 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 
 from .fuzz import checks
+from .fuzz.driver import derandomized
 
 #: pairs in the slow tier's run
 PAIRS = 30
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=PAIRS,
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-)
+@derandomized(PAIRS)
 @given(checks.check_pairs())
 def test_fuzz_check_family(tmp_path_factory, pair):
     failure = checks.check(pair, tmp_path_factory.mktemp("checks"))

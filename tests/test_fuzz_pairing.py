@@ -9,22 +9,17 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 from .fuzz import pairing
+from .fuzz.driver import derandomized
 
 #: programs in the slow tier's run
 PROGRAMS = 8 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else 200
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=PROGRAMS,
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-)
+@derandomized(PROGRAMS)
 @given(pairing.pairing_programs())
 def test_fuzz_pairing_family(program):
     failure = pairing.check(program)

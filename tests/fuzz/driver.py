@@ -23,6 +23,18 @@ from .runner import FAILURES, OUTCOMES, Pair, Result, pairs, run_pair, script
 from .stacks import FAMILIES, Layer
 
 
+def derandomized(n: int) -> Any:
+    """Hypothesis settings of a fuzz family's CI run: ``n`` examples, the same on every run,
+    no deadline, no health check, no example database."""
+    return settings(
+        max_examples=n,
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+
+
 def strategy(
     families: Iterable[str], eager_one_in: int = 8, idiom: str | None = None
 ) -> st.SearchStrategy[Pair]:

@@ -10,9 +10,12 @@ For each program, of ``jax.jit(jax.value_and_grad(f))``:
 - the gradient's agreement with the original's, compiled at ``highest`` matmul precision
   (relative L2 over every leaf; the hand-written loop draws other dropout masks, so it is not
   compared);
-- with ``--largest``, the largest batch that compiles in the device's memory, doubling from
-  the configured batch up to ``--max-batch`` (a compile that runs out of memory ends the
-  search).
+- the largest batch of the language model that compiles in the device's memory, on the ladder
+  from the configured batch doubling up to the scale's ``max_batch`` (``largest_batch``).
+
+``--steps`` picks among these (``measure``, ``compare``, ``largest``), so that a TPU's
+minute-long compiles fit separate calls; the compiles of ``compare`` and ``largest`` run on
+threads of their own.
 
 ``--size tiny`` runs a model small enough for a CPU (the test suite runs it, so the script
 cannot rot); ``--size tpu`` is the 219M-parameter model (d_model 1024, 12 layers, sequence
@@ -24,7 +27,9 @@ minute, so the parts fit separate calls).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +45,8 @@ from benchmarks.measuring import compile_value_and_grad, temp_bytes_of
 from benchmarks.pairwise_cases import simclr
 from benchmarks.transformer import TransformerConfig, transformer_peers, transformer_problem
 
+STEPS = ("measure", "compare", "largest")
+
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
@@ -47,6 +54,7 @@ class Scale:
 
     lm: TransformerConfig
     lm_chunks: tuple[int, ...]
+    lm_grads: tuple[str, ...]  # serialize_axis's ``grad=`` at each chunk
     hand_chunk: int
     max_batch: int
     simclr_batches: tuple[int, ...]
@@ -58,6 +66,7 @@ SCALES = {
     "tiny": Scale(
         lm=TransformerConfig(batch=4, seq=16, embed=32, heads=2, layers=1, vocab=64),
         lm_chunks=(1, 2),
+        lm_grads=("auto",),
         hand_chunk=2,
         max_batch=8,
         simclr_batches=(64,),
@@ -67,6 +76,7 @@ SCALES = {
     "tpu": Scale(
         lm=TransformerConfig(batch=8, seq=1024, embed=1024, heads=16, layers=12, vocab=32000),
         lm_chunks=(1, 2),
+        lm_grads=("auto", "remat"),
         hand_chunk=2,
         max_batch=1024,
         simclr_batches=(8192, 65536),
@@ -84,7 +94,6 @@ class Row:
     temp_bytes: int | None = None
     first_call_s: float | None = None
     step_s: float | None = None
-    grad_rel_l2: float | None = None
     error: str | None = None
 
 
@@ -131,33 +140,72 @@ def gradient_at_highest(f: Callable[..., Any], args: tuple) -> Any:
     return compile_value_and_grad(f, args, 0, precision="highest")(*args)[1]
 
 
-def compare(rows: list[Row], programs: dict[str, Callable[..., Any]], args: tuple) -> None:
-    """Fill ``grad_rel_l2`` of every serialized row against the original at ``highest``."""
-    if rows[0].error is not None:
-        return  # the original does not fit: nothing to compare with
-    ref = gradient_at_highest(programs["original"], args)
-    for row in rows:
-        if row.name.startswith("serialize_axis") and row.error is None:
-            row.grad_rel_l2 = relative_l2(gradient_at_highest(programs[row.name], args), ref)
+def concurrently(work: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Each of ``work``'s calls on a thread of its own (XLA compiles without holding Python's
+    lock, so a TPU's compiles of several programs overlap on the host's cores), by name; a
+    call's exception is its result."""
+
+    def attempt(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as err:  # noqa: BLE001 - reported by the caller
+            return err
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(work))) as pool:
+        futures = {name: pool.submit(attempt, call) for name, call in work.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def compare(programs: dict[str, Callable[..., Any]], args: tuple) -> None:
+    """Print each serialized program's gradient against the original's, every program
+    compiled at ``highest`` matmul precision (relative L2 over every leaf; the hand-written
+    loop draws other dropout masks, so it is not compared)."""
+    names = [n for n in programs if n == "original" or n.startswith("serialize_axis")]
+    if names[:1] != ["original"]:
+        return  # not selected: nothing to compare with
+    compiled = concurrently(
+        {
+            n: functools.partial(compile_value_and_grad, programs[n], args, 0, "highest")
+            for n in names
+        }
+    )
+    if isinstance(compiled["original"], Exception):
+        print(f"gradient at highest precision: the original failed ({compiled['original']!r:.120})")
+        return
+    ref = compiled["original"](*args)[1]
+    for name in names[1:]:
+        c = compiled[name]
+        agreement = (
+            f"{c!r:.120}" if isinstance(c, Exception) else f"{relative_l2(c(*args)[1], ref):.1e}"
+        )
+        print(f"gradient at highest precision, {name}: relative L2 {agreement}", flush=True)
 
 
 def largest_batch(
     at_batch: Callable[[int], tuple], f: Callable[..., Any], start: int, limit: int
 ) -> tuple[int | None, str]:
     """The largest batch in ``start, 2 start, ...`` (at most ``limit``) whose value and gradient
-    compile in the device's memory, and why the search stopped."""
-    fits = None
-    batch = start
-    while batch <= limit:
+    compile in the device's memory, and why the search stopped. A program's memory grows with
+    the batch, so the ladder's top is probed first (a serialized program fits it in one
+    compile), then the ladder from ``2 start`` up to the first that does not fit (``start``
+    is the batch measured already)."""
+
+    def fits(batch: int) -> bool:
         try:
             jax.jit(jax.value_and_grad(f)).lower(*at_batch(batch)).compile()
         except Exception as err:  # noqa: BLE001
             if not out_of_memory(err):
                 raise
-            return fits, f"batch {batch} ran out of memory"
-        fits = batch
+            return False
+        return True
+
+    top = start * 2 ** int(np.log2(limit // start)) if limit >= start else start
+    if fits(top):
+        return top, f"reached the search's limit, {limit}"
+    batch = start
+    while batch * 2 < top and fits(batch * 2):
         batch *= 2
-    return fits, f"reached the search's limit, {limit}"
+    return batch, f"batch {batch * 2} ran out of memory"
 
 
 def lm_programs(scale: Scale, batch: int) -> tuple[dict[str, Callable[..., Any]], tuple]:
@@ -165,8 +213,10 @@ def lm_programs(scale: Scale, batch: int) -> tuple[dict[str, Callable[..., Any]]
     cfg = dataclasses.replace(scale.lm, batch=batch)
     loss, args = transformer_problem(cfg)
     programs: dict[str, Callable[..., Any]] = {"original": loss}
-    for chunk in scale.lm_chunks:
-        programs[f"serialize_axis, chunk {chunk}"] = ja.serialize_axis(loss, chunk=chunk, argnums=1)
+    for grad in scale.lm_grads:
+        for chunk in scale.lm_chunks:
+            name = f"serialize_axis, chunk {chunk}" + ("" if grad == "auto" else f", grad={grad}")
+            programs[name] = ja.serialize_axis(loss, chunk=chunk, argnums=1, grad=grad)
     hand = transformer_peers(cfg, scale.hand_chunk)["scan+checkpoint"]
     programs[f"hand-written scan+checkpoint, chunk {scale.hand_chunk}"] = hand
     return programs, args
@@ -194,20 +244,19 @@ def run_part(
     args: tuple,
     repeats: int,
 ) -> list[Row]:
-    """Measure and compare every program of one part, and print its table."""
+    """Measure every program of one part, and print its table."""
     rows = []
     for name, f in programs.items():
         rows.append(measure(name, f, args, repeats)[0])
         print(f"measured: {rows[-1]}", flush=True)
-    compare(rows, programs, args)
     print(f"\n{title} ({jax.devices()[0].device_kind}, {jax.default_backend()})")
-    original = rows[0].temp_bytes
+    original = rows[0].temp_bytes if rows and rows[0].name == "original" else None
 
     def ratio(row: Row) -> str:
         return f"{row.temp_bytes / original:.2f}" if row.temp_bytes and original else "n/a"
 
     print_table(
-        ["program", "temp memory", "ratio", "first call", "step", "grad rel L2 (highest)"],
+        ["program", "temp memory", "ratio", "first call", "step"],
         [
             [
                 r.name,
@@ -215,7 +264,6 @@ def run_part(
                 ratio(r),
                 "n/a" if r.first_call_s is None else f"{r.first_call_s:.1f} s",
                 "n/a" if r.step_s is None else f"{r.step_s * 1e3:.1f} ms",
-                "n/a" if r.grad_rel_l2 is None else f"{r.grad_rel_l2:.1e}",
             ]
             for r in rows
         ],
@@ -223,10 +271,20 @@ def run_part(
     return rows
 
 
-def run_lm(scale: Scale, largest: bool) -> None:
+def selected(programs: dict[str, Callable[..., Any]], match: str | None) -> dict:
+    """The programs whose names contain ``match`` (all where None)."""
+    return {n: f for n, f in programs.items() if match is None or match in n}
+
+
+def run_lm(scale: Scale, steps: Sequence[str], match: str | None = None) -> None:
     programs, args = lm_programs(scale, scale.lm.batch)
-    run_part(f"Transformer LM, batch {scale.lm.batch}", programs, args, scale.repeats)
-    if not largest:
+    programs = selected(programs, match)
+    title = f"Transformer LM, batch {scale.lm.batch}"
+    if "measure" in steps:
+        run_part(title, programs, args, scale.repeats)
+    if "compare" in steps:
+        compare(programs, args)
+    if "largest" not in steps:
         return
     params, tokens, key = args
     vocab = scale.lm.vocab
@@ -235,28 +293,44 @@ def run_lm(scale: Scale, largest: bool) -> None:
         more = jax.random.randint(jax.random.PRNGKey(batch), (batch, tokens.shape[1]), 0, vocab)
         return params, more, key
 
-    for name, f in programs.items():
-        fits, why = largest_batch(at_batch, f, scale.lm.batch, scale.max_batch)
+    searches = {
+        name: functools.partial(largest_batch, at_batch, f, scale.lm.batch, scale.max_batch)
+        for name, f in programs.items()
+    }
+    for name, found in concurrently(searches).items():
+        fits, why = (None, f"{found!r:.120}") if isinstance(found, Exception) else found
         print(f"largest batch that fits, {name}: {fits} ({why})", flush=True)
 
 
-def run_simclr(scale: Scale) -> None:
+def run_simclr(scale: Scale, steps: Sequence[str], match: str | None = None) -> None:
     for n in scale.simclr_batches:
         programs, args = simclr_programs(scale, n)
-        run_part(f"SimCLR, N = {n}", programs, args, scale.repeats)
+        programs = selected(programs, match)
+        if "measure" in steps:
+            run_part(f"SimCLR, N = {n}", programs, args, scale.repeats)
+        if "compare" in steps:
+            compare(programs, args)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(SCALES), default="tiny")
     parser.add_argument("--only", choices=("lm", "simclr"), default=None)
-    parser.add_argument("--largest", action="store_true", help="search the largest batch")
+    parser.add_argument(
+        "--steps",
+        nargs="+",
+        choices=STEPS,
+        default=STEPS[:2],
+        help="measure: memory and times; compare: the gradients at highest precision; "
+        "largest: the largest batch of the language model that fits",
+    )
+    parser.add_argument("--match", default=None, help="only the programs whose names hold this")
     opts = parser.parse_args(argv)
     scale = SCALES[opts.size]
     if opts.only in (None, "lm"):
-        run_lm(scale, opts.largest)
+        run_lm(scale, opts.steps, opts.match)
     if opts.only in (None, "simclr"):
-        run_simclr(scale)
+        run_simclr(scale, opts.steps, opts.match)
 
 
 if __name__ == "__main__":

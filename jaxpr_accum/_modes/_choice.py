@@ -48,7 +48,8 @@ This module only chooses; each mode is built by its own module (``_remat``, ``_f
   to 1.5x remat's, measured, where it estimated no extra), so fused's extra bytes count them
   (``differentiated_chunk_bytes``): where they exceed ``MEMORY_SLACK`` of remat's estimate,
   auto takes remat and says so. This is conservative: XLA's buffer assignment sometimes
-  reuses that memory (SimCLR's pass 2 measures both modes alike), and remat there costs a
+  reuses that memory (SimCLR's pass 2 at 512 views in chunks of 64 measures both modes
+  alike), and remat there costs a
   forward pass per chunk that fused would save. Earlier versions settled such a pick by
   compiling both modes' ``value_and_grad`` on the first call (two more compiles, tens of
   seconds for a large model on a TPU); none is compiled now.

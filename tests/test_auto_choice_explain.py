@@ -4,7 +4,7 @@
 ``jax.jit(jax.value_and_grad(sf, diff))`` is the text of the same function pinned to that mode
 (``grad=plan.grad``), or, where the plan runs the function as written, has the original's
 loops and no other. Values and
-gradients are the original's. Two fast cases run in the default tier (a measured pick: the
+gradients are the original's. Two fast cases run in the default tier (an estimated pick: the
 weights' gradient of issue 20's MLP; the ``has_aux`` metrics), every case of the benchmark's
 quick set in the slow tier."""
 

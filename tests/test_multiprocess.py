@@ -149,8 +149,7 @@ def test_values_and_gradients_match_single_process_reference(
         assert facts["batch_grad_zeros_equal"], (rank, facts)
         if model == "dropout":  # the input dropout (p=0.5) zeroes about half of d loss / d x
             assert 0.3 < facts["batch_grad_zero_fraction"] < 0.7, (rank, facts)
-        # auto: fused or remat, as its estimate and (where the program compiles on its own)
-        # XLA's measurement of both decide; an explicit mode is taken as asked
+        # auto: fused or remat, as its estimate decides; an explicit mode is taken as asked
         expected = ("fused", "remat") if mode == "auto" else (mode,)
         assert facts["plan_grad"] in expected, (rank, facts)
         assert facts["plan_axis_size"] == 64 and facts["plan_chunk"] == 16, (rank, facts)

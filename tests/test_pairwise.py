@@ -9,8 +9,7 @@ the temperature a differentiated parameter or a constant; two views drawn inside
 and concatenated), symmetric CLIP with both towers from the chunked batch, kernel MMD^2 with
 an RBF kernel (an MMD-VAE's double sums over pairs), a batch-hard triplet loss, and pairwise
 distance matrices feeding a sum or per-row reductions. The full matrix is ``slow``; the
-default tier runs one representative (SimCLR in remat mode, at a chunk that does not divide;
-the default-tier tests request remat, which skips auto's compiled measurement of fused).
+default tier runs one representative (SimCLR in remat mode, at a chunk that does not divide).
 
 Structure: the rewritten program has two regions (pass 1 stacks the embeddings, pass 2 runs
 the pairs by rows) and no ``N x N`` value at full size; ``explain`` shows both passes, what

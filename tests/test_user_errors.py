@@ -229,8 +229,8 @@ def test_callbacks_fire_as_often_as_in_the_original(how, grad, capfd):
 
 @pytest.mark.slow
 def test_a_memory_budget_plans_without_running_the_callbacks():
-    """``memory=`` compiles candidate chunks and auto measures fused against remat: both
-    compile at abstract inputs, neither runs the program."""
+    """``memory=`` compiles candidate chunks and the never-worse check compiles the plan
+    against the original: both compile at abstract inputs, neither runs the program."""
     for sf in (
         ja.serialize_axis(counted_loss, memory=1 << 30, argnums=1),
         ja.serialize_axis(counted_loss, chunk=5, argnums=1),

@@ -14,6 +14,9 @@ the budget at chunk 1: under ``grad="auto"`` with fused chosen, the search is re
 (fused keeps one parameter-sized Jacobian accumulator, which a tight budget may not afford);
 otherwise the budget is impossible and ``SerializeError`` names the smallest measured memory,
 its chunk, and what dominates it.
+The mode searched is ``_choice``'s, chosen by the estimate for what the caller
+differentiates: the search compiles to fit the budget, never to choose between modes (remat
+is searched only where fused fits at no chunk).
 
 Invariants: the chosen chunk was itself compiled and measured within the budget (never only
 predicted); every chunk measured over the budget is larger than the chosen one; the axis
@@ -40,6 +43,7 @@ from jaxpr_accum._base._dtypes import is_float
 from jaxpr_accum._base._errors import ArgumentError, SerializeError
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._modes._decision import Decision
+from jaxpr_accum._modes._fused import FUSED
 from jaxpr_accum._modes._remat import REMAT
 from jaxpr_accum._planning._cost import format_bytes
 from jaxpr_accum._planning._plan import Split
@@ -138,11 +142,11 @@ def temp_bytes(run: Callable, inputs: list, diff: list[int]) -> int:
 
 class Measure:
     """XLA's temp bytes of a program's ``value_and_grad`` with respect to ``diff`` (what the
-    caller differentiates), compiled once per program: auto's confirmation of fused and the
-    never-worse check may ask for the same one. None where it cannot be measured on its own:
-    a program of a caller's context (collectives over a ``vmap`` axis name or a
-    ``shard_map``'s manual axes), one that is not reverse-differentiable (``while_loop``), a
-    backend that reports no memory; the estimate then decides alone."""
+    caller differentiates), compiled once per program: the never-worse check (``_worth``)
+    may ask for one the chunk search has measured (``record``). None where it cannot be
+    measured on its own: a program of a caller's context (collectives over a ``vmap`` axis
+    name or a ``shard_map``'s manual axes), one that is not reverse-differentiable
+    (``while_loop``), a backend that reports no memory; the estimate then decides alone."""
 
     def __init__(self, inputs: list, diff: list[int]):
         self.inputs, self.diff = inputs, diff
@@ -177,7 +181,8 @@ def original_memory(jaxpr: Any, inputs: list, diff: list[int]) -> int:
 class Request:
     """What a search measures: ``value_and_grad`` of the built program at ``inputs`` with
     respect to the inputs at ``diff`` (named by ``wrt``), against ``limit`` bytes (the
-    budget ``requested`` as the user wrote it), accumulating in ``accum_dtype``."""
+    budget ``requested`` as the user wrote it), accumulating in ``accum_dtype``; ``auto``:
+    the mode was chosen by ``grad="auto"`` (a pick of fused may fall back to remat)."""
 
     limit: int
     requested: Any
@@ -185,17 +190,18 @@ class Request:
     diff: list[int]
     wrt: str
     accum_dtype: Any
+    auto: bool = False
 
 
 def choose_chunk(first: Decision, layout_for: Callable[[int], Any], request: Request) -> Decision:
     """The decision at the chosen chunk, with its ``Budget``: ``first`` (``_choice``'s, at
-    the whole axis) or, where that is auto's unconfirmed pick of fused, remat after it
+    the whole axis) or, where that is auto's pick of fused and it fits at no chunk, remat
     (``layout_for``: the layout at a chunk, ``_layout.detect``)."""
     t0 = time.perf_counter()
     candidate = first.candidate
     split = candidate.split
     devices = layout_for(split.size).devices
-    choices = _modes_to_try(first)
+    choices = _modes_to_try(first, request.auto)
     n = max(1, split.size // devices)
     tried: list[tuple[str, int, int]] = []
     for choice in choices:
@@ -224,15 +230,15 @@ def choose_chunk(first: Decision, layout_for: Callable[[int], Any], request: Req
                 seconds=time.perf_counter() - t0,
                 wrt=request.wrt,
             )
-            return dataclasses.replace(at(c), budget=budget, unconfirmed=False)  # measured
+            return dataclasses.replace(at(c), budget=budget)
     raise impossible(split, tried, devices, request)
 
 
-def _modes_to_try(first: Decision) -> list[Decision]:
+def _modes_to_try(first: Decision, auto: bool) -> list[Decision]:
     """The gradient modes the search tries in order, each a decision at the full axis with
     its reason: ``_choice``'s, then remat where that is auto's pick of fused (see the module
     docstring)."""
-    if not first.unconfirmed:
+    if not (auto and first.mode is FUSED):
         return [first]
     return [first, first.to(REMAT, (
         "remat, chosen by auto: fused applies, but its parameter-sized Jacobian accumulator "

@@ -5,13 +5,13 @@
 value: the plan in two passes where the program pairs the axis with itself (``_pairwise``;
 None where it does not, and one pass is the plan as chosen), in one pass, without streamed
 normalisers, with native gradients. Each is one straight pipeline of frozen values: the axis
-(``_candidates``), the mode (``_choice``, at ``chunk=``, or with ``memory=`` at the whole
-axis) and the chunk (``chunk=``, or the search of ``_budget`` for that mode and what the
+(``_candidates``), the mode (``_choice``, by the estimate for what the caller
+differentiates, at ``chunk=``, or with ``memory=`` at the whole axis; nothing is compiled to
+choose it) and the chunk (``chunk=``, or the search of ``_budget`` for that mode and what the
 caller differentiates, cached per signature) as a ``Decision``, the program built from it
-(``_assemble``; auto's unconfirmed pick of fused measured against remat), its forward and
-backward passes validated, and the plan weighed against the function as written
-(``_worth``). What the
-attempts share (the axis, the two-pass plan, the programs measured) is made once: ``Planning``.
+(``_assemble``), its forward and backward passes validated, and the plan weighed against the
+function as written (``_worth``). What the attempts share (the axis, the two-pass plan, the
+programs measured) is made once: ``Planning``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from jaxpr_accum._build import _layout
 from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
 from jaxpr_accum._modes import _choice
 from jaxpr_accum._modes._decision import Decision
-from jaxpr_accum._modes._remat import REMAT
 from jaxpr_accum._planning import _candidates, _trace
 from jaxpr_accum._planning._cost import Candidate
 from jaxpr_accum._planning._plan import Split
@@ -174,8 +173,7 @@ class Planner:
 
     def _two_passes(self, call: Planning, attempt: Attempt) -> Prepared | None:
         """The two-pass plan (``_pairwise``), where it is expected to save more than one pass
-        (None elsewhere: one pass is the plan as chosen). Auto's pick of fused for a pass is
-        confirmed by measurement, as in one."""
+        (None elsewhere: one pass is the plan as chosen)."""
         if self.settings.chunk is None:
             return None
         chosen, _ = call.axis(self.settings, attempt.stream)
@@ -185,9 +183,8 @@ class Planner:
         two = call.pairing(chosen, attempt.stream)
         if two is None or two.net_saving <= chosen.net_saving:
             return None
-        measure, accum = call.measure if call.measure.diff else None, self.settings.accum_dtype
         run, decisions = _pairwise.choose_and_build(
-            two, attempt.requested, layout, accum_dtype=accum, measure=measure
+            two, attempt.requested, layout, call.measure.diff, accum_dtype=self.settings.accum_dtype
         )
         plan = _pairwise.plan_of(two, decisions, call.names)
         return self._weigh(call, attempt, chosen, Built(run, plan, two, two.stops))
@@ -197,7 +194,8 @@ class Planner:
         ``_weigh``."""
         chosen, usable = call.axis(self.settings, attempt.stream)
         decision = self._chunk(call, chosen, attempt.requested)
-        decision, run = self._build(call, decision)
+        with _fallback.stage("building"):
+            run = build(decision, self.settings.accum_dtype)
         if decision.budget is not None:  # the search compiled this program: never again
             call.measure.record(run, decision.budget.measured)
         usable = [decision.candidate if c is chosen else c for c in usable]
@@ -214,32 +212,17 @@ class Planner:
         return _layout.detect(chosen.split, call.inputs, call.specs, mesh_axis, chunk)
 
     def _chunk(self, call: Planning, chosen: Candidate, requested: Mode) -> Decision:
-        """The decision at the chunk: the mode ``_choice`` picks at ``chunk=`` (settled there
-        where the estimate decides); with ``memory=``, its pick at the whole axis, for which
-        the budget search chooses the chunk (``_fit_budget``; the search measures auto's
-        pick of fused itself)."""
+        """The decision at the chunk: the mode ``_choice`` picks (by the estimate, for what
+        the caller differentiates) at ``chunk=``; with ``memory=``, its pick at the whole
+        axis, for which the budget search chooses the chunk (``_fit_budget``)."""
         fixed = self.settings.chunk
         layout = self._layout(call, chosen, chosen.split.size if fixed is None else chosen.chunk)
-        diff = call.measure.diff if fixed is not None else None
         with _fallback.stage("choosing the gradient mode"):
-            decision = _choice.choose(chosen, requested, layout, diff)
+            decision = _choice.choose(chosen, requested, layout, call.measure.diff)
         if fixed is not None:
             return decision
         with _fallback.stage("the memory budget search"):
-            return self._fit_budget(call, decision)
-
-    def _build(self, call: Planning, decision: Decision) -> tuple[Decision, Callable]:
-        """``(decision, run)``: the program built; auto's pick of fused that the estimate
-        left ``unconfirmed`` is settled by measuring both modes (``_choice.confirm_fused``)."""
-        accum = self.settings.accum_dtype
-        with _fallback.stage("building"):
-            run = build(decision, accum)
-        if not decision.unconfirmed:
-            return decision, run
-        with _fallback.stage("measuring fused against remat"):
-            remat = build(decision.to(REMAT, decision.reason), accum)
-            decision = _choice.confirm_fused(decision, call.measure(run), call.measure(remat))
-        return decision, remat if decision.mode is REMAT else run
+            return self._fit_budget(call, decision, requested)
 
     def _weigh(self, call: Planning, attempt: Attempt, chosen: Candidate, built: Built) -> Prepared:
         """Validate ``built``'s forward and backward passes, and weigh it against the
@@ -265,8 +248,8 @@ class Planner:
             plan = dataclasses.replace(plan, warning=None)  # measured to save after all
         return Prepared(traced, chosen.split, plan, run=run)
 
-    def _fit_budget(self, call: Planning, first: Decision) -> Decision:
-        """The decision for ``memory=`` (``first``: the mode's at the whole axis): the search
+    def _fit_budget(self, call: Planning, first: Decision, requested: Mode) -> Decision:
+        """The decision for ``memory=`` (``first``: ``requested``'s at the whole axis): the search
         of ``_budget``, once per call signature (later calls, and calls under ``jit`` or
         ``grad`` with the same avals, reuse it)."""
         candidate = first.candidate
@@ -288,6 +271,7 @@ class Planner:
             diff=diff,
             wrt=wrt,
             accum_dtype=self.settings.accum_dtype,
+            auto=requested is AUTO,
         )
         decision = _budget.choose_chunk(first, layout_for, request)
         if call.key is not None:

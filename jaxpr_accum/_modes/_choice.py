@@ -1,10 +1,10 @@
 """Choosing the gradient mode: ``choose(candidate, requested, layout, diff) -> Decision``.
 
-The ``Decision`` (``_decision``) is one pass's plan. Auto's pick of fused is settled in
-``choose`` where the estimate decides alone (``by_estimate``); elsewhere it is
-``unconfirmed``, and the measurement of both modes settles it (``confirm_fused``, which
-returns a new decision). The call and ``explain`` reach the same decision for the same
-differentiation (``diff``, which ``explain(..., grad_argnums=...)`` gives).
+The ``Decision`` (``_decision``) is one pass's plan, made by the estimate alone: nothing is
+compiled to choose a mode, in one pass or in two (``_pairwise``), so planning costs what the
+analysis costs. The call and ``explain`` reach the same decision for the same
+differentiation (``diff``: the program inputs the caller differentiates, which
+``explain(..., grad_argnums=...)`` gives).
 
 Each decision's reason is written for ``explain``: a first line that is one sentence a user
 can act on (the mode, why, and what the other mode would cost), then lines of detail (the
@@ -40,21 +40,25 @@ This module only chooses; each mode is built by its own module (``_remat``, ``_f
   vocabulary measures fused one chunk's logits above remat (1.16-1.24x), auto takes fused; the
   per-example form written on the transposed batch (``W.T @ x.T``) measures fused one below.
 
-  The estimate can also miss what XLA's buffer assignment does with fused's Jacobian rows.
-  On the cases of ``benchmarks/auto_choice.py`` it missed (measured: up to 1.5x remat where
-  it estimates no extra) where the caller differentiates the region's chunked inputs (the
-  data, not only the parameters), whose gradients fused stacks from the forward pass. So the
-  estimate decides alone where those gradients are within ``MEMORY_SLACK`` of remat's
-  estimate (``estimate_decides``): no compile, planning costs what the analysis costs.
-  Elsewhere a pick of fused is confirmed on the first call by compiling both modes'
-  ``value_and_grad`` and comparing XLA's temp bytes (``confirm_fused``): fused stays while it
-  measures within 10% of remat (the region compiled alone would not: the difference arises
-  where its gradients meet the program around it).
+  The chunked inputs' gradients: where the caller differentiates the region's chunked inputs
+  (the data, not only the parameters; in two passes, pass 2's rows, the stacked
+  embeddings), fused stacks their gradients from the forward pass and holds them while the
+  rest of the program runs its backward; remat writes them in its backward loop. On the
+  cases of ``benchmarks/auto_choice.py`` an estimate without them missed fused's memory (up
+  to 1.5x remat's, measured, where it estimated no extra), so fused's extra bytes count them
+  (``differentiated_chunk_bytes``): where they exceed ``MEMORY_SLACK`` of remat's estimate,
+  auto takes remat and says so. This is conservative: XLA's buffer assignment sometimes
+  reuses that memory (SimCLR's pass 2 at 512 views in chunks of 64 measures both modes
+  alike), and remat there costs a
+  forward pass per chunk that fused would save. Earlier versions settled such a pick by
+  compiling both modes' ``value_and_grad`` on the first call (two more compiles, tens of
+  seconds for a large model on a TPU); none is compiled now.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 
@@ -84,8 +88,9 @@ class Weighed:
     (see the module docstring): one chunk's materialised activations, the largest of them
     where XLA's schedule holds one more under fused (per-example layers; else 0), the
     floating invariant inputs (their gradients' accumulators), every floating input of the
-    region, the materialised results of the program after the loop, the outputs stacked
-    back."""
+    region, the chunked ones the caller differentiates (their gradients, which fused stacks
+    from the forward pass), the materialised results of the program after the loop, the
+    outputs stacked back."""
 
     flags: tuple[bool, ...]
     width: int
@@ -93,6 +98,7 @@ class Weighed:
     schedule_bytes: int
     invariant_bytes: int
     input_bytes: int
+    chunk_grad_bytes: int
     epilogue_bytes: int
     stacked_bytes: int
 
@@ -109,14 +115,18 @@ class Weighed:
         """What fused is estimated to hold beyond remat: the Jacobian rows of every
         gradient-carrying entry beyond the first; where the program after the loop
         materialises more than one chunk's activations, the invariant inputs' gradients it
-        holds from the forward pass while that part runs its backward; and the activation
-        XLA's schedule holds beyond remat's (``schedule_bytes``)."""
+        holds from the forward pass while that part runs its backward; the gradients of the
+        differentiated chunked inputs, which it stacks from the forward pass
+        (``chunk_grad_bytes``); and the activation XLA's schedule holds beyond remat's
+        (``schedule_bytes``)."""
         held_over = self.invariant_bytes if self.epilogue_bytes > self.chunk_bytes else 0
-        return (self.width - 1) * self.input_bytes + held_over + self.schedule_bytes
+        rows = (self.width - 1) * self.input_bytes
+        return rows + held_over + self.chunk_grad_bytes + self.schedule_bytes
 
 
-def weigh(candidate: Candidate) -> Weighed:
-    """``candidate``'s ``Weighed``."""
+def weigh(candidate: Candidate, diff: Sequence[int]) -> Weighed:
+    """``candidate``'s ``Weighed`` where the caller differentiates the program inputs at
+    ``diff``."""
     split = candidate.split
     rows, size = min(candidate.chunk, split.size), max(split.size, 1)
     return Weighed(
@@ -126,6 +136,7 @@ def weigh(candidate: Candidate) -> Weighed:
         schedule_bytes=split.largest_held_bytes * rows // size if split.per_example_layers else 0,
         invariant_bytes=split.invariant_bytes,
         input_bytes=split.input_bytes,
+        chunk_grad_bytes=differentiated_chunk_bytes(split, diff),
         epilogue_bytes=split.epilogue_bytes,
         stacked_bytes=split.stacked_bytes,
     )
@@ -171,12 +182,9 @@ def fused_refusal(split: Split, weighed: Weighed, max_width: int = FUSED_MAX_WID
     return None
 
 
-def choose(
-    candidate: Candidate, requested: Mode, layout: Layout, diff: list[int] | None = None
-) -> Decision:
-    """The gradient mode for ``requested`` (see the module docstring). Auto's pick of fused
-    is settled here where no measurement is needed (``diff``: the indices of the program
-    inputs the caller differentiates; ``_settled``), else left ``unconfirmed``."""
+def choose(candidate: Candidate, requested: Mode, layout: Layout, diff: Sequence[int]) -> Decision:
+    """The gradient mode for ``requested`` (see the module docstring), by the estimate alone
+    (``diff``: the indices of the program inputs the caller differentiates)."""
 
     def decided(mode: Mode, reason: str) -> Decision:
         return Decision(candidate, mode, reason, layout)
@@ -191,7 +199,7 @@ def choose(
             "native, as requested: JAX differentiates the chunked scan itself (grad='auto' "
             "weighs remat, which accumulates the gradients in the loop, against fused)"
         ))  # fmt: skip
-    weighed = weigh(candidate)
+    weighed = weigh(candidate, diff)
     refusal = fused_refusal(candidate.split, weighed, FUSED_MAX_WIDTH)
     if refusal is not None:
         return decided(REMAT, (
@@ -209,11 +217,14 @@ def choose(
         f"fused would hold {format_bytes(extra)} more than remat's estimated "
         f"{format_bytes(remat_bytes)}"
     )
-    if weighed.schedule_bytes:
-        compared += (
-            f" (of which {format_bytes(weighed.schedule_bytes)}: one chunk's activation, which "
-            "XLA's schedule of layers written per example holds under fused)"
-        )
+    parts = [
+        (weighed.chunk_grad_bytes, "the differentiated chunked inputs' gradients, which fused "
+         "stacks from the forward pass"),
+        (weighed.schedule_bytes, "one chunk's activation, which XLA's schedule of layers "
+         "written per example holds under fused"),
+    ]  # fmt: skip
+    of = "; ".join(f"{format_bytes(b)}: {what}" for b, what in parts if b)
+    compared += f" (of which {of})" if of else ""
     if width > 1:
         return decided(REMAT, (
             f"remat, chosen by auto: fused would pull back {width} Jacobian rows per chunk, "
@@ -221,42 +232,23 @@ def choose(
             f"\n{sums}\n{compared}"
         ))  # fmt: skip
     if extra > MEMORY_SLACK * remat_bytes:
+        stacked = weighed.chunk_grad_bytes > MEMORY_SLACK * remat_bytes
+        held = " (the differentiated chunked inputs' gradients, from the forward pass)"
         return decided(REMAT, (
             f"remat, chosen by auto: fused would save a forward pass per chunk but hold "
-            f"{format_bytes(extra)} more, more than {MEMORY_SLACK:.0%} more than remat's "
-            f"estimated {format_bytes(remat_bytes)}\n{compared}"
+            f"{format_bytes(extra)} more{held if stacked else ''}, more than "
+            f"{MEMORY_SLACK:.0%} more than remat's estimated {format_bytes(remat_bytes)}"
+            f"\n{sums}\n{compared}"
         ))  # fmt: skip
-    fused = decided(FUSED, (
+    return decided(FUSED, (
         f"fused, chosen by auto: value and gradient in one pass, one forward pass per chunk "
         f"fewer than remat, for {format_bytes(extra)} more memory (within "
         f"{MEMORY_SLACK:.0%} of remat's estimated {format_bytes(remat_bytes)})"
         f"\n{sums}\n{compared}"
     ))  # fmt: skip
-    return _settled(fused, remat_bytes, diff)
 
 
-def _settled(decision: Decision, remat_bytes: int, diff: list[int] | None) -> Decision:
-    """Auto's estimated pick of fused (``decision``; ``remat_bytes``: remat's estimated
-    peak), settled where no measurement is needed: nothing is differentiated (``diff``
-    empty), or the estimate decides alone (``estimate_decides``, ``by_estimate``). Elsewhere
-    it is ``unconfirmed``, as where the caller measures it itself (``diff`` None: the memory
-    budget search, the passes of ``_pairwise``)."""
-    if diff is not None and not diff:
-        return decision
-    if diff is not None and estimate_decides(decision.candidate, diff, remat_bytes):
-        return by_estimate(decision)
-    return dataclasses.replace(decision, unconfirmed=True)
-
-
-def estimate_decides(candidate: Candidate, diff: list[int], remat_bytes: int) -> bool:
-    """Whether auto's estimated pick of fused needs no measurement: the gradients of the
-    region's chunked inputs that the caller differentiates (``diff``: indices of the
-    program's inputs), which fused stacks from the forward pass, are within
-    ``MEMORY_SLACK`` of remat's estimated peak ``remat_bytes`` (see the module docstring)."""
-    return differentiated_chunk_bytes(candidate.split, diff) <= MEMORY_SLACK * remat_bytes
-
-
-def differentiated_chunk_bytes(split: Split, diff: list[int]) -> int:
+def differentiated_chunk_bytes(split: Split, diff: Sequence[int]) -> int:
     """Bytes of the region's floating chunked inputs that depend on the program inputs at
     ``diff`` (through the prologue; an equation reading one such value is taken to make
     all its outputs depend on it)."""
@@ -267,33 +259,3 @@ def differentiated_chunk_bytes(split: Split, diff: list[int]) -> int:
         if any(v in reached for v in variables(eqn.invars)):
             reached.update(eqn.outvars)
     return float_bytes(v for v, _ in split.chunked if v in reached)
-
-
-def by_estimate(decision: Decision) -> Decision:
-    """Auto's estimated pick of fused (``decision``) where the estimate decides alone
-    (``estimate_decides``)."""
-    return decision.to(FUSED, (
-        f"{decision.reason}\nthe estimate decides (no compile): fused would hold no "
-        f"differentiated chunked input's gradient beyond {MEMORY_SLACK:.0%} of remat's estimate"
-    ))  # fmt: skip
-
-
-def confirm_fused(decision: Decision, fused_bytes: int | None, remat_bytes: int | None) -> Decision:
-    """Auto's estimated pick of fused (``decision``), given XLA's temp bytes of both modes'
-    ``value_and_grad``: fused while within ``MEMORY_SLACK`` of remat, else remat; the
-    estimate's fused where they cannot be measured (None)."""
-    why = decision.reason
-    if fused_bytes is None or remat_bytes is None:
-        return decision.to(
-            FUSED, f"{why}\nnot measured (not compilable outside the caller's context)"
-        )
-    measured = f"measured: fused {format_bytes(fused_bytes)}, remat {format_bytes(remat_bytes)}"
-    if fused_bytes > (1 + MEMORY_SLACK) * remat_bytes:
-        estimate = why.split("\n", 1)[-1]
-        return decision.to(REMAT, (
-            f"remat, chosen by auto on measuring both: fused would save a forward pass per "
-            f"chunk but took {format_bytes(fused_bytes)} against remat's "
-            f"{format_bytes(remat_bytes)}\n{measured}, fused more than {MEMORY_SLACK:.0%} above "
-            f"remat, though the estimate had it within\n{estimate}"
-        ))  # fmt: skip
-    return decision.to(FUSED, f"{why}\n{measured}")

@@ -2,10 +2,9 @@
 
 The candidate at its chunk (``_cost.Candidate``), the gradient ``Mode`` (``_region_p``; never
 ``AUTO``: that is a request) and why, the layout (``_layout``), and with ``memory=`` the chunk
-search that chose the chunk (``_budget.Budget``), and whether it is auto's estimated pick of
-fused that only a measurement settles (``unconfirmed``). ``_choice.choose`` makes one, the
-budget search (``_budget.choose_chunk``) and auto's confirmation of fused (``_choice``) return
-new ones, ``_pairwise`` makes one per pass; ``_assemble.build`` builds one and
+search that chose the chunk (``_budget.Budget``). ``_choice.choose`` makes one (by the
+estimate alone), the budget search (``_budget.choose_chunk``) returns a new one at the chunk
+it chose, ``_pairwise`` makes one per pass; ``_assemble.build`` builds one and
 ``Plan.from_decision`` reports it. A decision is never changed in place: ``to`` and
 ``dataclasses.replace`` make the next.
 """
@@ -24,17 +23,14 @@ from jaxpr_accum._planning._cost import Candidate
 class Decision:
     """One pass's plan: ``candidate`` (a split at its chunk) differentiated in ``mode`` (never
     ``AUTO``) for ``reason``, laid out as ``layout``; ``budget``: with ``memory=``, the chunk
-    search that chose the chunk (``_budget.Budget``), else None; ``unconfirmed``: auto's
-    estimated pick of fused, to be confirmed by measuring both modes
-    (``_choice.confirm_fused``)."""
+    search that chose the chunk (``_budget.Budget``), else None."""
 
     candidate: Candidate
     mode: Mode
     reason: str
     layout: Layout
     budget: Any = None
-    unconfirmed: bool = False
 
     def to(self, mode: Mode, reason: str) -> Decision:
-        """The same plan in another mode, settled."""
-        return dataclasses.replace(self, mode=mode, reason=reason, unconfirmed=False)
+        """The same plan in another mode."""
+        return dataclasses.replace(self, mode=mode, reason=reason)

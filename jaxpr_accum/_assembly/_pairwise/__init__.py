@@ -10,7 +10,8 @@ pass 2 chunks the pairs by rows, with the full stacked value as a loop-invariant
 - ``constants``: labels, masks and positives built from ``iota`` in pass 2, per block;
 - ``plan``: ``TwoPass``, both passes planned as ordinary splits, and their estimate;
 - ``build``: the two passes as one program (JAX's own AD composes them);
-- ``modes``: each pass's gradient mode (auto's fused confirmed by measurement), built;
+- ``modes``: each pass's gradient mode (by the estimate, for what the caller differentiates),
+  built;
 - ``report``: what ``explain`` shows of them.
 """
 

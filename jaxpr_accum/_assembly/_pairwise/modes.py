@@ -1,16 +1,19 @@
 """Each pass's gradient mode, and the two passes built with them.
 
-``choose_and_build(two, requested, layout, accum_dtype=, measure=)`` decides each pass as
-for any plan (``_choice.choose``: pass 1 stacks values, so it is remat or native; pass 2 often
-ends in sums, where auto may pick fused). Auto's pick of fused for a pass is then confirmed as it is
-for one pass (``_choice.confirm_fused``): the whole program's ``value_and_grad`` is measured
-with that pass fused and with it remat (XLA's temp bytes, ``measure``), and fused stays only
-while it is within 10% of remat.
+``choose_and_build(two, requested, layout, diff, accum_dtype=)`` decides each pass as for any
+plan (``_choice.choose``, by the estimate alone: nothing is compiled to choose; pass 1
+stacks values, so it is remat or native; pass 2 often ends in sums, where auto may pick
+fused). Each pass is weighed for what the caller differentiates (``diff``: indices of the
+program's inputs), translated to the pass's own inputs (``pass_diffs``): pass 1 reads the
+program's inputs; pass 2 reads them, the stacked values (rows and column copies) and the
+constants, and an input of pass 2 is differentiated where the value it is fed depends on a
+differentiated program input (an equation reading one such value is taken to make all its
+outputs depend on it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxpr_accum._assembly._fallback import stage
@@ -20,30 +23,32 @@ from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._build._region_p import Mode
 from jaxpr_accum._modes import _choice
 from jaxpr_accum._modes._decision import Decision
-from jaxpr_accum._modes._remat import REMAT
+from jaxpr_accum._planning._stages import variables
+
+
+def pass_diffs(two: TwoPass, diff: Sequence[int]) -> list[list[int]]:
+    """For each pass (``two.passes``), the indices of its inputs that depend on the program
+    inputs at ``diff``."""
+    jaxpr = two.single.split.jaxpr
+    reached = {jaxpr.invars[i] for i in diff}
+    for eqn in jaxpr.eqns:
+        if any(v in reached for v in variables(eqn.invars)):
+            reached.update(eqn.outvars)
+    second = [two.columns.get(v, v) for v in two.second.split.jaxpr.invars]  # as ``build``
+    return ([list(diff)] if two.first is not None else []) + [
+        [i for i, v in enumerate(second) if v in reached]
+    ]
 
 
 def choose_and_build(
-    two: TwoPass,
-    requested: Mode,
-    layout: Layout,
-    *,
-    accum_dtype: Any,
-    measure: Callable[[Callable], int | None] | None,
+    two: TwoPass, requested: Mode, layout: Layout, diff: Sequence[int], *, accum_dtype: Any
 ) -> tuple[Callable, list[Decision]]:
-    """``(run, each pass's decision)``; ``measure``: XLA's temp bytes of a program's
-    ``value_and_grad`` (None when nothing is differentiated: no confirmation)."""
+    """``(run, each pass's decision)``."""
     with stage("choosing the gradient modes"):
-        decisions = [_choice.choose(c, requested, layout) for c in two.passes]
+        decisions = [
+            _choice.choose(c, requested, layout, d)
+            for c, d in zip(two.passes, pass_diffs(two, diff), strict=True)
+        ]
     with stage("building"):
         run = build(two, decisions, accum_dtype)
-    for i, decision in enumerate(decisions):
-        if not decision.unconfirmed or measure is None:
-            continue
-        with stage("measuring fused against remat"):
-            in_remat = list(decisions)
-            in_remat[i] = decision.to(REMAT, decision.reason)
-            remat = build(two, in_remat, accum_dtype)
-            decisions[i] = _choice.confirm_fused(decision, measure(run), measure(remat))
-            run = remat if decisions[i].mode is REMAT else run
     return run, decisions

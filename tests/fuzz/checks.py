@@ -193,5 +193,11 @@ def check(pair: CheckPair, directory: Path) -> str | None:
 def plain_loop(pair: CheckPair) -> bool:
     """Whether a check of ``pair`` may first fire in a chunk loop that JAX emits as plain code
     (``grad="native"``, ``jax.jvp``, a derivative's backward pass or fused's linearization),
-    which JAX's checkify traverses as it is: the one place the differences remain."""
-    return pair.grad == "native" or pair.call in ("jvp", "grad", "value_and_grad")
+    which JAX's checkify traverses as it is: the one place the differences remain. (Under
+    ``"remat"`` the forward pass of a derivative is the region's own: only a check of the
+    backward pass finds its error there first.)"""
+    if pair.grad == "native" or pair.call == "jvp":
+        return True
+    derivative = pair.call in ("grad", "value_and_grad")
+    backward = any(kind == "backward_nan" for kind, _ in pair.sites)
+    return derivative and (pair.grad != "remat" or backward)

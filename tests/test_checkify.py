@@ -60,12 +60,24 @@ def backward_program(w, x):
     return jnp.mean(jnp.sqrt(h * h))
 
 
+def order_program(w, x):
+    """Two out-of-bounds lookups: the first fires in row 9 only (the remainder), the second in
+    every negative row; the original reports the first (it runs on every row before the
+    second), and so does the chunk loop, though the second fires in an earlier chunk."""
+    h = jnp.tanh(x @ w)
+    first = jnp.where(x[:, 0] < -9.5, 100 + jnp.arange(x.shape[0]), 0)
+    second = jnp.where(x[:, 0] < 0, 200 + jnp.arange(x.shape[0]), 0)
+    looked_up = jnp.take(w[0], first, mode=None) + jnp.take(w[0], second, mode=None)
+    return jnp.mean((h + looked_up[:, None]) ** 2)
+
+
 PROGRAMS = {
     "index": index_program,
     "div": div_program,
     "nan": nan_program,
     "user": user_program,
     "backward": backward_program,
+    "order": order_program,
 }
 ERRORS = {
     "user": checkify.user_checks,
@@ -137,12 +149,23 @@ def check_case(program: str, errors: str, mode: str, how: str, rows: str, jit: b
         assert expected is None
 
 
-FAST = [("index", "index", "remat", "forward", "both", True)]
+FAST = [
+    ("index", "index", "remat", "forward", "both", True),
+    ("order", "index", "remat", "forward", "both", True),
+]
 
 
 @pytest.mark.parametrize("case", FAST, ids=lambda c: "-".join(map(str, c)))
 def test_checkify_reports_as_the_original(case):
     check_case(*case)
+
+
+def test_the_order_case_can_fail():
+    """In ``order_program`` the two checks report different rows: a chunk loop that kept the
+    check firing in the earlier chunk would differ from the original."""
+    expected = report(order_program, "forward", checkify.index_checks, (9, 2), jit=True)
+    assert expected and "index 109 " in expected
+    assert "index 202 " in report(order_program, "forward", checkify.index_checks, (2,), True)
 
 
 def test_the_comparison_can_fail():
@@ -187,6 +210,14 @@ def test_checkify_matrix(case):
 def test_grad_of_a_checkified_function(mode, rows):
     for program in ("index", "nan", "backward"):
         check_case(program, "all", mode, "grad_of_checkify", rows, True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, how", [("auto", "forward"), ("fused", "vmap_outside")])
+def test_two_checks_of_one_kind(mode, how):
+    """Of two checks of one kind that fire, the first in the program is reported, wherever
+    the region's own checkify rule runs the loop (docs/errors.md; remat: ``FAST``)."""
+    check_case("order", "all", mode, how, "both", True)
 
 
 @pytest.mark.slow

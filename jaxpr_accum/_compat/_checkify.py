@@ -10,43 +10,43 @@ primitive of our own without a rule would lose every check inside it). Two rules
   carries the error through the chunks in order, then the remainder). The loop is the one
   with checkpointed bodies (``loop_of(params)``), so a derivative taken of the checkified
   function still recomputes each chunk instead of holding the whole axis. Where no check can
-  fire, the equation is bound as it is. Two repairs make the report the original's: every
-  copy of one check (the full chunks' and the remainder's) gets one code
-  (``_one_code_per_site``), so that of two kinds of error the one whose check comes first in
-  the program is reported, as in the original; an out-of-bounds error names the operand's
-  shape as written, not the chunk's (``_shapes_as_written``).
+  fire, the equation is bound as it is. Two repairs make the report the original's: inside
+  the loop every check site has an error slot of its own, the full chunks' and the
+  remainder's copies one slot, merged after the loop in program order (``_check_sites``:
+  of two checks of one kind, and of two kinds, the one first in the program is reported,
+  with its first erroring row, as in the original); an out-of-bounds error names the
+  operand's shape as written, not the chunk's (``_shapes_as_written``).
 - **checkpoint** (``remat_p``): JAX's rule requires the checkified body to close over no
   constant, which fails on the ``dynamic_slice`` that takes a chunk from the whole input
   inside each checkpointed body (its check's bounds are array constants): "too many values
   to unpack". Where the checked body has constants they are passed as leading inputs of
   the checkpoint instead; everywhere else JAX's rule runs unchanged.
 
-Invariants: the values are the loop's, which are the original's; within one kind of error
-(``Error``'s effect) the first to fire in the chunks' order is kept, which is the original's
-first along the axis; outside ``checkify`` nothing here runs (the unchecked program is
-unchanged). Not reached: loops emitted as plain JAX (``native``'s, ``jax.jvp``'s, the
-backward pass, fused's linearization), whose checks JAX checkifies as they are (the same
-errors; docs/errors.md lists the differences, all where two checks fire or in those loops).
-Of two checks of one kind that both fire, the one firing in the earlier chunk is kept (the
-original keeps the one first in the program).
+Invariants: the values are the loop's, which are the original's; the error the region adds
+is, per kind, that of the first check in program order that fired, with the payload of its
+first erroring row along the axis; outside ``checkify`` nothing here runs (the unchecked
+program is unchanged). Not reached: loops emitted as plain JAX (``native``'s, ``jax.jvp``'s,
+``jax.vmap``'s, the backward pass, fused's linearization), whose checks JAX checkifies as
+they are (the same errors; docs/errors.md lists the differences, all where two checks fire
+or an operand is chunked, in those loops).
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
+from jaxpr_accum._compat._check_sites import in_program_order, per_site
 from jaxpr_accum._compat._lookup import internal
 
 _CHECKIFY = "jax._src.checkify."
 #: the package's own files: where the loop is emitted from, which differs between the full
 #: chunks' copy of an equation and the remainder's
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_JAX = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
 
 
 def checks_through(
@@ -60,48 +60,31 @@ def checks_through(
 
     def rule(error: Any, enabled_errors: Any, *args: Any, **params: Any) -> tuple:
         loop = loop_of(params)
-        with _one_code_per_site():
-            if not _error_effects(loop, enabled_errors, error, args):
+        with per_site(_site_of) as sites:
+            if not _error_effects(loop, enabled_errors, sites.error, args) - {sites.marker}:
                 return error, p.bind(*args, **params)
-            checked, outs = checkify_jaxpr(loop, enabled_errors, error, *args)
-        return _shapes_as_written(checked, error, written_of(params)), outs
+            checked, outs = checkify_jaxpr(loop, enabled_errors, sites.error, *args)
+        checked = _shapes_as_written(checked, written_of(params))
+        return in_program_order(error, checked, sites), outs
 
     internal(_CHECKIFY + "error_checks")[p] = rule
 
 
-@contextlib.contextmanager
-def _one_code_per_site() -> Iterator[None]:
-    """JAX's ``assert_func`` giving every check of one site (kind, primitive, source) the
-    same code while the loop is checkified: the remainder's copy of a check shares the full
-    chunks' code. ``Error.get`` reports, of the kinds that fired, the one with the least code,
-    which in the original is the check first in program order; with a fresh code per copy, an
-    error of a later check in a full chunk would beat one of an earlier check that fires
-    only in the remainder (traced after the loop)."""
-    module: Any = importlib.import_module(_CHECKIFY.rstrip("."))
-    jax_assert, codes = module.assert_func, dict[str, int]()
-
-    def assert_func(error: Any, pred: Any, new_error: Any) -> Any:
-        site = (
-            type(new_error),
-            getattr(new_error, "prim", None),
-            getattr(new_error, "fmt_string", None),
-            _frames(new_error.traceback_info, _PACKAGE),
-        )
-        if repr(site) not in codes:
-            codes[repr(site)] = module.next_code()
-        code = codes[repr(site)]
-        payload, tree = jax.tree_util.tree_flatten(new_error)
-        effect = new_error.get_effect_type()
-        return module.update_error(error, pred, code, {code: tree}, payload, effect)
-
-    module.assert_func = assert_func
-    try:
-        yield
-    finally:
-        module.assert_func = jax_assert
+def _site_of(new_error: Any) -> tuple[bool, tuple]:
+    """A check's site: its kind, primitive, message and the instructions of the frames
+    outside the package (the copies' frames differ only there; two operations of one line
+    differ in their instruction); first, whether those frames are all JAX's (an operation of
+    the package's own, not of the user's program: ranked after the program's)."""
+    tb = new_error.traceback_info
+    frames = [] if tb is None else list(zip(*tb.raw_frames(), strict=True))
+    at = [(code.co_filename, lasti) for code, lasti in frames]
+    at = [(file, lasti) for file, lasti in at if not file.startswith(_PACKAGE)]
+    own = all(file.startswith(_JAX) for file, _ in at)
+    kind = (type(new_error), getattr(new_error, "prim", None))
+    return own, (*kind, getattr(new_error, "fmt_string", None), at)
 
 
-def _shapes_as_written(checked: Any, before: Any, written: list) -> Any:
+def _shapes_as_written(checked: Any, written: list) -> Any:
     """``checked`` with each out-of-bounds error raised inside the loop naming the operand's
     shape as written (``(12, 3)``), not the chunk's (``(4, 3)``): the equation of ``written``
     with the same primitive and source whose operand's shape is the chunk's but for longer
@@ -109,8 +92,6 @@ def _shapes_as_written(checked: Any, before: Any, written: list) -> Any:
     oob_error = internal(_CHECKIFY + "OOBError")
     metadata = dict(checked._metadata)
     for code, tree in checked._metadata.items():
-        if code in before._metadata:
-            continue
         exc = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
         if not isinstance(exc, oob_error):
             continue

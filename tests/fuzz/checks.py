@@ -155,9 +155,10 @@ def report(pair: CheckPair, f: Any, file: str) -> tuple[str | None, int | None, 
 #: ``check``'s answer where the original itself raises (JAX's checkify of ``take_along_axis``
 #: under ``jax.vmap``); such pairs are redrawn
 ORIGINAL_RAISES = "the original raises"
-#: ``check``'s answers for the differences docs/errors.md lists (counted, not failures): an
-#: out-of-bounds index into a chunked operand named with the chunk's shape; of two checks
-#: that both fire, the other reported (the same kinds of error fired)
+#: ``check``'s answers for the differences docs/errors.md lists, in the loops JAX emits as
+#: plain code (counted, not failures): an out-of-bounds index into a chunked operand named
+#: with the chunk's shape; of two checks that both fire, the other reported (the same kinds
+#: of error fired). Elsewhere (the region's own checkify rule) either is a failure.
 CHUNK_SHAPE = "known: the chunk's shape"
 ORDER = "known: another check first"
 KNOWN = (ORIGINAL_RAISES, CHUNK_SHAPE, ORDER)
@@ -181,8 +182,22 @@ def check(pair: CheckPair, directory: Path) -> str | None:
         got = (got[0], None, got[2])
     if got == expected:
         return None
-    if got[0] and expected[0] and _SHAPE.sub("", got[0]) == _SHAPE.sub("", expected[0]):
-        return CHUNK_SHAPE
-    if len(pair.sites) > 1 and got[2] == expected[2]:
-        return ORDER
+    if plain_loop(pair):
+        if got[0] and expected[0] and _SHAPE.sub("", got[0]) == _SHAPE.sub("", expected[0]):
+            return CHUNK_SHAPE
+        if len(pair.sites) > 1 and got[2] == expected[2]:
+            return ORDER
     return f"{pair.summary()}: reported {got}, the original {expected}\n{pair.source()}"
+
+
+def plain_loop(pair: CheckPair) -> bool:
+    """Whether a check of ``pair`` may first fire in a chunk loop that JAX emits as plain code
+    (``grad="native"``, ``jax.jvp``, a derivative's backward pass or fused's linearization),
+    which JAX's checkify traverses as it is: the one place the differences remain. (Under
+    ``"remat"`` the forward pass of a derivative is the region's own: only a check of the
+    backward pass finds its error there first.)"""
+    if pair.grad == "native" or pair.call == "jvp":
+        return True
+    derivative = pair.call in ("grad", "value_and_grad")
+    backward = any(kind == "backward_nan" for kind, _ in pair.sites)
+    return derivative and (pair.grad != "remat" or backward)

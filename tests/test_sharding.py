@@ -27,6 +27,11 @@ parallelism over another, both on a 4 x 2 mesh; ``Explicit`` meshes and ``Auto``
   gradients' reduce-scatters; no all-reduce outside it moves a whole sharded gradient;
 * ``explain`` counts the gathers and reduce-scatters, and says why a parameter whose
   dimension the shards do not divide is gathered whole before the loop.
+
+Gathered once before the loop (``gather="once"``: remat, native, fused, a remainder chunk):
+the same values and gradients and shardings, no gather inside the loop; ``gather="auto"``
+under ``memory=`` gathers once where that fits the budget at some chunk, else per chunk, and
+``explain`` says which and why.
 """
 
 from __future__ import annotations
@@ -319,3 +324,45 @@ def test_sharded_parameter_jacobian_rows_and_forward_mode(results: dict) -> None
         assert got["plan_grad"] == grad, got
         assert got["jacrev_err"] <= RTOL and got["linearize_err"] <= RTOL, (grad, got)
         assert got["jacrev_spec"] == "P(None, 'data', 'model')", (grad, got)
+
+
+# -- gathered once before the loop (``gather=``) --------------------------------------------
+ONCE_CASES = [f"fsdp-once-explicit-mlp-{g}" for g in ("remat", "native", "auto")]
+ONCE_CASES += ["fsdp-once-remainder-dropout-remat"]
+
+
+@pytest.mark.parametrize("name", ONCE_CASES)
+def test_gathered_once_values_gradients_and_collectives(results: dict, name: str) -> None:
+    """``gather="once"``: the unsharded original's values and gradients, each gradient
+    sharded like its parameter; the gathers before the loop, none inside it (there only the
+    gradients' reduce-scatters, none under native), no all-reduce of a whole sharded
+    gradient; ``explain`` says where they are gathered, with the bytes and the counts."""
+    facts = case(results, name)
+    for what in ("value_err", "params_grad_err", "batch_grad_err"):
+        assert facts[what] <= RTOL, f"{what} = {facts[what]:.3e} > {RTOL}"
+    assert facts["batch_grad_zeros_equal"], "dropout draws differ from the original's"
+    assert facts["grad_specs"] == facts["param_specs"], facts["grad_specs"]
+    grad = {"auto": "fused"}.get(name.rsplit("-", 1)[1], name.rsplit("-", 1)[1])
+    assert facts["plan_grad"] == grad, facts["plan_grad"]
+    inside, outside = facts["collectives"]["loop"], facts["collectives"]["outside"]
+    assert set(inside) <= ({"reduce-scatter"} if grad != "native" else set()), inside
+    assert outside.get("all-gather", 0) + outside.get("all-gather-start", 0) >= 1, outside
+    whole = {tuple(s) for s in facts["sharded_shapes"]}
+    assert not [s for s in facts["all_reduce_shapes"] if tuple(s) in whole]
+    text = facts["explain"]
+    assert re.search(r"are gathered once before the loop \(\d+\.\d KiB gathered\): ", text), text
+    assert "gather='once'; " in text and re.search(r"\(\d+ all-gather\(s\)\)", text), text
+
+
+def test_gather_auto_under_a_memory_budget(results: dict) -> None:
+    """``gather="auto"`` with ``memory=``: gathered once where the budget fits that at some
+    chunk, per chunk where only that fits; explain says which and why; the original's value."""
+    facts = case(results, "fsdp-gather_budget")
+    assert facts["least"]["chunk"] < facts["least"]["once"], facts["least"]
+    fits, over = facts["fits"], facts["over"]
+    assert "are gathered once before the loop" in fits["layout"], fits["layout"]
+    pattern = r"gather='auto': gathered once they fit the memory budget [\d.]+ KiB \(chunk "
+    assert re.search(pattern, fits["layout"]), fits["layout"]
+    assert "gathered per chunk (128.0 KiB gathered in each step)" in over["layout"], over
+    assert "fit the memory budget" in over["layout"] and "at no chunk" in over["layout"], over
+    assert fits["err"] <= RTOL and over["err"] <= RTOL, (fits["err"], over["err"])

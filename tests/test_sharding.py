@@ -2,7 +2,8 @@
 
 The checks run in one subprocess (``tests/sharding_cases.py``), because the device count is
 fixed when JAX initialises its backend and every other test keeps one device. That script
-measures; the assertions live here:
+measures (only the cases of the tests selected, where each names its case: ``-k once``);
+the assertions live here:
 
 * values and gradients (parameters and batch) equal the *unsharded, unchunked* original's
   within 2e-4 relative to each leaf's magnitude, for a dense MLP, a Flax conv net and a Flax
@@ -79,15 +80,26 @@ MODEL_CASES.update(
 )
 
 
+def selected_cases(request: pytest.FixtureRequest) -> list[str]:
+    """The cases the selected tests of this module read, where each reads its ``name``
+    parameter (``-k`` runs only those); none (every case) where one reads fixed cases."""
+    items = [i for i in request.session.items if i.module is request.module]
+    params = [getattr(i, "callspec", None) for i in items]
+    if any(p is None or "name" not in p.params for p in params):
+        return []
+    return sorted({p.params["name"] for p in params})
+
+
 @pytest.fixture(scope="module")
-def results() -> dict[str, dict[str, Any]]:
-    """Run every case in one subprocess with 8 CPU devices; ``{case: facts}``."""
+def results(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
+    """Run the cases (``selected_cases``) in one subprocess with 8 CPU devices;
+    ``{case: facts}``."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={N_DEVICES}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT)],
+        [sys.executable, str(SCRIPT), *selected_cases(request)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -354,10 +366,11 @@ def test_gathered_once_values_gradients_and_collectives(results: dict, name: str
     assert "gather='once'; " in text and re.search(r"\(\d+ all-gather\(s\)\)", text), text
 
 
-def test_gather_auto_under_a_memory_budget(results: dict) -> None:
+@pytest.mark.parametrize("name", ["fsdp-gather_budget"])
+def test_gather_auto_under_a_memory_budget(results: dict, name: str) -> None:
     """``gather="auto"`` with ``memory=``: gathered once where the budget fits that at some
     chunk, per chunk where only that fits; explain says which and why; the original's value."""
-    facts = case(results, "fsdp-gather_budget")
+    facts = case(results, name)
     assert facts["least"]["chunk"] < facts["least"]["once"], facts["least"]
     fits, over = facts["fits"], facts["over"]
     assert "are gathered once before the loop" in fits["layout"], fits["layout"]

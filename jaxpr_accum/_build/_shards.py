@@ -19,8 +19,9 @@ says where the layout gathers (``once``) and why. Per chunk:
 
 Once before the loop: the shard is gathered (``whole``, untied) before the loop and the loop
 reads the whole input; the backward passes still ``scatter`` its cotangent in each step into
-a shard-sized accumulator (``held``). (A whole accumulator reduce-scattered once after
-the loop measured 23 MiB more per device for no faster step: ``benchmarks/sharding_fsdp.py``.)
+a shard-sized accumulator (``held``). (Whole accumulators reduce-scattered once after the
+loop measured 53.5 MiB per device against 30.4 on the FSDP benchmark's model, for the same
+step time: ``docs/multi-device.md``.)
 Under ``native``, JAX's transpose of the gather reduce-scatters the cotangent, accumulated
 whole by JAX's own backward of the loop, once after it.
 

@@ -146,10 +146,10 @@ for _grad in ("remat", "fused", "native"):
 CASES["fsdp-auto-remainder-mlp-remat"] = case("mlp", "remat", (8,), False, FSDP, chunk=24)
 
 
-def case_two_sums() -> dict[str, Any]:
+def case_two_sums(gather: str = "auto") -> dict[str, Any]:
     """Two sums (fused's Jacobian rows have a leading row dimension) of a ``P("data",
     "model")`` weight on the 4 x 2 mesh: ``jax.jacrev`` in every mode and ``jax.linearize``
-    (the chunked forward mode) against the unsharded original's."""
+    (the chunked forward mode) against the unsharded original's (``gather=`` as given)."""
     rng = np.random.RandomState(4)
     w = rng.normal(size=(16, 32)).astype(np.float32) / 4
     x = rng.normal(size=(64, 16)).astype(np.float32)
@@ -167,7 +167,7 @@ def case_two_sums() -> dict[str, Any]:
     xs = jax.device_put(x, NamedSharding(mesh, P("data")))
     facts: dict[str, Any] = {}
     for grad in ("remat", "fused", "native"):
-        sf = ja.serialize_axis(f, chunk=8, argnums=1, grad=grad)
+        sf = ja.serialize_axis(f, chunk=8, argnums=1, grad=grad, gather=gather)
         jac = jax.jit(jax.jacrev(sf))(ws, xs)
 
         def linearized(w: jax.Array, t: jax.Array, sf: Any = sf) -> jax.Array:
@@ -183,6 +183,7 @@ def case_two_sums() -> dict[str, Any]:
 
 
 CASES["fsdp_tp-two_sums"] = case_two_sums
+CASES["fsdp_tp-two_sums-once"] = lambda: case_two_sums("once")
 
 
 # gathered once before the loop (``gather="once"``): remat, native, fused (auto), a remainder

@@ -327,10 +327,12 @@ def test_a_parameter_the_shards_do_not_divide_stays_whole(results: dict) -> None
     assert "dimension of 4 is not divided by the 8 shards of ('data',)" in text, text
 
 
-def test_sharded_parameter_jacobian_rows_and_forward_mode(results: dict) -> None:
+@pytest.mark.parametrize("name", ["fsdp_tp-two_sums", "fsdp_tp-two_sums-once"])
+def test_sharded_parameter_jacobian_rows_and_forward_mode(results: dict, name: str) -> None:
     """Two sums of a ``P("data", "model")`` weight: ``jax.jacrev`` (fused's rows with a
-    row dimension) and ``jax.linearize`` (the chunked forward mode), every mode."""
-    facts = case(results, "fsdp_tp-two_sums")
+    row dimension) and ``jax.linearize`` (the chunked forward mode), every mode, gathered
+    per chunk and once."""
+    facts = case(results, name)
     for grad in ("remat", "fused", "native"):
         got = facts[grad]
         assert got["plan_grad"] == grad, got

@@ -186,8 +186,8 @@ CASES["fsdp_tp-two_sums"] = case_two_sums
 CASES["fsdp_tp-two_sums-once"] = lambda: case_two_sums("once")
 
 
-# gathered once before the loop (``gather="once"``): remat, native, fused (auto), a remainder
-for _grad in ("remat", "native", "auto"):
+# gathered once before the loop (``gather="once"``): remat, native, fused, a remainder
+for _grad in ("remat", "native", "fused"):
     CASES[f"fsdp-once-explicit-mlp-{_grad}"] = case("mlp", _grad, (8,), True, FSDP, gather="once")
 CASES["fsdp-once-remainder-dropout-remat"] = case(
     "dropout",

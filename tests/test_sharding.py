@@ -341,7 +341,7 @@ def test_sharded_parameter_jacobian_rows_and_forward_mode(results: dict, name: s
 
 
 # -- gathered once before the loop (``gather=``) --------------------------------------------
-ONCE_CASES = [f"fsdp-once-explicit-mlp-{g}" for g in ("remat", "native", "auto")]
+ONCE_CASES = [f"fsdp-once-explicit-mlp-{g}" for g in ("remat", "native", "fused")]
 ONCE_CASES += ["fsdp-once-remainder-dropout-remat"]
 
 
@@ -356,7 +356,7 @@ def test_gathered_once_values_gradients_and_collectives(results: dict, name: str
         assert facts[what] <= RTOL, f"{what} = {facts[what]:.3e} > {RTOL}"
     assert facts["batch_grad_zeros_equal"], "dropout draws differ from the original's"
     assert facts["grad_specs"] == facts["param_specs"], facts["grad_specs"]
-    grad = {"auto": "fused"}.get(name.rsplit("-", 1)[1], name.rsplit("-", 1)[1])
+    grad = name.rsplit("-", 1)[1]
     assert facts["plan_grad"] == grad, facts["plan_grad"]
     inside, outside = facts["collectives"]["loop"], facts["collectives"]["outside"]
     assert set(inside) <= ({"reduce-scatter"} if grad != "native" else set()), inside

@@ -27,8 +27,9 @@ of the sharded layout (shard_map, per-device loops, one all-reduce), not a speed
 real accelerators the sharded run does 1/8 of the work per device.
 
 ``--part fsdp`` prints the FSDP tables of ``sharding_fsdp`` (per-device temp memory of the
-original, ``serialize_axis`` and a hand-written scan at each of ``--fsdp-rows``; the 4 x 2
-mesh; the collectives of every program by kind and place) and whether ``serialize_axis``
+original, ``serialize_axis`` gathering per chunk and once, and a hand-written scan at each of
+``--fsdp-rows``; the step time of the two serialize_axis programs; the 4 x 2 mesh; the
+collectives of every program by kind and place) and whether ``serialize_axis``
 meets its targets: at most half the original's memory at the largest batch, below it at the
 smallest, and at most the hand-written scan's at every batch.
 """
@@ -177,6 +178,13 @@ def fsdp_tables(args: argparse.Namespace) -> None:
         for p, r in found.items()
     ]
     table(["batch N", "program", "collectives inside the loop", "outside"], counts)
+    times = [
+        [f"{n:,}", p, fmt_bytes(r["temp"]), f"{r['time']:.2f} s"]
+        for n, found in by_rows.items()
+        for p, r in found.items()
+        if "time" in r
+    ]
+    table(["batch N", "program", "temp / device", "step time"], times)
     n_tp = min(args.fsdp_rows)
     print(
         f"FSDP on 'data' and tensor parallel on 'model': mesh (4, 2), weights P('data', 'model'), "

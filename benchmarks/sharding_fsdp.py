@@ -14,6 +14,8 @@ gradients' ``out_shardings`` those of the parameters. Per-device temp memory is
   - *serialize_axis*: ``serialize_axis(loss, chunk, argnums=1, grad="remat",
     mesh_axis="data", param_specs=...)``: each device holds its weight shards across the
     loop, gathers each weight in each chunk, reduce-scatters its gradient there;
+  - *serialize_axis, gather once*: the same with ``gather="once"``: each weight gathered once
+    before each pass's loop, its gradient accumulated whole and reduce-scattered after it;
   - *hand-written scan*: a ``lax.scan`` over strided chunks of the batch (chunk ``c`` takes
     rows ``c, c + n, ...``, spread over every device) of ``jax.value_and_grad`` of each
     chunk's loss, the gradient accumulator constrained to the parameters' sharding
@@ -23,12 +25,15 @@ gradients' ``out_shardings`` those of the parameters. Per-device temp memory is
   weights ``P("data", "model")``): *original* and *serialize_axis*, whose values and
   gradients are checked against the unsharded original's (one device, host inputs).
 
+The two serialize_axis programs are also timed (``time``: the median of 3 steps after one).
 Collectives are counted by kind and by place (inside a while loop, outside) in each compiled
 program's HLO text (``hlo.collectives_by_place``).
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Any
 
 import jax
@@ -102,20 +107,35 @@ def fsdp_rows(rows: int, width: int, depth: int) -> list[dict[str, Any]]:
     mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     args, shardings = placed(mesh, params, batch, P("data", None))
     specs = ([P("data", None)] * depth, None)
-    sf = ja.serialize_axis(
-        loss, chunk=rows // 16, argnums=1, grad="remat", mesh_axis="data", param_specs=specs
-    )
+    kw = {"chunk": rows // 16, "argnums": 1, "grad": "remat", "mesh_axis": "data"}
+    sf = ja.serialize_axis(loss, param_specs=specs, **kw)
+    once = ja.serialize_axis(loss, param_specs=specs, gather="once", **kw)
     programs = {
         "original (GSPMD)": jax.value_and_grad(loss),
         "serialize_axis": jax.value_and_grad(sf),
+        "serialize_axis, gather once": jax.value_and_grad(once),
         "hand-written scan": hand_scan(loss, 16, shardings),
     }
     out = []
     for name, fn in programs.items():
         compiled = compiled_step(fn, args, shardings)
         text = compiled.as_text()
-        out.append({"program": name, "temp": temp_bytes_of(compiled), **_placed_counts(text)})
+        row = {"program": name, "temp": temp_bytes_of(compiled), **_placed_counts(text)}
+        if name.startswith("serialize_axis"):
+            row["time"] = step_time(compiled, args)
+        out.append(row)
     return out
+
+
+def step_time(compiled: Any, args: tuple, repeats: int = 3) -> float:
+    """Seconds per step of ``compiled`` at ``args``: the median of ``repeats`` after one."""
+    jax.block_until_ready(compiled(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def fsdp_tp_rows(rows: int, width: int, depth: int) -> list[dict[str, Any]]:

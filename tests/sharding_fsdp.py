@@ -13,6 +13,7 @@ kind and place (inside a while loop or outside) and the all-reduces' shapes, and
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -55,10 +56,17 @@ def spec_text(spec: Any) -> str:
 
 
 def run_fsdp(
-    model: str, grad: str, *, mesh: Any, specs: Any, explicit: bool, chunk: int = 16
+    model: str,
+    grad: str,
+    *,
+    mesh: Any,
+    specs: Any,
+    explicit: bool,
+    chunk: int = 16,
+    gather: str = "auto",
 ) -> dict[str, Any]:
     """One FSDP / tensor-parallel case: ``specs`` place the parameters (on an ``Auto`` mesh,
-    ``param_specs=`` says so), the batch is sharded over ``data``."""
+    ``param_specs=`` says so), the batch is sharded over ``data``; ``gather=`` as given."""
     loss, params, batch, rest = {"mlp": mlp_problem, "dropout": dropout_problem}[model]()
     vg = {"argnums": (0, 1), "allow_int": True}
     ref_value, ref_grads = jax.jit(jax.value_and_grad(loss, **vg))(params, batch, *rest)
@@ -69,7 +77,7 @@ def run_fsdp(
     )
     batch_s = jax.device_put(batch, NamedSharding(mesh, P("data")))
     kw = {} if explicit else {"mesh_axis": "data", "param_specs": (specs, None)}
-    sf = ja.serialize_axis(loss, chunk=chunk, argnums=1, grad=grad, **kw)
+    sf = ja.serialize_axis(loss, chunk=chunk, argnums=1, grad=grad, gather=gather, **kw)
     args = (params_s, batch_s, *rest)
     compiled = jax.jit(jax.value_and_grad(sf, **vg)).lower(*args).compile()
     value, grads = compiled(*args)
@@ -138,10 +146,10 @@ for _grad in ("remat", "fused", "native"):
 CASES["fsdp-auto-remainder-mlp-remat"] = case("mlp", "remat", (8,), False, FSDP, chunk=24)
 
 
-def case_two_sums() -> dict[str, Any]:
+def case_two_sums(gather: str = "auto") -> dict[str, Any]:
     """Two sums (fused's Jacobian rows have a leading row dimension) of a ``P("data",
     "model")`` weight on the 4 x 2 mesh: ``jax.jacrev`` in every mode and ``jax.linearize``
-    (the chunked forward mode) against the unsharded original's."""
+    (the chunked forward mode) against the unsharded original's (``gather=`` as given)."""
     rng = np.random.RandomState(4)
     w = rng.normal(size=(16, 32)).astype(np.float32) / 4
     x = rng.normal(size=(64, 16)).astype(np.float32)
@@ -159,7 +167,7 @@ def case_two_sums() -> dict[str, Any]:
     xs = jax.device_put(x, NamedSharding(mesh, P("data")))
     facts: dict[str, Any] = {}
     for grad in ("remat", "fused", "native"):
-        sf = ja.serialize_axis(f, chunk=8, argnums=1, grad=grad)
+        sf = ja.serialize_axis(f, chunk=8, argnums=1, grad=grad, gather=gather)
         jac = jax.jit(jax.jacrev(sf))(ws, xs)
 
         def linearized(w: jax.Array, t: jax.Array, sf: Any = sf) -> jax.Array:
@@ -175,3 +183,62 @@ def case_two_sums() -> dict[str, Any]:
 
 
 CASES["fsdp_tp-two_sums"] = case_two_sums
+CASES["fsdp_tp-two_sums-once"] = lambda: case_two_sums("once")
+
+
+# gathered once before the loop (``gather="once"``): remat, native, fused, a remainder
+for _grad in ("remat", "native", "fused"):
+    CASES[f"fsdp-once-explicit-mlp-{_grad}"] = case("mlp", _grad, (8,), True, FSDP, gather="once")
+CASES["fsdp-once-remainder-dropout-remat"] = case(
+    "dropout",
+    "remat",
+    (8,),
+    True,
+    dropout_specs(P("data", None), P("data")),
+    chunk=24,
+    gather="once",
+)
+
+
+def case_gather_budget() -> dict[str, Any]:
+    """``gather="auto"`` under ``memory=`` (two 128 x 128 weights ``P("data", None)`` on an
+    ``Auto`` mesh, remat): the least memory of each gathering (the ``SerializeError`` of a
+    1-byte budget names it), a budget 4 KiB above gathering once's and one between the two
+    least (which fits only gathering per chunk); each plan's layout line and value error."""
+    rng = np.random.RandomState(5)
+    params = [rng.normal(size=(128, 128)).astype(np.float32) / 11 for _ in range(2)]
+    x = rng.normal(size=(1024, 128)).astype(np.float32)  # activations grow with the chunk
+
+    def loss(params: list, x: jax.Array) -> jax.Array:
+        return jax.numpy.mean(jax.numpy.tanh(jax.numpy.tanh(x @ params[0]) @ params[1]) ** 2)
+
+    mesh = mesh_of((8,), False)
+    specs = [P("data", None)] * 2
+    args = (
+        [jax.device_put(w, NamedSharding(mesh, s)) for w, s in zip(params, specs, strict=True)],
+        jax.device_put(x, NamedSharding(mesh, P("data"))),
+    )
+    kw = {"argnums": 1, "grad": "remat", "mesh_axis": "data", "param_specs": (specs, None)}
+
+    def least(gather: str) -> int:
+        try:
+            ja.serialize_axis(loss, memory=1, gather=gather, **kw).explain(*args)
+        except ja.SerializeError as e:
+            return int(re.search(r"at least .*? \((\d+) bytes\)", str(e)).group(1))
+        raise AssertionError("a 1-byte budget fits")
+
+    def planned(memory: Any) -> dict[str, Any]:
+        sf = ja.serialize_axis(loss, memory=memory, **kw)
+        plan = sf.explain(*args)
+        value = sf(*args)  # eagerly: the search cannot lower under jit on an Auto mesh
+        return {"layout": plan.layout, "chunk": plan.chunk, "err": rel_err(value, loss(*args))}
+
+    chunk, once = least("chunk"), least("once")
+    return {
+        "least": {"chunk": chunk, "once": once},
+        "fits": planned(once + 4096),
+        "over": planned((chunk + once) // 2),
+    }
+
+
+CASES["fsdp-gather_budget"] = case_gather_budget

@@ -312,6 +312,12 @@ def test_bad_size(size):
     _raises_naming("size", lambda: ja.serialize_axis(loss, chunk=4, size=size))
 
 
+@pytest.mark.parametrize("gather", ["twice", None])
+def test_bad_gather(gather):
+    message = _raises_naming("gather", lambda: ja.serialize_axis(loss, chunk=4, gather=gather))
+    assert "'auto', 'chunk', 'once'" in str(message), message
+
+
 @pytest.mark.parametrize("specs", ["data", (P("data"), 0), [None, ("data",)]])
 def test_bad_param_specs(specs):
     _raises_naming("param_specs", lambda: ja.serialize_axis(loss, chunk=4, param_specs=specs))

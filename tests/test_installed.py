@@ -136,7 +136,9 @@ def test_the_repr_shows_every_setting_not_at_its_default():
     by_spec = ja.serialize_axis(f, chunk=3, argnums=1, param_specs=specs)
     assert repr(by_spec) == f"serialize_axis('f', chunk=3, argnums=(1,), param_specs={specs!r})"
     shown = {"chunk", "memory", "axis", "argnums", "grad", "accum_dtype", "mesh_axis", "size"}
-    assert shown | {"in_axes", "param_specs"} == SETTING_NAMES  # every setting shown above
+    once = ja.serialize_axis(f, chunk=3, gather="once")
+    assert repr(once) == "serialize_axis('f', chunk=3, gather='once')"
+    assert shown | {"in_axes", "param_specs", "gather"} == SETTING_NAMES  # every setting above
 
 
 def test_a_serialized_call_is_the_originals():

@@ -2,7 +2,8 @@
 
 The checks run in one subprocess (``tests/sharding_cases.py``), because the device count is
 fixed when JAX initialises its backend and every other test keeps one device. That script
-measures; the assertions live here:
+measures (only the cases of the tests selected, where each names its case: ``-k once``);
+the assertions live here:
 
 * values and gradients (parameters and batch) equal the *unsharded, unchunked* original's
   within 2e-4 relative to each leaf's magnitude, for a dense MLP, a Flax conv net and a Flax
@@ -27,6 +28,11 @@ parallelism over another, both on a 4 x 2 mesh; ``Explicit`` meshes and ``Auto``
   gradients' reduce-scatters; no all-reduce outside it moves a whole sharded gradient;
 * ``explain`` counts the gathers and reduce-scatters, and says why a parameter whose
   dimension the shards do not divide is gathered whole before the loop.
+
+Gathered once before the loop (``gather="once"``: remat, native, fused, a remainder chunk):
+the same values and gradients and shardings, no gather inside the loop; ``gather="auto"``
+under ``memory=`` gathers once where that fits the budget at some chunk, else per chunk, and
+``explain`` says which and why.
 """
 
 from __future__ import annotations
@@ -74,15 +80,26 @@ MODEL_CASES.update(
 )
 
 
+def selected_cases(request: pytest.FixtureRequest) -> list[str]:
+    """The cases the selected tests of this module read, where each reads its ``name``
+    parameter (``-k`` runs only those); none (every case) where one reads fixed cases."""
+    items = [i for i in request.session.items if i.module is request.module]
+    params = [getattr(i, "callspec", None) for i in items]
+    if any(p is None or "name" not in p.params for p in params):
+        return []
+    return sorted({p.params["name"] for p in params})
+
+
 @pytest.fixture(scope="module")
-def results() -> dict[str, dict[str, Any]]:
-    """Run every case in one subprocess with 8 CPU devices; ``{case: facts}``."""
+def results(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
+    """Run the cases (``selected_cases``) in one subprocess with 8 CPU devices;
+    ``{case: facts}``."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={N_DEVICES}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT)],
+        [sys.executable, str(SCRIPT), *selected_cases(request)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -310,12 +327,57 @@ def test_a_parameter_the_shards_do_not_divide_stays_whole(results: dict) -> None
     assert "dimension of 4 is not divided by the 8 shards of ('data',)" in text, text
 
 
-def test_sharded_parameter_jacobian_rows_and_forward_mode(results: dict) -> None:
+@pytest.mark.parametrize("name", ["fsdp_tp-two_sums", "fsdp_tp-two_sums-once"])
+def test_sharded_parameter_jacobian_rows_and_forward_mode(results: dict, name: str) -> None:
     """Two sums of a ``P("data", "model")`` weight: ``jax.jacrev`` (fused's rows with a
-    row dimension) and ``jax.linearize`` (the chunked forward mode), every mode."""
-    facts = case(results, "fsdp_tp-two_sums")
+    row dimension) and ``jax.linearize`` (the chunked forward mode), every mode, gathered
+    per chunk and once."""
+    facts = case(results, name)
     for grad in ("remat", "fused", "native"):
         got = facts[grad]
         assert got["plan_grad"] == grad, got
         assert got["jacrev_err"] <= RTOL and got["linearize_err"] <= RTOL, (grad, got)
         assert got["jacrev_spec"] == "P(None, 'data', 'model')", (grad, got)
+
+
+# -- gathered once before the loop (``gather=``) --------------------------------------------
+ONCE_CASES = [f"fsdp-once-explicit-mlp-{g}" for g in ("remat", "native", "fused")]
+ONCE_CASES += ["fsdp-once-remainder-dropout-remat"]
+
+
+@pytest.mark.parametrize("name", ONCE_CASES)
+def test_gathered_once_values_gradients_and_collectives(results: dict, name: str) -> None:
+    """``gather="once"``: the unsharded original's values and gradients, each gradient
+    sharded like its parameter; the gathers before the loop, none inside it (there only the
+    gradients' reduce-scatters, none under native), no all-reduce of a whole sharded
+    gradient; ``explain`` says where they are gathered, with the bytes and the counts."""
+    facts = case(results, name)
+    for what in ("value_err", "params_grad_err", "batch_grad_err"):
+        assert facts[what] <= RTOL, f"{what} = {facts[what]:.3e} > {RTOL}"
+    assert facts["batch_grad_zeros_equal"], "dropout draws differ from the original's"
+    assert facts["grad_specs"] == facts["param_specs"], facts["grad_specs"]
+    grad = name.rsplit("-", 1)[1]
+    assert facts["plan_grad"] == grad, facts["plan_grad"]
+    inside, outside = facts["collectives"]["loop"], facts["collectives"]["outside"]
+    assert set(inside) <= ({"reduce-scatter"} if grad != "native" else set()), inside
+    assert outside.get("all-gather", 0) + outside.get("all-gather-start", 0) >= 1, outside
+    whole = {tuple(s) for s in facts["sharded_shapes"]}
+    assert not [s for s in facts["all_reduce_shapes"] if tuple(s) in whole]
+    text = facts["explain"]
+    assert re.search(r"are gathered once before the loop \(\d+\.\d KiB gathered\): ", text), text
+    assert "gather='once'; " in text and re.search(r"\(\d+ all-gather\(s\)\)", text), text
+
+
+@pytest.mark.parametrize("name", ["fsdp-gather_budget"])
+def test_gather_auto_under_a_memory_budget(results: dict, name: str) -> None:
+    """``gather="auto"`` with ``memory=``: gathered once where the budget fits that at some
+    chunk, per chunk where only that fits; explain says which and why; the original's value."""
+    facts = case(results, name)
+    assert facts["least"]["chunk"] < facts["least"]["once"], facts["least"]
+    fits, over = facts["fits"], facts["over"]
+    assert "are gathered once before the loop" in fits["layout"], fits["layout"]
+    pattern = r"gather='auto': gathered once they fit the memory budget [\d.]+ KiB \(chunk "
+    assert re.search(pattern, fits["layout"]), fits["layout"]
+    assert "gathered per chunk (128.0 KiB gathered in each step)" in over["layout"], over
+    assert "fit the memory budget" in over["layout"] and "at no chunk" in over["layout"], over
+    assert fits["err"] <= RTOL and over["err"] <= RTOL, (fits["err"], over["err"])

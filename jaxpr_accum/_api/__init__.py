@@ -37,6 +37,7 @@ def serialize_axis(
     accum_dtype: Any = None,
     mesh_axis: str | tuple[str, ...] | None = None,
     param_specs: Any = None,
+    gather: str = "auto",
 ) -> SerializedFunction[P, R]: ...
 
 
@@ -54,6 +55,7 @@ def serialize_axis(
     accum_dtype: Any = None,
     mesh_axis: str | tuple[str, ...] | None = None,
     param_specs: Any = None,
+    gather: str = "auto",
 ) -> Callable[[Callable[P, R]], SerializedFunction[P, R]]: ...
 
 
@@ -70,6 +72,7 @@ def serialize_axis(
     accum_dtype: Any = None,
     mesh_axis: str | tuple[str, ...] | None = None,
     param_specs: Any = None,
+    gather: str = "auto",
 ) -> SerializedFunction[P, R] | Callable[[Callable[P, R]], SerializedFunction[P, R]]:
     """Run one axis of ``fun`` in chunks, with the same values and gradients.
 
@@ -115,6 +118,12 @@ def serialize_axis(
             of the positional arguments, as ``jax.jit``'s ``in_shardings``. Under a sharded
             layout, a sharded parameter stays sharded across the loop (FSDP, tensor
             parallelism): each chunk's step gathers it and reduce-scatters its gradient.
+        gather: Where a sharded parameter is gathered under a sharded layout: ``"chunk"`` (in
+            each chunk's step, FSDP's memory), ``"once"`` (once before the loop: the whole
+            parameter lives across the loop, and inside it only its gradient is
+            reduce-scattered, per chunk) or ``"auto"`` (once where a ``memory=`` budget fits
+            the whole parameters at some chunk, else per chunk; per chunk without
+            ``memory=``). ``explain`` says which and why.
 
     Returns:
         A ``SerializedFunction`` that takes and returns what ``fun`` does (for type checkers
@@ -150,6 +159,7 @@ def serialize_axis(
         mesh_axis=mesh_axis,
         in_axes=in_axes,
         param_specs=param_specs,
+        gather=gather,
     )
     if fun is None:
         return lambda f: SerializedFunction(_callable(f), settings)

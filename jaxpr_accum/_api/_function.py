@@ -72,6 +72,7 @@ class SerializedFunction(Generic[P, R]):
     mesh_axis = _setting("mesh_axis")
     in_axes = _setting("in_axes")
     param_specs = _setting("param_specs")
+    gather = _setting("gather")
 
     def __init__(self, fun: Callable[P, R], settings: Settings):
         object.__setattr__(self, "settings", settings)

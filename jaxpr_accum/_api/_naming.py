@@ -22,6 +22,7 @@ ORDER = (
     "accum_dtype",
     "mesh_axis",
     "param_specs",
+    "gather",
 )
 
 

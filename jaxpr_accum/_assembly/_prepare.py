@@ -8,7 +8,8 @@ normalisers, with native gradients. Each is one straight pipeline of frozen valu
 (``_candidates``), the mode (``_choice``, by the estimate for what the caller
 differentiates, at ``chunk=``, or with ``memory=`` at the whole axis; nothing is compiled to
 choose it) and the chunk (``chunk=``, or the search of ``_budget`` for that mode and what the
-caller differentiates, cached per signature) as a ``Decision``, the program built from it
+caller differentiates, cached per signature; ``_gather`` where sharded parameters are
+gathered under ``gather="auto"``) as a ``Decision``, the program built from it
 (``_assemble``), its forward and backward passes validated, and the plan weighed against the
 function as written (``_worth``). What the attempts share (the axis, the two-pass plan, the
 programs measured) is made once: ``Planning``.
@@ -23,7 +24,7 @@ from typing import Any
 
 import jax
 
-from jaxpr_accum._assembly import _budget, _fallback, _pairwise, _worth
+from jaxpr_accum._assembly import _budget, _fallback, _gather, _pairwise, _worth
 from jaxpr_accum._assembly._assemble import build, run_as_written
 from jaxpr_accum._assembly._report import Plan
 from jaxpr_accum._assembly._report_text import planned_for_text
@@ -208,8 +209,8 @@ class Planner:
         return self._weigh(call, attempt, chosen, Built(run, plan, decision.candidate, stops))
 
     def _layout(self, call: Planning, chosen: Candidate, chunk: int) -> _layout.Layout:
-        mesh_axis = self.settings.mesh_axis
-        return _layout.detect(chosen.split, call.inputs, call.specs, mesh_axis, chunk)
+        mesh_axis, gather = self.settings.mesh_axis, self.settings.gather
+        return _layout.detect(chosen.split, call.inputs, call.specs, mesh_axis, chunk, gather)
 
     def _chunk(self, call: Planning, chosen: Candidate, requested: Mode) -> Decision:
         """The decision at the chunk: the mode ``_choice`` picks (by the estimate, for what
@@ -260,7 +261,8 @@ class Planner:
         cached = self.chunks.get(call.key) if call.key is not None else None
         if cached is not None:
             k = cached.budget.chunk
-            return dataclasses.replace(cached, candidate=candidate.at(k), layout=layout_for(k))
+            layout = _gather.carried(cached, layout_for(k))
+            return dataclasses.replace(cached, candidate=candidate.at(k), layout=layout)
         assert self.settings.memory is not None
         diff, names = call.measure.diff, call.names
         wrt = ", ".join(names[call.traced.jaxpr.invars[i]] for i in diff) or "nothing (the forward)"
@@ -273,7 +275,7 @@ class Planner:
             accum_dtype=self.settings.accum_dtype,
             auto=requested is AUTO,
         )
-        decision = _budget.choose_chunk(first, layout_for, request)
+        decision = _gather.fit(first, layout_for, request, self.settings.gather)
         if call.key is not None:
             self.chunks.put(call.key, decision)
         return decision

@@ -2,9 +2,9 @@
 
 Every argument is checked here, at decoration, with an error that names the argument and the
 allowed values (``chunk``, ``memory``, ``axis``, ``argnums``, ``size``, ``grad``,
-``accum_dtype``, ``mesh_axis``); what depends on the call's arguments (``argnums`` in range,
-equal sizes, a ``memory`` fraction of the device's limit) is checked at the first call by
-``_api`` and ``_budget``.
+``accum_dtype``, ``mesh_axis``, ``gather``); what depends on the call's arguments
+(``argnums`` in range, equal sizes, a ``memory`` fraction of the device's limit) is checked
+at the first call by ``_api`` and ``_budget``.
 
 Exactly one of ``chunk`` and ``memory`` is given. ``memory`` is parsed here into bytes (an
 ``int``: ``"1.5 GiB"`` -> 1610612736) or kept as a fraction of the device's memory limit (a
@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 GRAD_MODES = ("auto", "remat", "fused", "native")
+GATHER_MODES = ("auto", "chunk", "once")  # where a sharded parameter is gathered (``_layout``)
 
 _UNITS = {
     "": 1, "b": 1,
@@ -109,6 +110,7 @@ class Settings:
     memory: int | float | None = None  # bytes, or a fraction of the device's memory limit
     in_axes: Any = None  # as ``jax.vmap``'s: a prefix of the positional arguments
     param_specs: Any = None  # ``PartitionSpec``s: a prefix of the positional arguments
+    gather: str = "auto"  # sharded parameters: per chunk, once before the loop, or by memory
 
     @classmethod
     def validated(
@@ -124,6 +126,7 @@ class Settings:
         mesh_axis: Any = None,
         in_axes: Any = None,
         param_specs: Any = None,
+        gather: Any = "auto",
     ) -> Settings:
         if (chunk is None) == (memory is None):
             raise ValueError(
@@ -151,10 +154,8 @@ class Settings:
         size = None if size is None else _check_int("size", size, 1)
         if argnums is not None and size is not None:
             raise ValueError("pass either `argnums` or `size`, not both")
-        if not isinstance(grad, str) or grad not in GRAD_MODES:
-            raise ValueError(
-                f"`grad` must be one of {', '.join(map(repr, GRAD_MODES))}; got {grad!r}"
-            )
+        _check_choice("grad", grad, GRAD_MODES)
+        _check_choice("gather", gather, GATHER_MODES)
         if accum_dtype is not None:
             accum_dtype = _check_accum_dtype(accum_dtype)
         if mesh_axis is not None:
@@ -170,9 +171,8 @@ class Settings:
             in_axes = _check_in_axes(in_axes, argnums, size)
         if param_specs is not None:
             _check_param_specs(param_specs)
-        return cls(
-            chunk, axis, argnums, size, grad, accum_dtype, mesh_axis, memory, in_axes, param_specs
-        )
+        fields = (chunk, axis, argnums, size, grad, accum_dtype, mesh_axis, memory, in_axes)
+        return cls(*fields, param_specs, gather)
 
     def at(self, chunk: int, grad: str, axis_size: int) -> Settings:
         """These settings at another (checked) chunk and mode, as a sweep copies them. An
@@ -181,6 +181,11 @@ class Settings:
         automatic = self.argnums is None and self.in_axes is None and self.size is None
         size = axis_size if automatic else self.size
         return dataclasses.replace(self, chunk=chunk, grad=grad, memory=None, size=size)
+
+
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"`{name}` must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
 
 def _check_accum_dtype(accum_dtype: Any) -> Any:

@@ -8,9 +8,9 @@ buffer, which avoids a transpose). A chunk's share of an output cotangent is: th
 cotangent for a sum, its own entry for a per-chunk partial, its rows for a stacked output,
 and for a streamed term the accumulator's cotangent rescaled by ``exp(s_chunk - s_final)``.
 
-A sharded invariant input is gathered whole in each chunk and pulled back whole; its
-cotangent is brought back to the device's shard in the step (``ChunkLoop.scatter``), so its
-accumulator is shard-sized.
+A sharded invariant input is gathered whole in each chunk (or once before the loop) and
+pulled back whole; its cotangent is brought back to the device's shard in the step
+(``ChunkLoop.scatter``), so its accumulator is shard-sized (``_shards.held``).
 
 Outputs whose cotangent is zero (None) are not differentiated at all: a pullback fed zeros
 can still make NaNs (a max whose recomputed location test fails). Invariant: the cotangent of
@@ -32,6 +32,7 @@ from jaxpr_accum import (
     _stream,
 )
 from jaxpr_accum._base._dtypes import accumulator_dtype
+from jaxpr_accum._build import _shards
 from jaxpr_accum._build._loop import ChunkLoop, add_into, join, wanted
 from jaxpr_accum._build._signature import Inputs, Outputs
 from jaxpr_accum._engine._conv import canonicalize
@@ -64,7 +65,7 @@ def backward(
     pull = _Pullback(loop, inputs, cts, finals, diff)
     acc = [
         jnp.zeros(
-            inputs.invariants[i].shape,
+            _shards.held(inputs.invariants[i], loop.shards[i], loop.gathered),
             accumulator_dtype(inputs.invariants[i].dtype, loop.accum_dtype),
         )
         for i in diff.invariants

@@ -8,7 +8,8 @@ A replicated input would be ``pvary``-ed inside the chunk, and the pullback of e
 vector (the transpose of that ``pvary``) summed over the mesh: the Jacobian of every device's
 sums, which the contraction with the cotangent sums again (gradients 8x on 8 devices).
 ``_fused`` takes this mode only where every sum varies over those axes. The rows of a sharded
-invariant input are brought back to the device's shard in each step (``ChunkLoop.scatter``)."""
+invariant input (gathered per chunk or once before the loop) are brought back to the device's
+shard in each step (``ChunkLoop.scatter``), into shard-sized accumulators (``_shards.held``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import accumulator_dtype
 from jaxpr_accum._base._lattice import AxisLoc
+from jaxpr_accum._build import _shards
 from jaxpr_accum._build._loop import ChunkLoop, add_into, join, wanted
 from jaxpr_accum._build._signature import Inputs
 from jaxpr_accum._engine._conv import canonicalize
@@ -75,7 +77,8 @@ def jacobians(loop: ChunkLoop, inputs: Inputs, perturbed: Inputs) -> tuple[list,
 
     jac = [
         jnp.zeros(
-            ((width,) if width > 1 else ()) + inputs.invariants[i].shape,
+            ((width,) if width > 1 else ())
+            + _shards.held(inputs.invariants[i], loop.shards[i], loop.gathered),
             accumulator_dtype(inputs.invariants[i].dtype, loop.accum_dtype),
         )
         for i in diff.invariants

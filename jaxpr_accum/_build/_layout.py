@@ -6,9 +6,13 @@ own shard in chunks of ``k / D`` with the global offset of its rows (so iotas an
 counters are those of the unchunked program); sums, invariant cotangents and Jacobians are
 ``psum``-ed once, after the loop. Every mesh axis is manual. A replicated invariant input
 enters whole (``P()``) and nothing crosses devices inside the loop; a sharded one (FSDP,
-tensor parallelism: its ``placement``) enters as its shard, is gathered in each step and its
-cotangent reduce-scattered back to the shard there (``_shards``): those are the only
-collectives inside the loop, and its cotangent leaves with the input's sharding.
+tensor parallelism: its ``placement``) enters as its shard and, per chunk, is gathered in each
+step and its cotangent reduce-scattered back to the shard there (``_shards``): those are the
+only collectives inside the loop. Gathered once (``gather``: ``"once"``, or ``"auto"`` where a
+memory budget affords it, ``_assembly._gather``), it is gathered before the loop
+(``before_loop``) and the loop reads it whole, still reduce-scattering its cotangent per
+chunk (``native``: JAX's transpose of the gather, once after the loop). Either way its
+cotangent leaves with the input's sharding.
 
 ``detect`` finds the layout of a call: from ``mesh_axis=``, or from the ``Explicit`` mesh axes
 that the inputs' shardings put on the axis (seen alike eagerly and under ``jit``). The
@@ -33,7 +37,17 @@ from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build import _shards
 from jaxpr_accum._build._loop import ChunkLoop
 from jaxpr_accum._build._signature import Inputs, Signature
+from jaxpr_accum._planning._cost import format_bytes, nbytes
 from jaxpr_accum._planning._plan import Split
+
+#: ``gather=`` -> where the layout gathers before any budget decides (``_assembly._gather``).
+GATHERS = {
+    "chunk": _shards.Gather(False, "gather='chunk'"),
+    "once": _shards.Gather(True, "gather='once'"),
+    "auto": _shards.Gather(
+        False, "gather='auto' gathers once only under a memory= budget that fits it"
+    ),
+}
 
 
 class Layout:
@@ -69,6 +83,10 @@ class Layout:
         ``lead`` dimensions before it)."""
         return None
 
+    def before_loop(self, values: list, placements: list) -> list:
+        """``values`` (invariant inputs, or their tangents) as the loop reads them."""
+        return values
+
     def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
         return fn
 
@@ -85,9 +103,19 @@ class Layout:
 class ShardedLayout(Layout):
     """The axis sharded over ``axes`` of ``mesh``: ``shard_map``, one device per shard."""
 
-    def __init__(self, mesh: Any, axes: tuple[str, ...], specs: dict | None = None):
-        self.mesh, self.axes, self.specs = mesh, axes, specs or {}
+    def __init__(
+        self,
+        mesh: Any,
+        axes: tuple[str, ...],
+        specs: dict | None = None,
+        gather: _shards.Gather = GATHERS["chunk"],
+    ):
+        self.mesh, self.axes, self.specs, self.gather = mesh, axes, specs or {}, gather
         self.devices = math.prod(mesh.shape[a] for a in axes)
+
+    def gathering(self, gather: _shards.Gather) -> ShardedLayout:
+        """This layout, gathering as ``gather`` says."""
+        return ShardedLayout(self.mesh, self.axes, self.specs, gather)
 
     def loop(
         self, split: Split, signature: Any, accum_dtype: Any, chunk: int, shards: list
@@ -95,7 +123,17 @@ class ShardedLayout(Layout):
         local = split.size // self.devices
         offset = lax.axis_index(self.axes) * local
         k = chunk // self.devices
-        return ChunkLoop(split, signature, accum_dtype, local, k, offset, shards, self.axes)
+        once = self.gather.once
+        return ChunkLoop(split, signature, accum_dtype, local, k, offset, shards, self.axes, once)
+
+    def before_loop(self, values: list, placements: list) -> list:
+        """Gathered once: the sharded ``values`` whole (None stays None)."""
+        if not self.gather.once:
+            return values
+        return [
+            x if p is None or x is None else _shards.whole(x, p)
+            for x, p in zip(values, placements, strict=True)
+        ]
 
     def placement(self, v: Any, x: Any) -> _shards.Placement | str | None:
         """From ``x``'s ``Explicit`` sharding, else from ``param_specs=`` (``detect``)."""
@@ -108,8 +146,15 @@ class ShardedLayout(Layout):
     def described(self, split: Split) -> str:
         """The placements of the invariant inputs the region reads as passed in, for the
         report (those computed before the loop are placed as they are at run time)."""
-        found = [self.placement(v, None) for v in Signature.of(split).invariants]
-        return _shards.describe(found, self.axes)
+        invariants = Signature.of(split).invariants
+        found = [self.placement(v, None) for v in invariants]
+        return _shards.describe(found, self.axes, self.gather, format_bytes(self.gathered(split)))
+
+    def gathered(self, split: Split) -> int:
+        """Bytes of the sharded invariant inputs of ``split``, whole (what a device gathers)."""
+        invariants = Signature.of(split).invariants
+        placed = [(v, self.placement(v, None)) for v in invariants]
+        return sum(nbytes(v) for v, p in placed if isinstance(p, _shards.Placement))
 
     def spec_of(self, placement: _shards.Placement | None, lead: int = 0) -> Any:
         return PartitionSpec() if placement is None else placement.spec(lead)
@@ -135,10 +180,16 @@ class ShardedLayout(Layout):
 
 
 def detect(
-    split: Split, inputs: list, given: list, mesh_axis: tuple[str, ...] | None, chunk: int
+    split: Split,
+    inputs: list,
+    given: list,
+    mesh_axis: tuple[str, ...] | None,
+    chunk: int,
+    gather: str = "chunk",
 ) -> Layout:
     """Where the axis lives for this call (``inputs``: the values of ``split.jaxpr``'s
-    inputs, ``given``: their ``param_specs``): one device, or sharded over mesh axes."""
+    inputs, ``given``: their ``param_specs``; ``gather``: the setting): one device, or
+    sharded over mesh axes."""
     carrying = [
         (x, loc)
         for v, x in zip(split.jaxpr.invars, inputs, strict=True)
@@ -170,7 +221,8 @@ def detect(
             f"`mesh_axis` names {missing}, which the mesh does not have "
             f"(its axes: {tuple(mesh.axis_names)})"
         )
-    layout = ShardedLayout(mesh, axes, _invariant_specs(split, inputs, given, mesh))
+    specs = _invariant_specs(split, inputs, given, mesh)
+    layout = ShardedLayout(mesh, axes, specs, GATHERS[gather])
     d = layout.devices
     if d == 1:
         return Layout()

@@ -14,7 +14,8 @@ groups of ``_signature``.
   accumulated as the values are (a streamed term's tangent rescaled by its final stabiliser).
   The backward passes are in ``_backward`` (remat) and ``_fused`` (Jacobian rows).
   A sharded invariant input (``shards``) is held as this device's shard and gathered in each
-  step (``chunk_inputs``); the backward passes scatter its cotangent back there (``_shards``).
+  step (``chunk_inputs``) or, ``gathered``, enters whole; the backward passes scatter its
+  cotangent back to the shard in the step, into a shard-sized accumulator (``_shards``).
 
 Invariant: a chunk's body evaluates exactly the split's body equations on that chunk's rows,
 so every output position is computed once, from the same values as unchunked.
@@ -79,7 +80,8 @@ def wanted(values: Sequence, perturbed: Sequence[bool] | None) -> list[int]:
 
 class ChunkLoop:
     """The chunked region on one device: ``size`` positions from global position ``offset``;
-    ``shards``: each invariant input's placement, ``batch_axes``: the axis's mesh axes."""
+    ``shards``: invariant inputs' placements (``gathered``: gathered before the loop),
+    ``batch_axes``: the axis's mesh axes."""
 
     def __init__(
         self,
@@ -91,10 +93,11 @@ class ChunkLoop:
         offset: Any,
         shards: Sequence[_shards.Placement | None],
         batch_axes: tuple[str, ...] = (),
+        gathered: bool = False,
     ):
         self.split, self.signature, self.accum_dtype = split, signature, accum_dtype
         self.size, self.chunk, self.offset = size, chunk, offset
-        self.shards, self.batch_axes = list(shards), batch_axes
+        self.shards, self.batch_axes, self.gathered = list(shards), batch_axes, gathered
         self.body_indices = split.indices(BODY)
         self.chunk_locs, self.terms = signature.chunk_locs, signature.streams.terms
         self.stacked_locs = [loc for _, loc in signature.stacked]
@@ -144,7 +147,7 @@ class ChunkLoop:
         return _shards.scatter_all(cts, [self.shards[i] for i in indices], self.batch_axes, lead)
 
     def chunk_inputs(self, inputs: Inputs, start: Any, k: int) -> Inputs:
-        invariants = _shards.gather_all(inputs.invariants, self.shards, start)
+        invariants = _shards.gather_all(inputs.invariants, self.shards, start, self.gathered)
         return Inputs(invariants, self.slices(inputs.chunked, start, k))
 
     def over_chunks(self, step: Callable, carry: Any, xs: Any = (), reads: Any = ()) -> tuple:
@@ -269,15 +272,11 @@ class ChunkLoop:
         flags = self.signature.differentiable()
 
         def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
-            f, primals = self.differentiable(
-                self.chunk_inputs(inputs, start, kk), kk, start, needed
-            )
+            chunk = self.chunk_inputs(inputs, start, kk)
+            f, primals = self.differentiable(chunk, kk, start, needed)
             t_ch = self.slices(tangents.chunked, start, kk)
-            t_inv = _shards.gather_all(tangents.invariants, self.shards, start)
-            dots = (
-                [t_inv[i] for i in needed.invariants],
-                [t_ch[i] for i in needed.chunked],
-            )
+            t_inv = _shards.gather_all(tangents.invariants, self.shards, start, self.gathered)
+            dots = ([t_inv[i] for i in needed.invariants], [t_ch[i] for i in needed.chunked])
             out, dout = jax.jvp(f, primals, dots)
             parts = [
                 _stream.chunk_cotangent(t, s, s_final, factor)

@@ -4,7 +4,8 @@ A region is a split (which equations form the body, ``_plan``), its signature (t
 and output groups, ``_signature``), the chunk, the layout (one device, or sharded: each device
 loops over its own shard under ``shard_map``, ``_layout``) and the accumulation dtype. Its
 passes run the per-device loops and merge what the devices computed, once, after the loop
-(sharded invariant inputs enter, and their cotangents leave, as shards: ``_shards``):
+(sharded invariant inputs enter, and their cotangents leave, as shards, gathered per chunk
+or once before the loop: ``Layout.before_loop``, ``_shards``):
 
 - ``forward``: the outputs (sums summed across devices and cast back to their dtypes,
   streamed accumulators rescaled to the devices' common stabiliser);
@@ -14,9 +15,8 @@ passes run the per-device loops and merge what the devices computed, once, after
 
 Every pass is plain JAX (scans, ``shard_map``, ``jax.vjp`` / ``jax.jvp`` of a chunk), so JAX
 can transform it further: the region primitive (``_region_p``) relies on that for every
-composition it does not special-case. A region is hashable by identity: it is a parameter of
-the region primitive.
-"""
+composition it does not special-case. A region is hashable by identity: a parameter of the
+region primitive."""
 
 from __future__ import annotations
 
@@ -87,6 +87,7 @@ class Region:
         placements, in_specs = self.layout.enter(self.signature, inputs)
 
         def local(inv: list, ch: list) -> Outputs:
+            inv = self.layout.before_loop(inv, placements)
             return self._merged(self.loop(placements).forward(Inputs(inv, ch), checkpoint))
 
         fn = self.layout.map(local, tuple(in_specs), self.output_specs)
@@ -104,11 +105,9 @@ class Region:
         flags = sig.differentiable()
 
         def local(inv: list, ch: list, t_inv: list, t_ch: list, finals: list) -> Outputs:
-            given = Inputs([None] * len(inv), [None] * len(ch))
-            for i, t in zip(nz.invariants, t_inv, strict=True):
-                given.invariants[i] = t
-            for i, t in zip(nz.chunked, t_ch, strict=True):
-                given.chunked[i] = t
+            t_inv = layout.before_loop(spread(t_inv, nz.invariants, len(inv)), placements)
+            given = Inputs(t_inv, spread(t_ch, nz.chunked, len(ch)))
+            inv = layout.before_loop(inv, placements)
             out = self.loop(placements).tangents(
                 Inputs(inv, ch), given, sig.streams.finals_per_term(finals)
             )
@@ -141,16 +140,14 @@ class Region:
         sig, layout, spec = self.signature, self.layout, self.layout.spec
         placements, in_specs = self.layout.enter(self.signature, inputs)
         present = Outputs(*([i for i, c in enumerate(g) if c is not None] for g in cts))
-        diff = Inputs(
-            wanted(inputs.invariants, perturbed.invariants),
-            wanted(inputs.chunked, perturbed.chunked),
-        )
+        diff = Inputs(*map(wanted, inputs, perturbed))
 
         def local(inv: list, ch: list, given: Outputs, finals: list) -> tuple:
             full = Outputs(
                 *(spread(g, p, n) for g, p, n in zip(given, present, sig.sizes(), strict=True))
             )
             loop, finals_ = self.loop(placements), sig.streams.finals_per_term(finals)
+            inv = layout.before_loop(inv, placements)
             grads = backward(loop, Inputs(inv, ch), full, finals_, perturbed)
             return (
                 [layout.reduce(grads.invariants[i], placements[i]) for i in diff.invariants],
@@ -184,13 +181,11 @@ class Region:
         with respect to the perturbed floating inputs (None elsewhere)."""
         sig, layout, spec = self.signature, self.layout, self.layout.spec
         placements, in_specs = self.layout.enter(self.signature, inputs)
-        diff = Inputs(
-            wanted(inputs.invariants, perturbed.invariants),
-            wanted(inputs.chunked, perturbed.chunked),
-        )
+        diff = Inputs(*map(wanted, inputs, perturbed))
         lead = int(self.split.gradient_width > 1)  # the rows of an invariant input
 
         def local(inv: list, ch: list) -> tuple:
+            inv = layout.before_loop(inv, placements)
             sums, jac = jacobians(self.loop(placements), Inputs(inv, ch), perturbed)
             sums = [layout.reduce(s).astype(d) for s, d in zip(sums, sig.sum_dtypes(), strict=True)]
             return (

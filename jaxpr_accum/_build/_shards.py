@@ -1,8 +1,9 @@
 """Sharded loop-invariant inputs (FSDP, tensor parallelism): each device holds its shard
-across the chunk loop and gathers the whole input in each chunk's step.
+and gathers the whole input in each chunk's step (per chunk), or once before the loop.
 
 A ``Placement`` is the mesh axes of each dimension of an invariant input (its
-``PartitionSpec``, every mesh axis manual under the layout's ``shard_map``). Per chunk:
+``PartitionSpec``, every mesh axis manual under the layout's ``shard_map``). A ``Gather``
+says where the layout gathers (``once``) and why. Per chunk:
 
 - ``gather``: the shard, tied to the loop counter (``tie``: an optimization barrier, so that
   XLA cannot hoist the loop-invariant gather out of the loop and carry the whole input), is
@@ -16,10 +17,19 @@ A ``Placement`` is the mesh axes of each dimension of an invariant input (its
   their cotangents add up) and sliced over the others (the devices along them computed the
   same chunk: their cotangents are equal, and adding them would count it twice).
 
+Once before the loop: the shard is gathered (``whole``, untied) before the loop and the loop
+reads the whole input; the backward passes still ``scatter`` its cotangent in each step into
+a shard-sized accumulator (``held``). (Whole accumulators reduce-scattered once after the
+loop measured 53.5 MiB per device against 30.4 on the FSDP benchmark's model, for the same
+step time: ``docs/multi-device.md``.)
+Under ``native``, JAX's transpose of the gather reduce-scatters the cotangent, accumulated
+whole by JAX's own backward of the loop, once after it.
+
 Invariant: a device's accumulator of a sharded input's cotangent is its shard of the whole
 cotangent summed over the serialized axis's devices in its placement; ``unreduced`` names the
 serialized axis's mesh axes it is still to be summed over after the loop (those the placement
-does not use). ``describe`` counts the collectives per chunk for ``explain``.
+does not use). ``describe`` counts the collectives per chunk or before the loop for
+``explain``.
 """
 
 from __future__ import annotations
@@ -66,6 +76,14 @@ def placement_of(spec: Any, shape: Sequence[int], mesh_shape: dict) -> Placement
     return Placement(dims, sizes)
 
 
+class Gather(NamedTuple):
+    """Where a layout gathers its sharded inputs: ``once`` before the loop, else per chunk;
+    ``why``, for ``explain``."""
+
+    once: bool
+    why: str
+
+
 @jax.custom_jvp
 def tie(x: Any, counter: Any) -> Any:
     """``x``, made to depend on the loop ``counter`` (an optimization barrier of both)."""
@@ -79,11 +97,23 @@ def _tie_jvp(primals: tuple, tangents: tuple) -> tuple:
 
 def gather(x: Any, placement: Placement, counter: Any) -> Any:
     """The whole input from this device's shard ``x``, gathered inside the loop step."""
-    x = tie(x, counter)
+    return whole(tie(x, counter), placement)
+
+
+def whole(x: Any, placement: Placement) -> Any:
+    """The whole input from this device's shard ``x`` (all-gathered where it is)."""
     for dim, axes in enumerate(placement.dims):
         if axes:
             x = lax.all_gather(x, axes, axis=dim, tiled=True)
     return x
+
+
+def held(x: Any, placement: Placement | None, gathered: bool) -> tuple:
+    """The shape of a device's accumulator of the cotangent of ``x`` (an invariant input as
+    the loop reads it, whole where ``gathered`` before the loop): its shard's."""
+    if placement is None or not gathered:
+        return x.shape
+    return tuple(n // math.prod(s) for n, s in zip(x.shape, placement.sizes, strict=True))
 
 
 def scatter(ct: Any, placement: Placement, batch_axes: Sequence[str], lead: int = 0) -> Any:
@@ -106,8 +136,13 @@ def unreduced(placement: Placement | None, batch_axes: Sequence[str]) -> tuple[s
     return tuple(a for a in batch_axes if a not in used)
 
 
-def gather_all(values: Sequence, placements: Sequence, counter: Any) -> list:
-    """``values`` whole: the sharded ones gathered (``gather``; None stays None)."""
+def gather_all(
+    values: Sequence, placements: Sequence, counter: Any, gathered: bool = False
+) -> list:
+    """``values`` whole: the sharded ones gathered (``gather``; None stays None), unless
+    ``gathered`` before the loop."""
+    if gathered:
+        return list(values)
     return [
         x if p is None or x is None else gather(x, p, counter)
         for x, p in zip(values, placements, strict=True)
@@ -124,24 +159,39 @@ def scatter_all(
     ]
 
 
-def describe(found: Sequence, batch_axes: Sequence[str]) -> str:
+def describe(found: Sequence, batch_axes: Sequence[str], where: Gather, nbytes: str) -> str:
     """The report's sentence on the invariant inputs' placements (``found``: a
-    ``Placement``, None or a reason each); "" when none is sharded."""
+    ``Placement``, None or a reason each; ``nbytes``: the sharded ones' whole size); "" when
+    none is sharded."""
     sharded = [p for p in found if isinstance(p, Placement)]
-    whole = [p for p in found if isinstance(p, str)]
+    whole_ = [p for p in found if isinstance(p, str)]
     parts = []
     if sharded:
         gathers = sum(p.n_gathers() for p in sharded)
         scatters = sum(a in batch_axes for p in sharded for axes in p.dims for a in axes)
-        parts.append(
-            f"{len(sharded)} loop-invariant input(s) stay sharded (FSDP / tensor parallelism): "
-            "each device holds its shard across the loop and accumulates its shard of their "
-            "gradients; per chunk, each pass over the chunks all-gathers them in the chunk's "
-            f"step ({gathers} all-gather(s)) and the backward brings their gradients back "
-            f"to the shards ({scatters} reduce-scatter(s) over {tuple(batch_axes)}, a local "
-            "slice over other mesh axes): FSDP's own cost, the only collectives inside the loop; "
-            "their gradients leave sharded like them"
+        scattered = (
+            f"({scatters} reduce-scatter(s) over {tuple(batch_axes)}, a local slice over other "
+            "mesh axes)"
         )
-    if whole:
-        parts.append(f"{len(whole)} sharded input(s) gathered whole before the loop: {whole[0]}")
+        if where.once:
+            parts.append(
+                f"{len(sharded)} sharded loop-invariant input(s) (FSDP / tensor parallelism) "
+                f"are gathered once before the loop ({nbytes} gathered): {where.why}; each "
+                f"pass over the chunks all-gathers them before its loop ({gathers} "
+                "all-gather(s)) and reads them whole; per chunk, the backward brings their "
+                f"gradients back to the shards {scattered}, the only collectives inside the "
+                "loop (native: once after the loop); their gradients leave sharded like them"
+            )
+        else:
+            parts.append(
+                f"{len(sharded)} loop-invariant input(s) stay sharded (FSDP / tensor "
+                f"parallelism), gathered per chunk ({nbytes} gathered in each step): "
+                f"{where.why}; each device holds its shard across the loop and accumulates its "
+                "shard of their gradients; per chunk, each pass over the chunks all-gathers "
+                f"them in the chunk's step ({gathers} all-gather(s)) and the backward brings "
+                f"their gradients back to the shards {scattered}: FSDP's own cost, the only "
+                "collectives inside the loop; their gradients leave sharded like them"
+            )
+    if whole_:
+        parts.append(f"{len(whole_)} sharded input(s) gathered whole before the loop: {whole_[0]}")
     return "; ".join(parts)

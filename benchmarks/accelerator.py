@@ -6,28 +6,24 @@ For each program, of ``jax.jit(jax.value_and_grad(f))``:
 
 - XLA's temp bytes (``memory_analysis().temp_size_in_bytes``);
 - the first call (trace, lower, compile and run once), and the step time (the median of
-  ``--repeats`` calls after one warm-up, each ``block_until_ready``);
+  the scale's ``repeats`` calls after one warm-up, each ``block_until_ready``);
 - the gradient's agreement with the original's, compiled at ``highest`` matmul precision
   (relative L2 over every leaf; the hand-written loop draws other dropout masks, so it is not
   compared);
 - the largest batch of the language model that compiles in the device's memory, on the ladder
   from the configured batch doubling up to the scale's ``max_batch`` (``largest_batch``).
 
-``--steps`` picks among these (``measure``, ``compare``, ``largest``), so that a TPU's
-minute-long compiles fit separate calls; the compiles of ``compare`` and ``largest`` run on
-threads of their own.
-
-``--size tiny`` runs a model small enough for a CPU (the test suite runs it, so the script
-cannot rot); ``--size tpu`` is the 219M-parameter model (d_model 1024, 12 layers, sequence
-1024, vocabulary 32k, dropout 0.1) and SimCLR at N up to 65,536 measured on a TPU v5e.
-``--only lm`` / ``--only simclr`` run one part (a TPU compile of the model takes about a
-minute, so the parts fit separate calls).
+``--steps`` picks among these (``measure``, ``compare``, ``largest``), ``--only lm`` /
+``--only simclr`` one part and ``--match`` the programs whose names hold a string, so that a
+TPU's minute-long compiles fit separate calls; ``compare``'s and ``largest``'s compiles run on
+threads of their own. ``--size tiny`` runs a model small enough for a CPU (the test suite runs
+it, so the script cannot rot); ``--size tpu`` is the 219M-parameter model (d_model 1024, 12
+layers, sequence 1024, vocabulary 32k, dropout 0.1) and SimCLR at N up to 65,536.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import functools
 import statistics
@@ -41,7 +37,13 @@ import numpy as np
 
 import jaxpr_accum as ja
 from benchmarks.harness import fmt_bytes, print_table
-from benchmarks.measuring import compile_value_and_grad, temp_bytes_of
+from benchmarks.measuring import (
+    compile_value_and_grad,
+    concurrently,
+    out_of_memory,
+    relative_l2,
+    temp_bytes_of,
+)
 from benchmarks.pairwise_cases import simclr
 from benchmarks.transformer import TransformerConfig, transformer_peers, transformer_problem
 
@@ -65,7 +67,7 @@ class Scale:
 SCALES = {
     "tiny": Scale(
         lm=TransformerConfig(batch=4, seq=16, embed=32, heads=2, layers=1, vocab=64),
-        lm_chunks=(1, 2),
+        lm_chunks=(2,),
         lm_grads=("auto",),
         hand_chunk=2,
         max_batch=8,
@@ -97,22 +99,6 @@ class Row:
     error: str | None = None
 
 
-def out_of_memory(err: BaseException) -> bool:
-    """Whether a compile or run failed for lack of device memory."""
-    text = str(err)
-    return any(s in text for s in ("RESOURCE_EXHAUSTED", "Ran out of memory", "out of memory"))
-
-
-def relative_l2(got: Any, ref: Any) -> float:
-    """``||got - ref|| / ||ref||`` over every leaf of two gradient pytrees, in float64."""
-    num = sum(
-        float(np.sum((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
-        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True)
-    )
-    den = sum(float(np.sum(np.asarray(b, np.float64) ** 2)) for b in jax.tree.leaves(ref))
-    return float(np.sqrt(num / den)) if den else float(np.sqrt(num))
-
-
 def measure(name: str, f: Callable[..., Any], args: tuple, repeats: int) -> tuple[Row, Any]:
     """Compile ``value_and_grad(f)`` at ``args``, run it, time it: its row and its gradient."""
     row = Row(name)
@@ -133,27 +119,6 @@ def measure(name: str, f: Callable[..., Any], args: tuple, repeats: int) -> tupl
         times.append(time.perf_counter() - t0)
     row.step_s = statistics.median(times)
     return row, out[1]
-
-
-def gradient_at_highest(f: Callable[..., Any], args: tuple) -> Any:
-    """The gradient of ``f`` (argument 0) compiled at ``highest`` matmul precision."""
-    return compile_value_and_grad(f, args, 0, precision="highest")(*args)[1]
-
-
-def concurrently(work: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-    """Each of ``work``'s calls on a thread of its own (XLA compiles without holding Python's
-    lock, so a TPU's compiles of several programs overlap on the host's cores), by name; a
-    call's exception is its result."""
-
-    def attempt(call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except Exception as err:  # noqa: BLE001 - reported by the caller
-            return err
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(work))) as pool:
-        futures = {name: pool.submit(attempt, call) for name, call in work.items()}
-        return {name: future.result() for name, future in futures.items()}
 
 
 def compare(programs: dict[str, Callable[..., Any]], args: tuple) -> None:
@@ -271,14 +236,9 @@ def run_part(
     return rows
 
 
-def selected(programs: dict[str, Callable[..., Any]], match: str | None) -> dict:
-    """The programs whose names contain ``match`` (all where None)."""
-    return {n: f for n, f in programs.items() if match is None or match in n}
-
-
 def run_lm(scale: Scale, steps: Sequence[str], match: str | None = None) -> None:
     programs, args = lm_programs(scale, scale.lm.batch)
-    programs = selected(programs, match)
+    programs = {n: f for n, f in programs.items() if match is None or match in n}
     title = f"Transformer LM, batch {scale.lm.batch}"
     if "measure" in steps:
         run_part(title, programs, args, scale.repeats)
@@ -305,7 +265,7 @@ def run_lm(scale: Scale, steps: Sequence[str], match: str | None = None) -> None
 def run_simclr(scale: Scale, steps: Sequence[str], match: str | None = None) -> None:
     for n in scale.simclr_batches:
         programs, args = simclr_programs(scale, n)
-        programs = selected(programs, match)
+        programs = {n: f for n, f in programs.items() if match is None or match in n}
         if "measure" in steps:
             run_part(f"SimCLR, N = {n}", programs, args, scale.repeats)
         if "compare" in steps:

@@ -7,17 +7,22 @@
 - ``compare_exact``: value and gradients of a serialized function against the original's,
   each the largest per-leaf relative difference of ``jaxpr_accum.testing.tree_difference``;
 - ``EXACT_RTOL``: the tolerance those are graded at (float32's of ``jaxpr_accum.testing``);
-- ``float_argnums``: the arguments whose leaves are all floating arrays.
+- ``float_argnums``: the arguments whose leaves are all floating arrays;
+- ``relative_l2``: ``||got - ref|| / ||ref||`` over every leaf of two pytrees;
+- ``out_of_memory``: whether a compile or run failed for lack of device memory;
+- ``concurrently``: calls on threads of their own (XLA compiles without Python's lock).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpr_accum.testing import tree_difference
 
@@ -87,3 +92,35 @@ def float_argnums(args: tuple) -> tuple[int, ...]:
             jnp.issubdtype(getattr(x, "dtype", type(x)), jnp.inexact) for x in jax.tree.leaves(a)
         )
     )
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether a compile or run failed for lack of device memory."""
+    text = str(err)
+    return any(s in text for s in ("RESOURCE_EXHAUSTED", "Ran out of memory", "out of memory"))
+
+
+def relative_l2(got: Any, ref: Any) -> float:
+    """``||got - ref|| / ||ref||`` over every leaf of two gradient pytrees, in float64."""
+    num = sum(
+        float(np.sum((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True)
+    )
+    den = sum(float(np.sum(np.asarray(b, np.float64) ** 2)) for b in jax.tree.leaves(ref))
+    return float(np.sqrt(num / den)) if den else float(np.sqrt(num))
+
+
+def concurrently(work: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Each of ``work``'s calls on a thread of its own (XLA compiles without holding Python's
+    lock, so a TPU's compiles of several programs overlap on the host's cores), by name; a
+    call's exception is its result."""
+
+    def attempt(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as err:  # noqa: BLE001 - reported by the caller
+            return err
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(work))) as pool:
+        futures = {name: pool.submit(attempt, call) for name, call in work.items()}
+        return {name: future.result() for name, future in futures.items()}

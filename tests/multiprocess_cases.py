@@ -3,8 +3,9 @@
 ``python tests/multiprocess_cases.py RANK N_PROCESSES PORT OUTDIR`` starts a JAX process with
 4 CPU devices, joins the others with ``jax.distributed.initialize`` over
 ``127.0.0.1:PORT`` (the CPU collectives are gloo, the jax 0.10 default), and builds one
-global mesh ``("data",)`` over every process's devices (8 for 2 processes). Then, for the
-dense MLP and the Flax dropout MLP of ``tests/sharding_cases.py`` and every gradient mode:
+global mesh ``("data",)`` over every process's devices (8 for 2 processes). Then, for each
+case of ``model_cases`` (the dense MLP and the Flax dropout MLP of
+``tests/sharding_cases.py``, each gradient mode with both models and both layouts):
 
 * the reference: ``jax.value_and_grad`` of the *unchanged* loss on the full host arrays, in
   this process, on one local device, no sharding, no chunks;
@@ -25,6 +26,7 @@ or ``{"case": name, "error": traceback}``. It only measures; the assertions live
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -37,6 +39,21 @@ import jax
 LOCAL_DEVICES = 4
 CHUNK = 16  # 64 rows over 8 devices: 8 rows each, 2 per chunk, 4 chunks
 STEPS = 3
+MODELS = ("mlp", "dropout")
+
+
+def model_cases(modes: tuple[str, ...]) -> list[tuple[str, str, bool]]:
+    """``(model, mode, fsdp)``: every mode with both models and both layouts (replicated
+    parameters, FSDP), and each model with both layouts: 8 of the 16 combinations."""
+    return [
+        (model, mode, (i + j) % 2 == 1)
+        for i, mode in enumerate(modes)
+        for j, model in enumerate(MODELS)
+    ]
+
+
+def case_name(model: str, mode: str, fsdp: bool) -> str:
+    return f"{'fsdp-' if fsdp else ''}{model}-{mode}"
 
 
 def main(rank: int, n_processes: int, port: str, outdir: Path) -> None:
@@ -192,11 +209,8 @@ def cases(outdir: Path, rank: int) -> dict[str, Any]:
         }
 
     out: dict[str, Any] = {"devices": devices}
-    for model in ("mlp", "dropout"):
-        for mode in GRAD_MODES:
-            for fsdp in (False, True):
-                name = f"{'fsdp-' if fsdp else ''}{model}-{mode}"
-                out[name] = lambda model=model, mode=mode, fsdp=fsdp: model_case(model, mode, fsdp)
+    for model, mode, fsdp in model_cases(tuple(GRAD_MODES)):
+        out[case_name(model, mode, fsdp)] = functools.partial(model_case, model, mode, fsdp)
     return out
 
 

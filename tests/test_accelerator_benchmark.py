@@ -22,9 +22,9 @@ def test_the_accelerator_benchmark_runs_at_its_tiny_size(capsys):
         out,
         re.M,
     )
-    assert len(ratios) == len(agreements) == 3, out  # two chunks of the model, one of SimCLR
+    assert len(ratios) == len(agreements) == 2, out  # one chunk of the model, one of SimCLR
     for name, ratio in ratios:
         assert float(ratio) < 1.0, (name, out)
     for name, rel_l2 in agreements:
         assert float(rel_l2) < 1e-5, (name, out)
-    assert out.count("largest batch that fits") == 4, out
+    assert out.count("largest batch that fits") == 3, out  # the original, serialized, by hand

@@ -7,11 +7,11 @@ device holds rows that live in the other process too, and ``serialize_axis(...,
 mesh_axis="data")`` has to sum its accumulators across processes. The script measures; the
 assertions live here:
 
-* in every gradient mode (``auto``, ``remat``, ``fused``, ``native``), for a dense MLP and a
-  Flax dropout MLP, the loss and the gradients (parameters and batch) equal those of the
-  unchanged loss on the full, unsharded arrays, computed in the same process on one device,
-  within 2e-4 relative to each leaf's magnitude; dropout draws are identical (the exact zeros
-  of d loss / d x);
+* in every gradient mode (``auto``, ``remat``, ``fused``, ``native``), each with a dense MLP
+  and a Flax dropout MLP and with replicated and FSDP parameters (8 cases), the loss and the
+  gradients (parameters and batch) equal those of the unchanged loss on the full, unsharded
+  arrays, computed in the same process on one device, within 2e-4 relative to each leaf's
+  magnitude; dropout draws are identical (the exact zeros of d loss / d x);
 * the compiled HLO of ``jax.jit(jax.value_and_grad(sf))`` has a chunk loop and no collective
   (all-reduce, all-gather, reduce-scatter, collective-permute, all-to-all) in any while
   loop's body or condition, nor in what they call;
@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from .multiprocess_cases import case_name, model_cases
 from .oracle import GRAD_MODES
 
 # The processes start once per module (one xdist worker: loadgroup).
@@ -50,8 +51,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "multiprocess_cases.py"
 N_PROCESSES = 2
 LOCAL_DEVICES = 4
-MODELS = ("mlp", "dropout")
-LAYOUTS = ("", "fsdp-")  # replicated parameters, or sharded over "data" (FSDP)
+#: (model, mode, fsdp) as the script runs them: every mode with both models and both layouts
+CASES = [
+    pytest.param(model, mode, "fsdp-" if fsdp else "", id=case_name(model, mode, fsdp))
+    for model, mode, fsdp in model_cases(tuple(GRAD_MODES))
+]
 RTOL = 2e-4
 TIMEOUT_S = 600
 
@@ -135,9 +139,7 @@ def test_two_processes_with_four_devices_each(run: dict[str, Any]) -> None:
         assert facts["device_count"] == N_PROCESSES * LOCAL_DEVICES
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mode", GRAD_MODES)
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("model", "mode", "layout"), CASES)
 def test_values_and_gradients_match_single_process_reference(
     run: dict[str, Any], model: str, mode: str, layout: str
 ) -> None:
@@ -158,9 +160,7 @@ def test_values_and_gradients_match_single_process_reference(
             assert facts["grad_specs"] == facts["param_specs"], (rank, facts)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mode", GRAD_MODES)
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("model", "mode", "layout"), CASES)
 def test_no_collectives_inside_the_chunk_loop_but_fsdps(
     run: dict[str, Any], model: str, mode: str, layout: str
 ) -> None:
@@ -177,9 +177,7 @@ def test_no_collectives_inside_the_chunk_loop_but_fsdps(
         assert facts["all_reduce_total"] >= 1, (rank, facts)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mode", GRAD_MODES)
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("model", "mode", "layout"), CASES)
 def test_parameters_after_optax_steps_are_identical_across_processes(
     run: dict[str, Any], model: str, mode: str, layout: str
 ) -> None:

@@ -369,9 +369,10 @@ def run_property(
 # The slow tier's property runs: the profile's examples (12 in the ``ci`` profile, 8 for the
 # masked and float64 variants; more with HYPOTHESIS_PROFILE=dev or thorough), each compared in
 # vmap contexts too (float32 only: the contexts do not depend on the dtype).
-_LONG = settings(deadline=None, max_examples=settings.default.max_examples)
-# the masked and float64 variants draw the same programs: 4 fewer examples each (CI's budget)
-_SHORTER = settings(deadline=None, max_examples=max(8, settings.default.max_examples - 4))
+# CI's budget: 8 programs (the profile's default is 12), and 6 for the masked and float64
+# variants, which draw the same programs; other profiles draw more
+_LONG = settings(deadline=None, max_examples=max(8, settings.default.max_examples - 4))
+_SHORTER = settings(deadline=None, max_examples=max(6, settings.default.max_examples - 6))
 _GIVEN = {
     "data": st.data(),
     "spec": programs(),

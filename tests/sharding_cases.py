@@ -581,6 +581,49 @@ def case_shard_map_idioms() -> dict[str, Any]:
 CASES["shard_map_idioms"] = case_shard_map_idioms
 
 
+def case_checkify() -> dict[str, Any]:
+    """``checkify`` of a serialized function whose batch is sharded (a user check on one row;
+    24 rows, 3 per device: chunk 8 takes one a device, chunk 16 two and a remainder), inside
+    ``jax.set_mesh`` and not, erring and clean: each report, and the original's."""
+    from jax.experimental import checkify
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        checkify.check(jnp.all(x[:, 0] > -5), "bad row {v}", v=jnp.min(x[:, 0]))
+        return jnp.mean(jnp.tanh(x @ w))
+
+    rs = np.random.RandomState(0)
+    w, x = rs.normal(size=(3, 4)).astype(np.float32), rs.normal(size=(24, 3)).astype(np.float32)
+    x[17, 0] = -20.0
+    mesh = explicit_mesh()
+    args = {
+        clean: (
+            jax.device_put(w, NamedSharding(mesh, P())),
+            jax.device_put(np.abs(x) if clean else x, NamedSharding(mesh, P("data"))),
+        )
+        for clean in (False, True)
+    }
+
+    def report(f: Callable, clean: bool) -> str | None:
+        try:
+            return jax.jit(checkify.checkify(f, errors=checkify.user_checks))(*args[clean])[0].get()
+        except Exception as e:
+            return f"raised {type(e).__name__}: {str(e)[:300]}"
+
+    facts: dict[str, Any] = {}
+    for set_mesh in (False, True):
+        with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():
+            for clean in (False, True):
+                facts[f"original-{set_mesh}-{clean}"] = report(loss, clean)
+                for grad in GRAD_MODES:
+                    for chunk in (8, 16):
+                        sf = ja.serialize_axis(loss, chunk=chunk, argnums=1, grad=grad)
+                        facts[f"{grad}-{chunk}-{set_mesh}-{clean}"] = report(sf, clean)
+    return {"reports": facts}
+
+
+CASES["checkify"] = case_checkify
+
+
 def main(names: list[str]) -> None:
     from tests.sharding_fsdp import CASES as FSDP_CASES  # imports this module: not at the top
 

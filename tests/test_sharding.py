@@ -229,6 +229,19 @@ def test_mesh_axis_errors(results: dict) -> None:
     assert "set_mesh" in no_mesh["message"], no_mesh["message"]
 
 
+@pytest.mark.parametrize("name", ["checkify"])
+def test_checkify_of_a_sharded_batch_reports_the_originals_error(results: dict, name: str) -> None:
+    """Every mode and chunk, with and without ``jax.set_mesh``: the original's report, and
+    none on clean rows (the per-site error slots crashed inside the layout's ``shard_map``)."""
+    reports = case(results, name)["reports"]
+    for key, got in reports.items():
+        *_, set_mesh, clean = key.split("-")
+        want = reports[f"original-{set_mesh}-{clean}"]
+        assert got == want, (key, got, want)
+    assert reports["original-False-False"].startswith("bad row -20.0"), reports
+    assert reports["original-False-True"] is None, reports
+
+
 @pytest.mark.parametrize("name", ["reuse-one-then-sharded", "reuse-sharded-then-one"])
 def test_one_function_on_unsharded_and_sharded_inputs(results: dict, name: str) -> None:
     """The trace cache must tell placements apart, as ``jax.jit`` does."""

@@ -28,7 +28,9 @@ first erroring row along the axis; outside ``checkify`` nothing here runs (the u
 program is unchanged). Not reached: loops emitted as plain JAX (``native``'s, ``jax.jvp``'s,
 ``jax.vmap``'s, the backward pass, fused's linearization), whose checks JAX checkifies as
 they are (the same errors; docs/errors.md lists the differences, all where two checks fire
-or an operand is chunked, in those loops).
+or an operand is chunked, in those loops). Under a sharded layout (the loop inside the
+layout's ``shard_map``) the loop is checkified as it is, with no slots per site: of two checks
+of one kind that both fire, the earlier chunk's is reported.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ def checks_through(
 
     def rule(error: Any, enabled_errors: Any, *args: Any, **params: Any) -> tuple:
         loop = loop_of(params)
+        if _over_devices(loop):  # JAX's shard_map rule, with an error per device
+            if not _error_effects(loop, enabled_errors, error, args):
+                return error, p.bind(*args, **params)
+            checked, outs = checkify_jaxpr(loop, enabled_errors, error, *args)
+            return _shapes_as_written(checked, written_of(params)), outs
         with per_site(_site_of) as sites:
             if not _error_effects(loop, enabled_errors, sites.error, args) - {sites.marker}:
                 return error, p.bind(*args, **params)
@@ -68,6 +75,13 @@ def checks_through(
         return in_program_order(error, checked, sites), outs
 
     internal(_CHECKIFY + "error_checks")[p] = rule
+
+
+def _over_devices(loop: Any) -> bool:
+    """Whether the loop runs under the layout's ``shard_map`` (a sharded layout): there each
+    device carries its own error, which JAX's rule for ``shard_map`` combines, and the slots
+    of ``_check_sites`` do not pass through it."""
+    return any(e.primitive.name == "shard_map" for e in loop.jaxpr.eqns)
 
 
 def _site_of(new_error: Any) -> tuple[bool, tuple]:

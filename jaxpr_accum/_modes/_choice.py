@@ -52,22 +52,22 @@ This module only chooses; each mode is built by its own module (``_remat``, ``_f
   (``differentiated_chunk_bytes``): where they exceed ``MEMORY_SLACK`` of remat's estimate,
   auto takes remat and says so. This is conservative: XLA's buffer assignment sometimes
   reuses that memory (SimCLR's pass 2 at 512 views in chunks of 64 measures both modes
-  alike), and remat there costs a
-  forward pass per chunk that fused would save. Earlier versions settled such a pick by
-  compiling both modes' ``value_and_grad`` on the first call (two more compiles, tens of
-  seconds for a large model on a TPU); none is compiled now.
+  alike), and remat there costs a forward pass per chunk that fused would save. Earlier
+  versions settled such a pick by compiling both modes' ``value_and_grad`` on the first call
+  (two more compiles, tens of seconds for a large model on a TPU); none is compiled now.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
 from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
+from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._modes._fused import FUSED
 from jaxpr_accum._modes._remat import REMAT
@@ -253,12 +253,18 @@ def choose(candidate: Candidate, requested: Mode, layout: Layout, diff: Sequence
 
 def differentiated_chunk_bytes(split: Split, diff: Sequence[int]) -> int:
     """Bytes of the region's floating chunked inputs that depend on the program inputs at
-    ``diff`` (through the prologue; an equation reading one such value is taken to make
-    all its outputs depend on it)."""
-    jaxpr = split.jaxpr
+    ``diff`` (through the prologue, ``differentiated``)."""
+    prologue = [split.jaxpr.eqns[i] for i in split.indices(PROLOGUE)]
+    reached = differentiated(split.jaxpr, diff, prologue)
+    return float_bytes(v for v, _ in split.chunked if v in reached)
+
+
+def differentiated(jaxpr: Jaxpr, diff: Sequence[int], eqns: Iterable[JaxprEqn]) -> set[Var]:
+    """The inputs of ``jaxpr`` at ``diff`` and the variables that depend on them through
+    ``eqns`` (in program order; an equation reading one such value is taken to make all its
+    outputs depend on it)."""
     reached = {jaxpr.invars[i] for i in diff}
-    for i in split.indices(PROLOGUE):
-        eqn = jaxpr.eqns[i]
+    for eqn in eqns:
         if any(v in reached for v in variables(eqn.invars)):
             reached.update(eqn.outvars)
-    return float_bytes(v for v, _ in split.chunked if v in reached)
+    return reached

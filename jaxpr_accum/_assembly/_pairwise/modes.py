@@ -7,8 +7,7 @@ fused). Each pass is weighed for what the caller differentiates (``diff``: indic
 program's inputs), translated to the pass's own inputs (``pass_diffs``): pass 1 reads the
 program's inputs; pass 2 reads them, the stacked values (rows and column copies) and the
 constants, and an input of pass 2 is differentiated where the value it is fed depends on a
-differentiated program input (an equation reading one such value is taken to make all its
-outputs depend on it).
+differentiated program input (``_choice.differentiated``).
 """
 
 from __future__ import annotations
@@ -23,17 +22,13 @@ from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._build._region_p import Mode
 from jaxpr_accum._modes import _choice
 from jaxpr_accum._modes._decision import Decision
-from jaxpr_accum._planning._stages import variables
 
 
 def pass_diffs(two: TwoPass, diff: Sequence[int]) -> list[list[int]]:
     """For each pass (``two.passes``), the indices of its inputs that depend on the program
     inputs at ``diff``."""
     jaxpr = two.single.split.jaxpr
-    reached = {jaxpr.invars[i] for i in diff}
-    for eqn in jaxpr.eqns:
-        if any(v in reached for v in variables(eqn.invars)):
-            reached.update(eqn.outvars)
+    reached = _choice.differentiated(jaxpr, diff, jaxpr.eqns)
     second = [two.columns.get(v, v) for v in two.second.split.jaxpr.invars]  # as ``build``
     return ([list(diff)] if two.first is not None else []) + [
         [i for i, v in enumerate(second) if v in reached]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,6 +41,7 @@ from benchmarks.measuring import (
     concurrently,
     out_of_memory,
     relative_l2,
+    step_time,
     temp_bytes_of,
 )
 from benchmarks.pairwise_cases import simclr
@@ -112,12 +112,7 @@ def measure(name: str, f: Callable[..., Any], args: tuple, repeats: int) -> tupl
         return row, None
     row.first_call_s = time.perf_counter() - start
     row.temp_bytes = temp_bytes_of(compiled)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
-    row.step_s = statistics.median(times)
+    row.step_s = step_time(compiled, args, repeats)
     return row, out[1]
 
 

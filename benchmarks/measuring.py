@@ -10,13 +10,16 @@
 - ``float_argnums``: the arguments whose leaves are all floating arrays;
 - ``relative_l2``: ``||got - ref|| / ||ref||`` over every leaf of two pytrees;
 - ``out_of_memory``: whether a compile or run failed for lack of device memory;
-- ``concurrently``: calls on threads of their own (XLA compiles without Python's lock).
+- ``concurrently``: calls on threads of their own (XLA compiles without Python's lock);
+- ``step_time``: a compiled program's seconds per step, the median after a warm-up.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -124,3 +127,14 @@ def concurrently(work: dict[str, Callable[[], Any]]) -> dict[str, Any]:
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(work))) as pool:
         futures = {name: pool.submit(attempt, call) for name, call in work.items()}
         return {name: future.result() for name, future in futures.items()}
+
+
+def step_time(compiled: Any, args: tuple, repeats: int = 3) -> float:
+    """Seconds per step of ``compiled`` at ``args``: the median of ``repeats`` after one."""
+    jax.block_until_ready(compiled(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

@@ -32,8 +32,6 @@ program's HLO text (``hlo.collectives_by_place``).
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any
 
 import jax
@@ -42,7 +40,7 @@ import numpy as np
 from hlo import collectives_by_place
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from measuring import EXACT_RTOL, difference, temp_bytes_of
+from measuring import EXACT_RTOL, difference, step_time, temp_bytes_of
 
 import jaxpr_accum as ja
 
@@ -125,17 +123,6 @@ def fsdp_rows(rows: int, width: int, depth: int) -> list[dict[str, Any]]:
             row["time"] = step_time(compiled, args)
         out.append(row)
     return out
-
-
-def step_time(compiled: Any, args: tuple, repeats: int = 3) -> float:
-    """Seconds per step of ``compiled`` at ``args``: the median of ``repeats`` after one."""
-    jax.block_until_ready(compiled(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def fsdp_tp_rows(rows: int, width: int, depth: int) -> list[dict[str, Any]]:

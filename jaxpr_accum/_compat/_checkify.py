@@ -30,7 +30,8 @@ program is unchanged). Not reached: loops emitted as plain JAX (``native``'s, ``
 they are (the same errors; docs/errors.md lists the differences, all where two checks fire
 or an operand is chunked, in those loops). Under a sharded layout (the loop inside the
 layout's ``shard_map``) the loop is checkified as it is, with no slots per site: of two checks
-of one kind that both fire, the earlier chunk's is reported.
+of one kind that both fire, the earlier chunk's is reported, and of two kinds, a later kind
+where the earlier check fires only in the remainder.
 """
 
 from __future__ import annotations

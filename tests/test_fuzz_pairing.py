@@ -30,8 +30,10 @@ def test_fuzz_pairing_family(program):
 FOUND = [
     # the MMD-like pairs of the two halves left after the loop: their backward holds the
     # broadcast differences, which the estimate of what stays at full size now counts
-    pairing.PairingProgram("halves, broadcast", "rbf", "mean", True, False, 16, 0),
-    pairing.PairingProgram("halves, broadcast", "rbf", "kernel-weighted rows", True, True, 16, 9),
+    pairing.PairingProgram("halves, broadcast", "rbf", "none", "mean", True, False, 16, 0),
+    pairing.PairingProgram(
+        "halves, broadcast", "rbf", "none", "kernel-weighted rows", True, True, 16, 9
+    ),
 ]
 
 

@@ -7,7 +7,9 @@ and the ``N x N`` label matrix ``y[:, None] == y[None]`` from them, ``jnp.eye``,
 per block of rows (or, for ``roll``'s ``concatenate``, whole as a vector before the loop),
 never as an ``N x N`` value. Reversed, rolled and gathered columns of the stacked
 embeddings (``z @ z[::-1].T``) count as layouts of the root: pass 2 rearranges its whole
-column copy. Every program is checked against the original (values and gradients) at two
+column copy. Pairs built by broadcasting have their diagonal written by
+``.at[diag, diag].set`` and their rows ranked by ``argsort`` per block (the UvA tutorial's
+SimCLR). Every program is checked against the original (values and gradients) at two
 batch sizes and at chunks that divide them and that do not, at 1 and at the batch; the
 structure has no ``N x N`` value anywhere; a paired program whose plan still stops and saves
 less than 10% runs as written with one ``PlanWarning`` naming the stop.
@@ -94,8 +96,25 @@ def columns(kind: str):
     return loss
 
 
+def uva_simclr(w, x, t):
+    """SimCLR as the UvA deep-learning tutorial writes it: the similarities by broadcasting
+    (``optax.cosine_similarity``), the diagonal masked by ``.at[diag, diag].set``, positives
+    gathered with a rolled ``arange``, the rank of each positive by a per-row ``argsort``."""
+    feats = encode(w, x)
+    cos = optax.cosine_similarity(feats[:, None, :], feats[None, :, :]) / t
+    diag = jnp.arange(feats.shape[0], dtype=jnp.int32)
+    cos = cos.at[diag, diag].set(-9e15)
+    shifted = jnp.roll(diag, x.shape[0] // 2)
+    pos = cos[diag, shifted]
+    nll = (-pos + jax.nn.logsumexp(cos, axis=-1)).mean()
+    comb = jnp.concatenate([pos[:, None], cos.at[shifted, diag].set(-9e15)], axis=-1)
+    rank = (-comb).argsort(axis=-1).argmin(axis=-1)
+    return nll + jnp.mean(rank == 0)
+
+
 PROGRAMS = {
     "ntxent_optax": ntxent_optax,
+    "uva_simclr": uva_simclr,
     "supcon": supcon,
     "positives_roll": simclr_positives("roll"),
     "positives_mod": simclr_positives("mod"),
@@ -270,7 +289,7 @@ def _memory(f, n: int) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ntxent_optax", "supcon", "positives_roll"])
+@pytest.mark.parametrize("name", ["ntxent_optax", "supcon", "positives_roll", "uva_simclr"])
 def test_memory_is_linear_in_the_batch(name):
     """At N = 256 a small fraction of the original's temp bytes (0.08 measured), growing
     about linearly with the batch: 2.4x from 128 (XLA's buffers at these sizes), where a

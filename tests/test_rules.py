@@ -415,6 +415,43 @@ def test_scatter_set_add_other_axis(grad, chunk):
     check(_scatter_set_add_other_axis, x, y, chunk=chunk, grad=grad, argnums=(0, 1))
 
 
+def _scatter_per_row(x, y):
+    """Each row writes its own row (``arange`` rows, labels as columns): the one-hot built by
+    a scatter, and a per-row ``add`` into the chunked ``x``."""
+    rows = jnp.arange(x.shape[0])
+    onehot = jnp.zeros_like(x).at[rows, y].set(1.0)
+    bumped = x.at[rows, y].add(jnp.sin(x[:, 0]))
+    return -(onehot * jax.nn.log_softmax(bumped)).sum(), bumped
+
+
+@cases_wide
+def test_scatter_per_row(grad, chunk):
+    x, y = _rand((N, 4), 35), _ints((N,), 4, 36)
+    plan = check(_scatter_per_row, x, y, chunk=chunk, grad=grad, argnums=(0, 1))
+    assert "scatter" not in str(plan.stops)
+
+
+def _scatter_whole_indices(x, u, rows, cols):
+    """Whole indices (a permutation, repeats, out of bounds both ways) and whole updates
+    written into rows of the chunked ``x``, in every scatter mode and combining form."""
+    a = x.at[rows, cols].set(u)  # FILL_OR_DROP: out-of-bounds writes dropped
+    b = a.at[rows, cols].add(u * u, mode="clip")
+    c = b.at[rows[::-1], cols].multiply(1.5, mode="promise_in_bounds")
+    d = c.at[jnp.arange(N), jnp.arange(N) % 4].max(u[:N])
+    return jnp.sum(jnp.tanh(d) * x), d
+
+
+@cases_wide
+def test_scatter_whole_indices_into_rows(grad, chunk):
+    x, u = _rand((N, 4), 37), _rand((2 * N,), 38)
+    rows = jnp.asarray(
+        [*np.random.RandomState(39).permutation(N), 0, 0, 3, N - 1, N, N + 4, -1, -3, 2, 2],
+        jnp.int32,
+    )
+    cols = _ints((2 * N,), 4, 40)
+    check(_scatter_whole_indices, x, u, rows, cols, chunk=chunk, grad=grad, argnums=0)
+
+
 # --------------------------------------------------------------------------------------
 # Contractions
 # --------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from jaxpr_accum._rules import (  # noqa: F401  (registration side effects)
     random,
     reduction,
     rows,
+    scatter,
     shape,
 )
 from jaxpr_accum._rules.elementwise import Elementwise

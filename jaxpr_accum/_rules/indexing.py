@@ -1,4 +1,4 @@
-"""``gather`` and ``scatter`` where the axis is a batch dimension of the indexing.
+"""``gather`` where the axis is a batch dimension of the indexing, or the row it looks up.
 
 Gather output dims are the index batch dims (every indices dim but the last, in order) with
 the operand's window dims inserted at ``offset_dims``. The axis may be an index batch dim
@@ -12,8 +12,7 @@ normalisation, broadcasts and the concatenation of index vectors). That is prove
 program (``position_dim``), not assumed: the lookup is then positionwise, and at chunk size
 the position component of each index vector is shifted by the chunk's start, so it addresses
 the chunk's own rows. Any other indexing *along* the axis (a permutation of rows, a lookup
-into a table that has the axis) is a barrier. Scatter mirrors this with updates in place of
-the output.
+into a table that has the axis) is a barrier. Scatter is ``scatter.py``.
 """
 
 from __future__ import annotations
@@ -152,7 +151,7 @@ def _lookup_in_chunk(eqn: JaxprEqn, r: EqnResize, operand: Array, indices: Array
     return share
 
 
-def _window_dims(rank: int, skipped: tuple[int, ...]) -> list[int]:
+def window_dims(rank: int, skipped: tuple[int, ...]) -> list[int]:
     return [d for d in range(rank) if d not in skipped]
 
 
@@ -166,7 +165,7 @@ class Gather(Rule):
         operand_shape = _compat.shape_of(eqn.invars[0])
         idx_rank = len(_compat.shape_of(eqn.invars[1]))
         out_rank = len(_compat.shape_of(eqn.outvars[0]))
-        windows = _window_dims(
+        windows = window_dims(
             len(operand_shape), dn.collapsed_slice_dims + dn.operand_batching_dims
         )
         out_batch = [d for d in range(out_rank) if d not in dn.offset_dims]
@@ -229,63 +228,4 @@ class Gather(Rule):
         return _compat.bind(eqn, invals, {**eqn.params, "slice_sizes": sizes})
 
 
-class Scatter(Rule):
-    """Operands: ``operand, indices, updates``; the output has the operand's shape."""
-
-    middle_factor_ok = True  # only batch dimensions and whole windows: positionwise
-
-    def propagate(self, eqn: JaxprEqn, view: View) -> None:
-        dn = eqn.params["dimension_numbers"]
-        operand_shape = _compat.shape_of(eqn.invars[0])
-        upd_shape = _compat.shape_of(eqn.invars[2])
-        idx_rank = len(_compat.shape_of(eqn.invars[1]))
-        windows = _window_dims(
-            len(operand_shape), dn.inserted_window_dims + dn.operand_batching_dims
-        )
-        upd_scatter = [d for d in range(len(upd_shape)) if d not in dn.update_window_dims]
-
-        for loc in (view.in_loc(0), view.out_loc(0)):
-            if loc is None:
-                continue
-            view.set_in(0, loc)
-            view.set_out(0, loc)
-            if loc.dim in dn.operand_batching_dims:
-                p = dn.operand_batching_dims.index(loc.dim)
-                i = dn.scatter_indices_batching_dims[p]
-                view.set_in(1, loc._replace(dim=i))
-                view.set_in(2, loc._replace(dim=upd_scatter[i]))
-            elif (
-                loc.dim in windows
-                and loc.dim not in dn.scatter_dims_to_operand_dims
-                and upd_shape[dn.update_window_dims[windows.index(loc.dim)]]
-                == operand_shape[loc.dim]
-            ):
-                view.set_in(2, loc._replace(dim=dn.update_window_dims[windows.index(loc.dim)]))
-            else:
-                view.barrier(f"`{eqn.primitive.name}` writes along the axis")
-                return
-        for i_op in (1, 2):
-            loc = view.in_loc(i_op)
-            if loc is None:
-                continue
-            if i_op == 1:
-                if loc.dim == idx_rank - 1 or loc.dim not in dn.scatter_indices_batching_dims:
-                    view.barrier(f"`{eqn.primitive.name}` scatters along the axis")
-                    return
-                continue
-            if loc.dim in dn.update_window_dims:
-                w = windows[dn.update_window_dims.index(loc.dim)]
-                view.set_in(0, loc._replace(dim=w))
-            elif upd_scatter.index(loc.dim) in dn.scatter_indices_batching_dims:
-                p = dn.scatter_indices_batching_dims.index(upd_scatter.index(loc.dim))
-                view.set_in(0, loc._replace(dim=dn.operand_batching_dims[p]))
-            else:
-                view.barrier(f"`{eqn.primitive.name}` scatters along the axis")
-                return
-
-
 register("gather", Gather())
-register(
-    ["scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"],
-    Scatter(),
-)

@@ -3,10 +3,13 @@ than 10% of the original's memory never runs.
 
 A program encodes the chunked rows (``z = tanh(x @ w1) @ w2``, perhaps normalised), pairs them
 by one of the idioms users write (a matrix product ``z @ z.T``, a broadcast difference or
-product summed over the features, the two halves of the batch against each other, two views
-joined, a sort of each column), applies a kernel (an RBF, a temperature, ``tanh``) and reduces
-(a mean, a per-row logsumexp, a per-row max, or the mean square of the pairs contracted with
-the column side's rows, ``k @ z``). It is serialized with ``argnums`` or ``size=``
+product summed over the features, ``optax.cosine_similarity`` of broadcast rows, the two
+halves of the batch against each other, two views joined, a sort of each column), applies a
+kernel (an RBF, a temperature, ``tanh``), masks the self-pairs (not at all, ``jnp.where`` of
+an ``eye``, ``.at[diag, diag].set``, or a rolled diagonal written by ``.at[roll(diag),
+diag].set``) and reduces (a mean, a per-row logsumexp, a per-row max plus the rate at which
+a per-row ``argsort`` ranks the diagonal first, or the mean square of the pairs contracted
+with the column side's rows, ``k @ z``). It is serialized with ``argnums`` or ``size=``
 at a drawn chunk, and called under ``jax.value_and_grad``.
 
 Checked: the value and gradients are the original's; XLA's temp bytes of the jitted
@@ -25,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from hypothesis import strategies as st
 
 import jaxpr_accum as ja
@@ -44,6 +48,7 @@ PAIRINGS = {
     "matmul": lambda z, x, enc: z @ z.T,
     "broadcast difference": lambda z, x, enc: _sqdist(z, z),
     "broadcast product": lambda z, x, enc: jnp.sum(z[:, None] * z[None], -1),
+    "optax cosine": lambda z, x, enc: optax.cosine_similarity(z[:, None, :], z[None, :, :]),
     "halves": lambda z, x, enc: z[: z.shape[0] // 2] @ z[z.shape[0] // 2 :].T,
     "halves, broadcast": lambda z, x, enc: _sqdist(z[: z.shape[0] // 2], z[z.shape[0] // 2 :]),
     "two views": lambda z, x, enc: jnp.concatenate([z, enc(jnp.sin(x))]) @ z.T,
@@ -54,10 +59,24 @@ KERNELS = {
     "temperature": lambda s: s / 0.3,
     "tanh": jnp.tanh,
 }
+
+
+def _diag(s):
+    return jnp.arange(min(s.shape), dtype=jnp.int32)
+
+
+MASKS = {  # of the self-pairs (the diagonal) of the pairs ``s``
+    "none": lambda s: s,
+    "where eye": lambda s: jnp.where(jnp.eye(*s.shape, dtype=bool), -9.0, s),
+    "diag set": lambda s: s.at[_diag(s), _diag(s)].set(-9.0),
+    "rolled diag set": lambda s: s.at[jnp.roll(_diag(s), 3), _diag(s)].set(-9.0),
+}
 REDUCTIONS = {  # of the pairs ``s`` and the encoded rows ``z``
     "mean": lambda s, z: jnp.mean(s),
     "row logsumexp": lambda s, z: jnp.mean(jax.nn.logsumexp(s, axis=1)),
-    "row max": lambda s, z: jnp.mean(jnp.max(s, axis=1)),
+    "row max, rank": lambda s, z: (
+        jnp.mean(jnp.max(s, axis=1)) + jnp.mean((-s).argsort(axis=1).argmin(axis=1) == 0)
+    ),
     # the pairs contracted with the column side's rows (the last rows of ``z``: the halves')
     "kernel-weighted rows": lambda s, z: jnp.mean((s @ z[-s.shape[1] :]) ** 2),
 }
@@ -67,6 +86,7 @@ REDUCTIONS = {  # of the pairs ``s`` and the encoded rows ``z``
 class PairingProgram:
     pairing: str
     kernel: str
+    mask: str
     reduction: str
     normalise: bool
     by_size: bool
@@ -81,7 +101,8 @@ class PairingProgram:
         def f(w, x):
             z = enc(w, x)
             s = PAIRINGS[self.pairing](z, x, lambda v: enc(w, v))
-            return REDUCTIONS[self.reduction](KERNELS[self.kernel](s), z)
+            s = MASKS[self.mask](KERNELS[self.kernel](s))
+            return REDUCTIONS[self.reduction](s, z)
 
         return f
 
@@ -97,6 +118,7 @@ def pairing_programs(draw: Any) -> PairingProgram:
     return PairingProgram(
         pairing=draw(st.sampled_from(sorted(PAIRINGS))),
         kernel=draw(st.sampled_from(sorted(KERNELS))),
+        mask=draw(st.sampled_from(sorted(MASKS))),
         reduction=draw(st.sampled_from(sorted(REDUCTIONS))),
         normalise=draw(st.booleans()),
         by_size=draw(st.booleans()),

@@ -18,6 +18,7 @@ import pytest
 
 import jaxpr_accum as ja
 from jaxpr_accum import _compat
+from jaxpr_accum._base import _dtypes
 from jaxpr_accum._compat import _lookup
 from jaxpr_accum._engine import _table
 
@@ -303,9 +304,23 @@ def test_gradients_and_zeros():
     zero = _compat.zero_tangent(aval)
     assert _compat.is_zero(zero) and not _compat.is_zero(jnp.zeros(2))
     assert _compat.instantiate(zero).shape == (2,)
-    assert _compat.is_array(jnp.zeros(2)) and not _compat.is_array(None)
     assert _compat.aval_of(jnp.zeros(2)).shape == (2,)
     assert _compat.trace_aval(jnp.zeros(2)) == jax.ShapeDtypeStruct((2,), jnp.float32)
+
+
+def test_the_leaf_predicates_each_have_one_meaning():
+    """``_base._dtypes``: what a leaf is (an array, a tracer of one included) apart from what
+    its dtype is (which abstract values and dtypes have too)."""
+    spec, key = jax.ShapeDtypeStruct((2,), jnp.float32), jax.random.key(0)
+    assert _dtypes.is_array(jnp.zeros(2)) and _dtypes.is_array(np.float32(1))
+    assert not any(map(_dtypes.is_array, (None, 1.0, spec)))
+    assert _dtypes.has_float_dtype(spec) and _dtypes.has_float_dtype(jnp.dtype("complex64"))
+    assert not _dtypes.has_float_dtype(jnp.dtype("int32")) and not _dtypes.is_float_array(spec)
+    assert _dtypes.is_float_array(np.ones(2)) and not _dtypes.is_float_array(key)
+    assert _dtypes.has_key_dtype(key) and not _dtypes.has_key_dtype(np.ones(2))
+    seen = []
+    jax.jit(lambda x: seen.append((_dtypes.is_array(x), _dtypes.is_array_or_tracer(x))))(key)
+    assert seen == [(True, True)] and _dtypes.real_dtype(jnp.complex64) == jnp.float32
 
 
 def test_in_axes_flattening():

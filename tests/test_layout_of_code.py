@@ -93,6 +93,48 @@ def test_the_import_graph_sees_function_level_and_relative_imports(tmp_path):
     assert import_cycle(graph) == ["pkg", "pkg._api", "pkg.kit", "pkg"]
 
 
+def private_names_imported(package: Path = PACKAGE) -> list[str]:
+    """Every ``from <package module> import _name`` where ``_name`` is not itself a module of
+    the package (``from jaxpr_accum._assembly import _budget`` imports a module: fine), as
+    ``module:line imports base._name``; dunder names (``__version__``) are not private."""
+    modules = {_module_name(p, package): p for p in package.rglob("*.py")}
+    found = []
+    for name, path in sorted(modules.items()):
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            up = here[: len(here) - node.level + 1] if node.level else []
+            base = ".".join(up + ([node.module] if node.module else []))
+            if base != package.name and not base.startswith(package.name + "."):
+                continue
+            found += [
+                f"{name}:{node.lineno} imports {base}.{a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+                and f"{base}.{a.name}" not in modules
+            ]  # fmt: skip
+    return found
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A helper one module shares with another is public (no leading underscore) in the
+    module that owns it; private names stay in their module."""
+    found = private_names_imported()
+    assert not found, f"{len(found)} private names imported:\n" + "\n".join(found)
+
+
+def test_the_private_import_check_sees_names_and_not_modules(tmp_path):
+    """It flags a private function imported absolutely or relatively, not a private module
+    nor a public name given a private alias."""
+    pkg = tmp_path / "pkg"
+    (pkg / "_sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pkg import _sub\nfrom pkg._sub import _mod\n")
+    (pkg / "_sub" / "__init__.py").write_text("from ._mod import _helper, public as _p\n")
+    (pkg / "_sub" / "_mod.py").write_text("def _helper(): ...\ndef public(): ...\n")
+    assert private_names_imported(pkg) == ["pkg._sub:1 imports pkg._sub._mod._helper"]
+
+
 DOC = PACKAGE.parent / "docs" / "how-it-works.md"
 
 

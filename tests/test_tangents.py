@@ -23,7 +23,7 @@ from jax import lax
 
 import jaxpr_accum as ja
 from jaxpr_accum import _compat
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._engine._tangents import BLOCK, PROPAGATE, reached_outputs
 from jaxpr_accum._planning._trace import inline_calls
 
@@ -102,7 +102,7 @@ def _compare(closed, perturbed) -> bool | None:
     if ours is None:
         return None
     jax_flags = _compat.nonzero_tangents(closed, list(perturbed))
-    inexact = [is_float(v.aval) for v in jaxpr.outvars]
+    inexact = [has_float_dtype(v.aval) for v in jaxpr.outvars]
     pairs = zip(ours, jax_flags, inexact, strict=True)
     assert [(o, j) for o, j, f in pairs if f and o != j] == []
     return True

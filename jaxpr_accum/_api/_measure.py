@@ -16,7 +16,7 @@ import numpy as np
 from jaxpr_accum._assembly import _budget
 from jaxpr_accum._assembly._budget import scalar_of
 from jaxpr_accum._base._compare import tree_difference
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 
 
 def temp_bytes(f: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
@@ -52,7 +52,7 @@ def temp_bytes(f: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
         return jax.tree.leaves(f(*a, **k))
 
     inputs = [leaves[i] for i in arrays]
-    return _budget.temp_bytes(run, inputs, [j for j, x in enumerate(inputs) if is_float(x)])
+    return _budget.temp_bytes(run, inputs, [j for j, x in enumerate(inputs) if has_float_dtype(x)])
 
 
 def compile_value_and_grad(

@@ -30,12 +30,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 
 from jaxpr_accum._api import _sweep_view
 from jaxpr_accum._api._measure import Program, difference
 from jaxpr_accum._api._method_args import check_chunks, check_grad_argnums, check_grads
 from jaxpr_accum._assembly._budget import temp_bytes_of
+from jaxpr_accum._base._dtypes import is_array
 from jaxpr_accum._base._errors import PlanWarning
 
 
@@ -96,7 +96,7 @@ class Sweep:
 
 
 def _has_arrays(x: Any) -> bool:
-    return any(isinstance(leaf, (jax.Array, np.ndarray, np.generic)) for leaf in jax.tree.leaves(x))
+    return any(is_array(leaf) for leaf in jax.tree.leaves(x))
 
 
 # -- measuring ---------------------------------------------------------------------------------

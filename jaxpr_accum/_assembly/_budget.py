@@ -39,7 +39,7 @@ import numpy as np
 from jaxpr_accum import _compat
 from jaxpr_accum._assembly._assemble import build
 from jaxpr_accum._assembly._chunk_search import ChunkSearch
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._base._errors import ArgumentError, SerializeError
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._modes._decision import Decision
@@ -117,7 +117,7 @@ def abstract(x: Any) -> Any:
 def scalar_of(outputs: Sequence[Any]) -> Any:
     """The scalar whose ``value_and_grad`` is measured: the one real scalar floating output
     itself, else the float32 sum of every floating output's (real part's) entries."""
-    outs = [o for o in outputs if is_float(o)]
+    outs = [o for o in outputs if has_float_dtype(o)]
     if len(outs) == 1 and jnp.ndim(outs[0]) == 0 and not jnp.iscomplexobj(outs[0]):
         return outs[0]
     return sum((jnp.sum(jnp.real(o)).astype(jnp.float32) for o in outs), jnp.float32(0))

@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from jaxpr_accum import _compat
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._base._errors import ArgumentError, SerializeError, warn
 
 STRICT_VARIABLE = "JAXPR_ACCUM_STRICT"
@@ -177,6 +177,6 @@ def _backward_of(fun: Callable, avals: Sequence, diff: Sequence[int]) -> Callabl
 
 
 def _zero_cotangent(x: Any) -> Any:
-    if is_float(x):
+    if has_float_dtype(x):
         return jax.numpy.zeros_like(x)  # with ``x``'s varying manual axes, inside shard_map
     return np.zeros(x.shape, jax.dtypes.float0)

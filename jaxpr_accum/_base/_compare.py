@@ -1,6 +1,7 @@
 """The comparison: per-leaf tolerances keyed by dtype, relative to each leaf's own magnitude
 (floored at a share of the largest leaf); integer, boolean and key leaves bit-identical.
-A base module (JAX and NumPy only): ``testing`` re-exports it, ``sweep`` measures by it."""
+A base module (JAX, NumPy and ``_dtypes`` only): ``testing`` re-exports it, ``sweep``
+measures by it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxpr_accum._base._dtypes import has_key_dtype, is_array, real_dtype
 
 _F64_RTOL, _F32_RTOL, _F16_RTOL = 1e-10, 2e-4, 2e-2
 _FLOOR = 1e-3  # a leaf's scale is at least this share of the largest leaf's
@@ -25,27 +28,8 @@ Tolerance = float | Mapping[Any, float] | None
 # -- Leaves ----------------------------------------------------------------------------------------
 
 
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
-
-
-def _is_key(x: Any) -> bool:
-    return jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-def _is_float(x: Any) -> bool:
-    return _is_array(x) and not _is_key(x) and jnp.issubdtype(x.dtype, jnp.inexact)
-
-
-def _real_dtype(dtype: Any) -> np.dtype:
-    dtype = jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        return jnp.dtype(jnp.finfo(dtype).dtype)
-    return dtype
-
-
 def _default_rtol(dtype: Any) -> float:
-    real = _real_dtype(dtype)
+    real = real_dtype(dtype)
     if real == jnp.dtype(jnp.float64):
         return _F64_RTOL
     if real == jnp.dtype(jnp.float32):
@@ -67,7 +51,8 @@ def _rtol_for(dtype: Any, rtol: Tolerance) -> float:
     return float(rtol)
 
 
-def _label(prefix: str, path: Sequence[Any]) -> str:
+def path_label(prefix: str, path: Sequence[Any]) -> str:
+    """A leaf's name in messages: ``prefix`` and its pytree path (``output['w']``)."""
     return prefix + jax.tree_util.keystr(tuple(path))
 
 
@@ -95,7 +80,9 @@ class Difference(NamedTuple):
 
 
 @dataclasses.dataclass
-class _Mismatch:
+class Mismatch:
+    """The first leaf that differs (``where``) and the lines that say how."""
+
     where: str
     lines: list[str]
 
@@ -105,7 +92,8 @@ class _Mismatch:
         return "\n  ".join([head, *self.lines, *extra])
 
 
-def _as_f64(x: Any) -> np.ndarray:
+def as_64_bit(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array of float64 (complex128 when complex), to compare exactly."""
     a = np.asarray(x)
     if jnp.issubdtype(a.dtype, jnp.complexfloating):
         return a.astype(np.complex128)
@@ -113,11 +101,11 @@ def _as_f64(x: Any) -> np.ndarray:
 
 
 class _Compared(NamedTuple):
-    mismatch: _Mismatch | None
+    mismatch: Mismatch | None
     diff: Difference
 
 
-def _compare(
+def compare_trees(
     got: Any,
     ref: Any,
     rtol: Tolerance,
@@ -126,17 +114,17 @@ def _compare(
 ) -> _Compared:
     """Compare two pytrees leaf by leaf: the first leaf that fails, and the worst difference.
 
-    ``label(path)`` names a leaf in messages; ``noise``: see ``_compare_leaves``."""
+    ``label(path)`` names a leaf in messages; ``noise``: see ``compare_leaves``."""
     ref_items, ref_tree = jax.tree_util.tree_flatten_with_path(ref)
     got_leaves, got_tree = jax.tree_util.tree_flatten(got)
     if got_tree != ref_tree:  # type: ignore[operator]
         lines = [f"pytree structure: serialized {got_tree}", f"original {ref_tree}"]
-        return _Compared(_Mismatch(label(()) or "<root>", lines), Difference(0.0, 0.0, "", ()))
+        return _Compared(Mismatch(label(()) or "<root>", lines), Difference(0.0, 0.0, "", ()))
     pairs = [
         (label(tuple(path)) or "<root>", g, r)
         for g, (path, r) in zip(got_leaves, ref_items, strict=True)
     ]
-    return _compare_leaves(pairs, rtol, noise)
+    return compare_leaves(pairs, rtol, noise)
 
 
 class _Float(NamedTuple):
@@ -151,7 +139,7 @@ class _Float(NamedTuple):
     noise: float
 
 
-def _compare_leaves(
+def compare_leaves(
     pairs: list[tuple[str, Any, Any]], rtol: Tolerance, noise: Sequence[float] | None = None
 ) -> _Compared:
     """``pairs``: ``(name, got, ref)`` for each leaf of one tree (the scale floor is shared).
@@ -163,13 +151,13 @@ def _compare_leaves(
     noise = [0.0] * len(pairs) if noise is None else list(noise)
     for (where, g, r), leaf_noise in zip(pairs, noise, strict=True):
         checked = _check_leaf(where, g, r, leaf_noise)
-        if isinstance(checked, _Mismatch):
+        if isinstance(checked, Mismatch):
             return _Compared(checked, none)
         if checked is not None:
             floats.append(checked)
     top = max((leaf.own for leaf in floats), default=0.0)
     worst = none
-    first: _Mismatch | None = None
+    first: Mismatch | None = None
     for leaf in floats:
         if leaf.ref.size == 0:
             continue
@@ -191,22 +179,22 @@ def _compare_leaves(
     return _Compared(first, worst)
 
 
-def _check_leaf(where: str, g: Any, r: Any, leaf_noise: float) -> _Mismatch | _Float | None:
+def _check_leaf(where: str, g: Any, r: Any, leaf_noise: float) -> Mismatch | _Float | None:
     """One leaf's checks that need no tolerance: a non-array equal, the same shape and dtype,
     integer, boolean and key leaves bit-identical, non-finite entries alike. A mismatch, the
     floating leaf to compare, or None (nothing more to compare)."""
-    if not _is_array(r):
+    if not is_array(r):
         if not (g is r or g == r):
-            return _Mismatch(where, [f"serialized {g!r}, original {r!r}"])
+            return Mismatch(where, [f"serialized {g!r}, original {r!r}"])
         return None
-    if not _is_array(g):
-        return _Mismatch(where, [f"serialized is a {type(g).__name__}, original an array"])
+    if not is_array(g):
+        return Mismatch(where, [f"serialized is a {type(g).__name__}, original an array"])
     if g.shape != r.shape or g.dtype != r.dtype:
         lines = [f"serialized {g.dtype}{list(g.shape)}, original {r.dtype}{list(r.shape)}"]
-        return _Mismatch(where, lines)
+        return Mismatch(where, lines)
     if r.dtype == jax.dtypes.float0:
         return None
-    if _is_key(r):
+    if has_key_dtype(r):
         g, r = jax.random.key_data(g), jax.random.key_data(r)
     if not jnp.issubdtype(r.dtype, jnp.inexact):
         g_np, r_np = np.asarray(g), np.asarray(r)
@@ -217,9 +205,9 @@ def _check_leaf(where: str, g: Any, r: Any, leaf_noise: float) -> _Mismatch | _F
                 f"{r.dtype} values must be bit-identical; {n} of {r_np.size} differ, first "
                 f"at index {_fmt_index(bad)}: serialized {g_np[bad]}, original {r_np[bad]}"
             )
-            return _Mismatch(where, [line])
+            return Mismatch(where, [line])
         return None
-    g64, r64 = _as_f64(g), _as_f64(r)
+    g64, r64 = as_64_bit(g), as_64_bit(r)
     finite = np.isfinite(r64)
     same = (g64 == r64) | (np.isnan(g64) & np.isnan(r64))
     bad_mask = (np.isfinite(g64) != finite) | (~finite & ~same)
@@ -229,14 +217,14 @@ def _check_leaf(where: str, g: Any, r: Any, leaf_noise: float) -> _Mismatch | _F
             f"non-finite entries differ, first at index {_fmt_index(bad)}: "
             f"serialized {g64[bad]}, original {r64[bad]}"
         )
-        return _Mismatch(where, [line])
+        return Mismatch(where, [line])
     own = float(np.max(np.abs(r64[finite]), initial=0.0))
     return _Float(where, r.dtype, g64, r64, finite, own, leaf_noise)
 
 
 def _float_mismatch(
     leaf: _Float, index: tuple, err: float, tol: float, scale: float, top: float
-) -> _Mismatch:
+) -> Mismatch:
     """The message of a floating leaf outside its tolerance."""
     if scale == leaf.own:
         basis = "the leaf's own magnitude"
@@ -255,7 +243,7 @@ def _float_mismatch(
             f"and > {_NOISE_FACTOR:g} x {leaf.noise:.3e}, what the original itself moves by "
             "when its values move by one rounding error"
         )
-    return _Mismatch(leaf.where, lines)
+    return Mismatch(leaf.where, lines)
 
 
 def tree_difference(got: Any, ref: Any) -> Difference:
@@ -271,7 +259,7 @@ def tree_difference(got: Any, ref: Any) -> Difference:
     Raises:
         AssertionError: Structures, shapes, dtypes or non-floating leaves differ.
     """
-    compared = _compare(got, ref, float("inf"), lambda p: _label("", p))
+    compared = compare_trees(got, ref, float("inf"), lambda p: path_label("", p))
     if compared.mismatch is not None:
         raise AssertionError(compared.mismatch.message("the tree"))
     return compared.diff
@@ -292,6 +280,6 @@ def assert_tree_close(got: Any, ref: Any, *, rtol: Tolerance = None, what: str =
     Examples:
         >>> testing.assert_tree_close(jax.grad(sf)(w, x), jax.grad(loss)(w, x))
     """
-    compared = _compare(got, ref, rtol, lambda p: _label(what, p))
+    compared = compare_trees(got, ref, rtol, lambda p: path_label(what, p))
     if compared.mismatch is not None:
         raise AssertionError(compared.mismatch.message(what))

@@ -1,17 +1,54 @@
-"""Dtypes: which values carry gradients, and what sums of them accumulate in."""
+"""Leaves and dtypes: what is an array, a key, a floating value; which values carry
+gradients, and what sums of them accumulate in.
+
+Every such predicate of the package lives here, each with one meaning: ``is_array`` and
+``is_array_or_tracer`` ask what a leaf *is* (``jax.Array`` counts a tracer of an array);
+``has_float_dtype`` and ``has_key_dtype`` ask only for its dtype, so they take abstract
+values, jaxpr variables and dtypes too; ``is_float_array`` asks both.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 
-def is_float(x: Any) -> bool:
+def is_array(x: Any) -> bool:
+    """An array leaf: a JAX array (a tracer of one included), a NumPy array or scalar."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def is_array_or_tracer(x: Any) -> bool:
+    """An array leaf (``is_array``) or a tracer of any abstract value."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.core.Tracer))
+
+
+def has_key_dtype(x: Any) -> bool:
+    """Whether ``x`` (anything with a ``dtype``) holds typed PRNG keys."""
+    return bool(jnp.issubdtype(x.dtype, jax.dtypes.prng_key))
+
+
+def has_float_dtype(x: Any) -> bool:
     """Whether ``x`` is floating or complex: an array, a tracer, an abstract value, a jaxpr
     variable (its aval) or a dtype. Only such values carry gradients."""
     aval = getattr(x, "aval", x)
     return bool(jnp.issubdtype(getattr(aval, "dtype", aval), jnp.inexact))
+
+
+def is_float_array(x: Any) -> bool:
+    """An array leaf (``is_array``) of floating or complex values."""
+    return is_array(x) and not has_key_dtype(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def real_dtype(dtype: Any) -> np.dtype:
+    """``dtype``, or the dtype of a complex ``dtype``'s real part."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return jnp.dtype(jnp.finfo(dtype).dtype)
+    return dtype
 
 
 def accumulator_dtype(dtype: Any, accum_dtype: Any) -> Any:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxpr_accum import _compat, _stream
-from jaxpr_accum._base._dtypes import accumulator_dtype, is_float
+from jaxpr_accum._base._dtypes import accumulator_dtype, has_float_dtype
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build import _shards
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
@@ -75,7 +75,8 @@ def add_into(acc: list, xs: Sequence) -> list:
 
 def wanted(values: Sequence, perturbed: Sequence[bool] | None) -> list[int]:
     """Indices of the floats of ``values`` that the caller perturbs (all when not known)."""
-    return [i for i, x in enumerate(values) if is_float(x) and (perturbed is None or perturbed[i])]
+    flags = [True] * len(values) if perturbed is None else perturbed
+    return [i for i, x in enumerate(values) if has_float_dtype(x) and flags[i]]
 
 
 class ChunkLoop:

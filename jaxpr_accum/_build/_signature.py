@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from jaxpr_accum import _compat
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Var
 from jaxpr_accum._stream.layout import StreamLayout
@@ -128,9 +128,9 @@ class Signature:
     def differentiable(self) -> Outputs:
         """Per output, whether it can carry a gradient: floating, and not a stabiliser."""
         return Outputs(
-            [is_float(v) for v in self.sums],
-            [is_float(v) for v, _ in self.partials],
-            [is_float(v) for v, _ in self.stacked],
+            [has_float_dtype(v) for v in self.sums],
+            [has_float_dtype(v) for v, _ in self.partials],
+            [has_float_dtype(v) for v, _ in self.stacked],
             [True] * self.streams.n_terms,
             [False] * self.streams.n_finals,
         )

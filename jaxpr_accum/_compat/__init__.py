@@ -32,7 +32,6 @@ from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
     custom_jvp_rule_jaxpr,
     custom_vjp_backward,
     custom_vjp_parts,
-    is_array,
     is_custom_rule_call,
     is_custom_vjp_call,
     rebind_keeping_constants,

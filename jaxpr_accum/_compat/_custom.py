@@ -16,8 +16,10 @@ from jaxpr_accum._compat._lookup import param as _param
 from jaxpr_accum._compat._lookup import primitive
 
 
-def is_array(x: Any) -> bool:
-    """A concrete or traced array (not a symbolic zero or None)."""
+def _is_cotangent(x: Any) -> bool:
+    """An output of a backward rule that is a cotangent it computed: a concrete or traced
+    array. Not a symbolic zero, None, nor a NumPy scalar: a constant, which a rule linear in
+    its cotangents can only return as a zero."""
     return isinstance(x, (jax.Array, np.ndarray, _jax("jax.core.Tracer")))
 
 
@@ -95,8 +97,8 @@ def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJax
 
     def arrays_only(*args: Any) -> list:
         outs = bwd(*args)
-        returned[:] = [is_array(x) for x in outs]
-        return [x for x in outs if is_array(x)]
+        returned[:] = [_is_cotangent(x) for x in outs]
+        return [x for x in outs if _is_cotangent(x)]
 
     return jax.make_jaxpr(arrays_only)(*avals), returned
 

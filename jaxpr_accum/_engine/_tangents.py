@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._compat import JaxprEqn, Literal
 
 PROPAGATE = frozenset({
@@ -51,11 +51,11 @@ def reached_outputs(
 ) -> list[bool] | None:
     """Per variable in ``outvars``: reached from the ``invars`` flagged in ``perturbed``
     through ``eqns`` (in program order), or None where an equation's rule is not known."""
-    reached = {v for v, p in zip(invars, perturbed, strict=True) if p and is_float(v)}
+    reached = {v for v, p in zip(invars, perturbed, strict=True) if p and has_float_dtype(v)}
     for eqn in eqns:
         if not any(not isinstance(v, Literal) and v in reached for v in eqn.invars):
             continue
-        inexact = [v for v in eqn.outvars if is_float(v)]
+        inexact = [v for v in eqn.outvars if has_float_dtype(v)]
         name = eqn.primitive.name
         if not inexact or name in BLOCK:
             continue

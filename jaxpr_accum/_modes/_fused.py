@@ -15,7 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._build._region_p import Mode
 from jaxpr_accum._modes._remat import linearize as remat_linearize
 
@@ -31,7 +31,9 @@ def linearize(
         return remat_linearize(region, is_vjp, nonzeros, primals, outputs_of)
     sig, split = region.signature, region.split
     inputs = sig.inputs(primals)
-    perturbed = sig.inputs([nz and is_float(p) for nz, p in zip(nonzeros, primals, strict=True)])
+    perturbed = sig.inputs(
+        [nz and has_float_dtype(p) for nz, p in zip(nonzeros, primals, strict=True)]
+    )
     sums, jac = region.jacobians(inputs, perturbed)
     flags = split.gradient_sums  # the sums with Jacobian rows
     reached = region.tangent_flags([_compat.aval_of(p) for p in primals], perturbed.flat()).sums

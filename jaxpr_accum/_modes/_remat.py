@@ -26,7 +26,7 @@ from typing import Any
 import jax
 
 from jaxpr_accum import _compat
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._region_p import Mode
 from jaxpr_accum._build._signature import Inputs
@@ -42,7 +42,7 @@ def linearize(
     sig = region.signature
     outs = outputs_of(primals)
     finals = sig.outputs(outs).finals
-    perturbed = tuple(nz and is_float(p) for nz, p in zip(nonzeros, primals, strict=True))
+    perturbed = tuple(nz and has_float_dtype(p) for nz, p in zip(nonzeros, primals, strict=True))
     bound = sig.differentiable().flat()  # the tangent primitive's outputs
     out_flags = region.tangent_flags([_compat.aval_of(p) for p in primals], perturbed).flat()
     avals = [_compat.aval_of(x) for x in outs]

@@ -22,11 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_accum import _compat
+from jaxpr_accum._base._dtypes import is_array_or_tracer
 from jaxpr_accum._base._errors import ArgumentError, SerializeError
-
-
-def is_dynamic(leaf: Any) -> bool:
-    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.core.Tracer))
 
 
 class Call(NamedTuple):
@@ -48,10 +45,10 @@ class Call(NamedTuple):
 def flatten(args: tuple, kwargs: dict) -> Call:
     paths_leaves, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
     leaves = [leaf for _, leaf in paths_leaves]
-    dynamic = [is_dynamic(x) for x in leaves]
+    dynamic = [is_array_or_tracer(x) for x in leaves]
     ranges, start = [], 0
     for arg in args:
-        n_dyn = sum(is_dynamic(x) for x in jax.tree_util.tree_leaves(arg))
+        n_dyn = sum(is_array_or_tracer(x) for x in jax.tree_util.tree_leaves(arg))
         ranges.append(range(start, start + n_dyn))
         start += n_dyn
     return Call(args, kwargs, leaves, treedef, dynamic, ranges, [p for p, _ in paths_leaves])

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from jaxpr_accum import _compat
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 
 FUSED_INTO_READERS = frozenset(
     p
@@ -85,7 +85,7 @@ def nbytes(v: Any) -> int:
 
 def float_bytes(values: Iterable[Any]) -> int:
     """Bytes of the floating values among ``values``."""
-    return sum(nbytes(v) for v in values if is_float(v))
+    return sum(nbytes(v) for v in values if has_float_dtype(v))
 
 
 def materialised_bytes(eqns: Iterable[Any]) -> int:

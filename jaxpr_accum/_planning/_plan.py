@@ -35,7 +35,7 @@ import math
 from collections.abc import Callable
 
 from jaxpr_accum import _compat
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._engine._axes import Analysis
@@ -166,13 +166,15 @@ class Split:
         region through floating values only, never through ``stop_gradient``. A token count
         made from integer labels, an accuracy (through ``argmax`` and a comparison), or a sum
         of stopped values carries none (its Jacobian rows would be zeros)."""
-        dependent = {v for v in (*self.invariants, *(v for v, _ in self.chunked)) if is_float(v)}
+        dependent = {
+            v for v in (*self.invariants, *(v for v, _ in self.chunked)) if has_float_dtype(v)
+        }
         for i in self.indices(BODY):
             eqn = self.jaxpr.eqns[i]
             if eqn.primitive.name == "stop_gradient":
                 continue
             if any(v in dependent for v in variables(eqn.invars)):
-                dependent.update(v for v in eqn.outvars if is_float(v))
+                dependent.update(v for v in eqn.outvars if has_float_dtype(v))
         return tuple(v in dependent for v in self.sums)
 
     @functools.cached_property

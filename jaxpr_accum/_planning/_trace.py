@@ -26,7 +26,7 @@ import jax
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._collector import collector_paused
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype, is_array_or_tracer
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._planning import _arguments
@@ -78,15 +78,15 @@ class Traced:
         if pattern is None:
             return self.float_arguments(inputs)
         nc = self.n_consts
-        consts = [i for i in range(nc) if is_float(inputs[i])]
+        consts = [i for i in range(nc) if has_float_dtype(inputs[i])]
         consts = [i for i in consts if _compat.differentiated(inputs[i])]
-        args = [nc + j for j, p in enumerate(pattern) if p and is_float(inputs[nc + j])]
+        args = [nc + j for j, p in enumerate(pattern) if p and has_float_dtype(inputs[nc + j])]
         return consts + args
 
     def float_arguments(self, inputs: list) -> list[int]:
         """Indices in ``inputs`` of the floating arguments (closed-over constants excluded)."""
         nc = self.n_consts
-        return [i for i, x in enumerate(inputs) if i >= nc and is_float(x)]
+        return [i for i, x in enumerate(inputs) if i >= nc and has_float_dtype(x)]
 
 
 def trace(fun: Callable, call: _arguments.Call, seed_axes: list | None = None) -> Traced:
@@ -101,7 +101,7 @@ def trace(fun: Callable, call: _arguments.Call, seed_axes: list | None = None) -
         out = fun(*args, **kwargs)
         paths, out_tree = jax.tree_util.tree_flatten_with_path(out)
         for path, leaf in paths:
-            if not (_arguments.is_dynamic(leaf) or isinstance(leaf, (bool, int, float, complex))):
+            if not (is_array_or_tracer(leaf) or isinstance(leaf, (bool, int, float, complex))):
                 name = getattr(fun, "__name__", repr(fun))
                 raise TypeError(
                     f"`{name}` returned a {type(leaf).__name__} at output"

@@ -28,7 +28,7 @@ from jaxpr_accum._base._lattice import AxisLoc, is_mapped
 from jaxpr_accum._compat import JaxprEqn, Params
 from jaxpr_accum._engine._table import register
 from jaxpr_accum._engine._view import EqnResize, View
-from jaxpr_accum._rules.shape import SameShape, _carried, _first, _not_param
+from jaxpr_accum._rules.shape import SameShape, carried_loc, first_operand, not_at_param
 
 
 def copies(loc: AxisLoc | None, d: int) -> bool:
@@ -131,7 +131,7 @@ class Split(SameShape):
     middle_factor_ok = True
 
     def __init__(self) -> None:
-        super().__init__(_first, _not_param("axis"), "splits the axis into pieces")
+        super().__init__(first_operand, not_at_param("axis"), "splits the axis into pieces")
 
     def propagate(self, eqn: JaxprEqn, view: View) -> None:
         axis = eqn.params["axis"] % len(_compat.shape_of(eqn.invars[0]))
@@ -139,7 +139,7 @@ class Split(SameShape):
             super().propagate(eqn, view)
 
     def resize_params(self, eqn: JaxprEqn, r: EqnResize) -> Params:
-        loc = _carried(r.in_locs[0])
+        loc = carried_loc(r.in_locs[0])
         if loc.dim != eqn.params["axis"] % len(_compat.shape_of(eqn.invars[0])):
             return eqn.params
         return {**eqn.params, "sizes": split_sizes(eqn, r, loc)}

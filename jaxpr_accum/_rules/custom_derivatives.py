@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._base._dtypes import is_float
+from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._base._errors import SerializeError
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Float0Array, Jaxpr, JaxprEqn, Literal
@@ -67,11 +67,11 @@ Tangents: TypeAlias = tuple[Array | Float0Array, ...]  # an integer's tangent: a
 
 
 def _nondiff(v: Atom) -> bool:
-    return not is_float(v)
+    return not has_float_dtype(v)
 
 
 def _zero_tangent(x: Array) -> Array | Float0Array:
-    if is_float(x):
+    if has_float_dtype(x):
         return jnp.zeros_like(x)
     return _compat.zeros_float0(x.shape)
 

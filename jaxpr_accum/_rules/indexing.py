@@ -27,7 +27,7 @@ from jaxpr_accum._compat import Array, Atom, JaxprEqn
 from jaxpr_accum._engine._axes import Analysis
 from jaxpr_accum._engine._table import Rule, register
 from jaxpr_accum._engine._view import Ctx, EqnResize, View
-from jaxpr_accum._rules.shape import _with
+from jaxpr_accum._rules.shape import replaced_at
 
 _IOTA, _CONVERT, _BROADCAST, _SELECT, _LT, _CONCAT = (
     _compat.primitive(n)
@@ -224,7 +224,7 @@ class Gather(Rule):
             offset = lax.convert_element_type(r.start, indices.dtype)
             local = indices - offset * jnp.asarray(shift, indices.dtype)  # the chunk's own rows
             return _compat.bind(eqn, [operand, local])
-        sizes = _with(eqn.params["slice_sizes"], loc.dim, r.rows(loc))
+        sizes = replaced_at(eqn.params["slice_sizes"], loc.dim, r.rows(loc))
         return _compat.bind(eqn, invals, {**eqn.params, "slice_sizes": sizes})
 
 

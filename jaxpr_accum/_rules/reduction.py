@@ -13,7 +13,7 @@ from jaxpr_accum import _compat
 from jaxpr_accum._compat import JaxprEqn
 from jaxpr_accum._engine._table import Rule, agreed, register
 from jaxpr_accum._engine._view import View
-from jaxpr_accum._rules.shape import Allowed, SameShape, _all, _first
+from jaxpr_accum._rules.shape import SameShape, every_operand, first_operand, not_at_param
 
 MONOIDS = {
     "reduce_sum": "sum",
@@ -73,10 +73,6 @@ class VariadicReduce(Rule):
             view.set_out(i, loc._replace(dim=kept.index(loc.dim)))
 
 
-def _not_axis(param: str) -> Allowed:
-    return lambda eqn, d: eqn.params[param] % len(_compat.shape_of(eqn.invars[0])) != d
-
-
 def _not_topk_axis(eqn: JaxprEqn, d: int) -> bool:
     return eqn.params.get("axis", len(_compat.shape_of(eqn.invars[0])) - 1) != d
 
@@ -105,13 +101,13 @@ for _name, _kind in MONOIDS.items():
 register(["argmax", "argmin"], Reduce(None))
 register(
     ["cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"],
-    SameShape(_first, _not_axis("axis"), "accumulates along the axis"),
+    SameShape(first_operand, not_at_param("axis"), "accumulates along the axis"),
 )
-register("sort", SameShape(_all, _not_axis("dimension"), "sorts along the axis"))
-register("top_k", SameShape(_first, _not_topk_axis, "selects along the axis"))
+register("sort", SameShape(every_operand, not_at_param("dimension"), "sorts along the axis"))
+register("top_k", SameShape(first_operand, _not_topk_axis, "selects along the axis"))
 register(
     ["reduce_window_sum", "reduce_window_max", "reduce_window_min"],
-    SameShape(_first, _window_allowed, "slides a window along the axis"),
+    SameShape(first_operand, _window_allowed, "slides a window along the axis"),
 )
 register(
     "reduce_window", SameShape(_window_operands, _window_allowed, "slides a window along the axis")
@@ -121,6 +117,7 @@ register(
     SameShape(lambda e: [0, 1], _window_allowed, "slides a window along the axis"),
 )
 register(
-    "approx_top_k", SameShape(_first, _not_axis("reduction_dimension"), "selects along the axis")
+    "approx_top_k",
+    SameShape(first_operand, not_at_param("reduction_dimension"), "selects along the axis"),
 )
 register("reduce", VariadicReduce())

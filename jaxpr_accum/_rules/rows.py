@@ -43,7 +43,7 @@ from jaxpr_accum._compat import Array, JaxprEqn
 from jaxpr_accum._engine._table import register
 from jaxpr_accum._engine._view import EqnResize, View
 from jaxpr_accum._rules import blocks
-from jaxpr_accum._rules.shape import SameShape, _carried, _first, _with
+from jaxpr_accum._rules.shape import SameShape, carried_loc, first_operand, replaced_at
 
 #: the position of a dead part's one row: below every chunk (no cell holds it either)
 DEAD_LO = -1
@@ -172,7 +172,7 @@ class Concatenate(SameShape):
         first, rows = r.window(out)
         offset: int | Array = 0
         for (a, _), loc in zip(self._bounds(eqn), r.in_locs, strict=True):
-            first_p, rows_p = r.window(_carried(loc))  # every part maps the result's rows
+            first_p, rows_p = r.window(carried_loc(loc))  # every part maps the result's rows
             offset = offset + _clip(first - a - first_p, 0, rows_p)
         with _compat.user_context(eqn):
             (joined,) = _compat.bind(eqn, invals)
@@ -206,7 +206,7 @@ class Slice(SameShape):
     middle_factor_ok = True  # whole copies of the axis taken out of a concatenation (``blocks``)
 
     def __init__(self) -> None:
-        super().__init__(_first, self._unit_stride, "slices along the axis with a stride")
+        super().__init__(first_operand, self._unit_stride, "slices along the axis with a stride")
 
     @staticmethod
     def _unit_stride(eqn: JaxprEqn, d: int) -> bool:
@@ -248,13 +248,13 @@ class Slice(SameShape):
     def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
         # the operand lives on the slice's positions (``slice_operand_loc``): its window is
         # the slice's, so along the axis the chunk keeps all of it
-        loc = _carried(r.in_locs[0])
+        loc = carried_loc(r.in_locs[0])
         d = loc.dim
         a, b = blocks.slice_bounds(eqn, r, loc) if loc.outer > 1 else (0, r.rows(loc))
         params = {
             **eqn.params,
-            "start_indices": _with(eqn.params["start_indices"], d, a),
-            "limit_indices": _with(eqn.params["limit_indices"], d, b),
+            "start_indices": replaced_at(eqn.params["start_indices"], d, a),
+            "limit_indices": replaced_at(eqn.params["limit_indices"], d, b),
         }
         with _compat.user_context(eqn):
             return _compat.bind(eqn, invals, params)
@@ -267,7 +267,7 @@ class Rev(SameShape):
     row_map_ok = True
 
     def __init__(self) -> None:
-        super().__init__(_first, _rev_allowed, "")
+        super().__init__(first_operand, _rev_allowed, "")
 
     def propagate(self, eqn: JaxprEqn, view: View) -> None:
         dims = eqn.params["dimensions"]

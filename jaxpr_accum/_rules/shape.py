@@ -31,13 +31,14 @@ Carriers: TypeAlias = Callable[[JaxprEqn], list[int]]  # the operands that carry
 Allowed: TypeAlias = Callable[[JaxprEqn, int], bool]  # may the axis sit at this dimension?
 
 
-def _with(seq: Sequence[T], dim: int, value: T) -> tuple[T, ...]:
+def replaced_at(seq: Sequence[T], dim: int, value: T) -> tuple[T, ...]:
+    """``seq`` as a tuple, its item ``dim`` replaced by ``value`` (a shape at chunk size)."""
     items = list(seq)
     items[dim] = value
     return tuple(items)
 
 
-def _carried(loc: AxisLoc | None) -> AxisLoc:
+def carried_loc(loc: AxisLoc | None) -> AxisLoc:
     """``loc`` of a result that carries the axis (an equation is resized only if it does)."""
     assert loc is not None
     return loc
@@ -89,8 +90,11 @@ class Reshape(Rule):
             setter(0, mapped if back is None else mapped._replace(dim=back[mapped.dim]))
 
     def resize_params(self, eqn: JaxprEqn, r: EqnResize) -> Params:
-        loc = _carried(r.out_locs[0])
-        return {**eqn.params, "new_sizes": _with(eqn.params["new_sizes"], loc.dim, r.rows(loc))}
+        loc = carried_loc(r.out_locs[0])
+        return {
+            **eqn.params,
+            "new_sizes": replaced_at(eqn.params["new_sizes"], loc.dim, r.rows(loc)),
+        }
 
 
 class BroadcastInDim(Rule):
@@ -113,8 +117,8 @@ class BroadcastInDim(Rule):
                 view.set_in(0, loc._replace(dim=i))
 
     def resize_params(self, eqn: JaxprEqn, r: EqnResize) -> Params:
-        loc = _carried(r.out_locs[0])
-        return {**eqn.params, "shape": _with(eqn.params["shape"], loc.dim, r.rows(loc))}
+        loc = carried_loc(r.out_locs[0])
+        return {**eqn.params, "shape": replaced_at(eqn.params["shape"], loc.dim, r.rows(loc))}
 
 
 class Permutation(Rule):
@@ -171,25 +175,27 @@ class SameShape(Rule):
             view.set_out(j, loc)
 
 
-def _first(eqn: JaxprEqn) -> list[int]:
+def first_operand(eqn: JaxprEqn) -> list[int]:
+    """``Carriers``: the first operand carries the axis."""
     return [0]
 
 
-def _all(eqn: JaxprEqn) -> list[int]:
+def every_operand(eqn: JaxprEqn) -> list[int]:
+    """``Carriers``: every operand carries the axis."""
     return list(range(len(eqn.invars)))
 
 
 class DynamicSlice(SameShape):
     def __init__(self) -> None:
-        super().__init__(_first, self._full, "slices along the axis")
+        super().__init__(first_operand, self._full, "slices along the axis")
 
     @staticmethod
     def _full(eqn: JaxprEqn, d: int) -> bool:
         return eqn.params["slice_sizes"][d] == _compat.shape_of(eqn.invars[0])[d]
 
     def resize_params(self, eqn: JaxprEqn, r: EqnResize) -> Params:
-        loc = _carried(r.out_locs[0])
-        sizes = _with(eqn.params["slice_sizes"], loc.dim, r.rows(loc))
+        loc = carried_loc(r.out_locs[0])
+        sizes = replaced_at(eqn.params["slice_sizes"], loc.dim, r.rows(loc))
         return {**eqn.params, "slice_sizes": sizes}
 
 
@@ -204,8 +210,8 @@ class Iota(Rule):
         pass  # no operands: its output's position is learnt from its users
 
     def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
-        loc = _carried(r.out_locs[0])
-        params = {**eqn.params, "shape": _with(eqn.params["shape"], loc.dim, r.rows(loc))}
+        loc = carried_loc(r.out_locs[0])
+        params = {**eqn.params, "shape": replaced_at(eqn.params["shape"], loc.dim, r.rows(loc))}
         (out,) = _compat.bind(eqn, invals, params)
         if eqn.params["dimension"] == loc.dim:
             first, _ = r.window(loc)
@@ -264,7 +270,9 @@ class Unstack(Rule):
                 view.set_in(0, out._replace(dim=out.dim + (out.dim >= gone)))
 
 
-def _not_param(name: str) -> Allowed:
+def not_at_param(name: str) -> Allowed:
+    """``Allowed``: the axis may sit at any dimension but the one the parameter ``name``
+    names (counted from the end when negative)."""
     return lambda eqn, d: eqn.params[name] % len(_compat.shape_of(eqn.invars[0])) != d
 
 
@@ -274,8 +282,8 @@ register("transpose", Permutation())
 register("squeeze", DropDims())
 register("dynamic_slice", DynamicSlice())
 register("iota", Iota())
-register("pad", SameShape(_first, _pad_allowed, "pads along the axis"))
-register("tile", SameShape(_first, _tile_allowed, "repeats the axis"))
+register("pad", SameShape(first_operand, _pad_allowed, "pads along the axis"))
+register("tile", SameShape(first_operand, _tile_allowed, "repeats the axis"))
 register("stack", Stack())
 register("unstack", Unstack())
 register(

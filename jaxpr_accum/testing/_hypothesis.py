@@ -15,18 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpr_accum._base._compare import (
-    Tolerance,
-    _as_f64,
-    _is_array,
-    _is_key,
-    _real_dtype,
-)
+from jaxpr_accum._base._compare import Tolerance, as_64_bit
+from jaxpr_accum._base._dtypes import has_key_dtype, is_array, real_dtype
 from jaxpr_accum._base._install import install_hint
 from jaxpr_accum._base._settings import GRAD_MODES
-from jaxpr_accum.testing._oracle import _assert_one, _check_serialized, assert_in_contexts
-from jaxpr_accum.testing._runner import _argument_label, _Reference
-from jaxpr_accum.testing._variants import _variant
+from jaxpr_accum.testing._oracle import assert_as_called, assert_in_contexts, check_is_serialized
+from jaxpr_accum.testing._runner import Reference, argument_label
+from jaxpr_accum.testing._variants import variant_of
 
 MODES = tuple(m for m in GRAD_MODES if m != "auto")
 """Every gradient mode that ``check`` tries by default: those that run, ``("remat",
@@ -64,13 +59,13 @@ class _LeafSpec:
 
     @classmethod
     def of(cls, x: Any) -> _LeafSpec:
-        if not _is_array(x):
+        if not is_array(x):
             return cls("static", like=x)
         shape, dtype = tuple(x.shape), x.dtype
-        if _is_key(x):
+        if has_key_dtype(x):
             return cls("key", shape, dtype, like=x)
         if jnp.issubdtype(dtype, jnp.inexact):
-            a = _as_f64(x)
+            a = as_64_bit(x)
             finite = a[np.isfinite(a)] if a.size else a
             rms = float(np.sqrt(np.mean(np.abs(finite) ** 2))) if finite.size else 0.0
             nonneg = bool(
@@ -153,7 +148,7 @@ def _recipes(args: Any, label: Callable[[tuple], str] | None = None) -> Any:
     ]
     labels = [label(tuple(p)) for p, _ in floats]
     mags = [
-        st.sampled_from(MAGNITUDES if _real_dtype(s.dtype).itemsize > 2 else _MAGNITUDES_16BIT)
+        st.sampled_from(MAGNITUDES if real_dtype(s.dtype).itemsize > 2 else _MAGNITUDES_16BIT)
         for _, s in floats
     ]
 
@@ -261,7 +256,7 @@ def check(
         >>> testing.check(sf, w, x, max_examples=4)
     """
     hypothesis = _hypothesis()
-    _check_serialized(sf)
+    check_is_serialized(sf)
     modes = tuple(modes)
     n = int(sf.explain(*args, **kwargs).axis_size)
     d = _shards(sf, (args, kwargs))
@@ -270,10 +265,10 @@ def check(
     vmap_chunk: dict[str, int] = {}  # mode -> the chunk of its vmap contexts: the first drawn
 
     def run(drawn_args: tuple, drawn_kwargs: dict, chunk: int) -> None:
-        ref = _Reference(sf.original, drawn_args, drawn_kwargs)
+        ref = Reference(sf.original, drawn_args, drawn_kwargs)
         checked: set[str] = set()
         for mode in modes:
-            variant = _variant(sf, mode, chunk, n)
+            variant = variant_of(sf, mode, chunk, n)
             effective = done.get((chunk, mode))
             if effective is None:
                 effective = variant.explain(*drawn_args, **drawn_kwargs).grad
@@ -282,7 +277,7 @@ def check(
                 continue  # e.g. fused fell back to remat, which is checked already
             checked.add(effective)
             in_contexts = vmap and vmap_chunk.setdefault(effective, chunk) == chunk
-            (assert_in_contexts if in_contexts else _assert_one)(
+            (assert_in_contexts if in_contexts else assert_as_called)(
                 variant, drawn_args, drawn_kwargs, rtol, ref
             )
 
@@ -292,7 +287,7 @@ def check(
     @hypothesis.settings(
         max_examples=max_examples, deadline=None, phases=phases, suppress_health_check=slow
     )
-    @hypothesis.given(inputs=_recipes((args, kwargs), _argument_label), chunk=chunks)
+    @hypothesis.given(inputs=_recipes((args, kwargs), argument_label), chunk=chunks)
     def jaxpr_accum_check(inputs: _Recipe, chunk: int) -> None:
         drawn_args, drawn_kwargs = inputs.build()
         run(tuple(drawn_args), dict(drawn_kwargs), chunk)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_accum import _compat
-from jaxpr_accum._base._compare import _is_float, _real_dtype
+from jaxpr_accum._base._dtypes import is_float_array, real_dtype
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._planning import _trace
 
@@ -26,9 +26,9 @@ from jaxpr_accum._planning import _trace
 def _jitter(x: Any, seed: Any, site: int) -> Any:
     """``x`` times ``1 +- eps`` elementwise, the signs a hash of the position, ``seed`` and
     ``site``: one rounding error, as a different order of operations would make."""
-    if not _is_float(x) or not np.size(x):
+    if not is_float_array(x) or not np.size(x):
         return x
-    real = _real_dtype(x.dtype)
+    real = real_dtype(x.dtype)
     h = jax.lax.iota(jnp.uint32, int(np.size(x))).reshape(jnp.shape(x))
     h = h * jnp.uint32(2654435761) + (seed.astype(jnp.uint32) * jnp.uint32(40503))
     h = h + jnp.uint32((site * 2246822519) % 2**32)

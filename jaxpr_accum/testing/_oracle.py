@@ -10,15 +10,15 @@ from typing import Any
 
 from jaxpr_accum._base import _nnx
 from jaxpr_accum._base._compare import (
+    Mismatch,
     Tolerance,
-    _compare,
-    _compare_leaves,
-    _label,
-    _Mismatch,
+    compare_leaves,
+    compare_trees,
+    path_label,
 )
 from jaxpr_accum._base._errors import PlanWarning
-from jaxpr_accum.testing._runner import _argument_label, _Reference, _runner
-from jaxpr_accum.testing._variants import _is_variant, _variant
+from jaxpr_accum.testing._runner import Reference, argument_label, compiled_runner
+from jaxpr_accum.testing._variants import is_variant_copy, variant_of
 from jaxpr_accum.testing._vmap import contexts
 
 
@@ -34,7 +34,8 @@ def _plan_line(sf: Any, args: tuple, kwargs: dict) -> str:
     )
 
 
-def _check_serialized(sf: Any) -> None:
+def check_is_serialized(sf: Any) -> None:
+    """Raise a ``TypeError`` unless ``sf`` is a ``SerializedFunction`` (or one alike)."""
     if not (hasattr(sf, "original") and hasattr(sf, "explain") and callable(sf)):
         raise TypeError(
             "expected a SerializedFunction (the result of `jaxpr_accum.serialize_axis`), got "
@@ -42,40 +43,42 @@ def _check_serialized(sf: Any) -> None:
         )
 
 
-def _assert_one(
+def assert_as_called(
     sf: Any,
     args: tuple,
     kwargs: dict,
     rtol: Tolerance,
-    ref: _Reference | None = None,
+    ref: Reference | None = None,
     seed: int = 0,
     where: str = "",
 ) -> None:
-    ref = ref or _Reference(sf.original, args, kwargs, seed)
+    """``sf`` against its original on ``args, kwargs`` as called (no ``jax.vmap`` context):
+    outputs, gradients and state; ``ref``: the original's results, when already computed."""
+    ref = ref or Reference(sf.original, args, kwargs, seed)
     s = ref.split
     with warnings.catch_warnings():
-        if _is_variant(getattr(sf, "sf", sf)):  # the user's function warns; copies do not
+        if is_variant_copy(getattr(sf, "sf", sf)):  # the user's function warns; copies do not
             warnings.simplefilter("ignore", PlanWarning)
-        plain, out, state, got_ct = _runner(sf, s, True, seed)(s.diff, s.dyn)
+        plain, out, state, got_ct = compiled_runner(sf, s, True, seed)(s.diff, s.dyn)
 
     def output(path: tuple) -> str:
-        return _label("output", path)
+        return path_label("output", path)
 
     def argument(path: tuple) -> str:
-        return _argument_label(path) if path else "the arguments"
+        return argument_label(path) if path else "the arguments"
 
     gradients = list(zip(s.diff_labels, got_ct, ref.ct, strict=True))
 
-    def compare(noise: tuple | None) -> tuple[str, _Mismatch] | None:
+    def compare(noise: tuple | None) -> tuple[str, Mismatch] | None:
         n_out, n_state, n_ct = noise or (None, None, None)
         results = [
-            ("output", _compare(plain, ref.out, rtol, output, n_out)),
-            ("output under jax.vjp", _compare(out, ref.out, rtol, output, n_out)),
-            ("gradient", _compare_leaves(gradients, rtol, n_ct)),
+            ("output", compare_trees(plain, ref.out, rtol, output, n_out)),
+            ("output under jax.vjp", compare_trees(out, ref.out, rtol, output, n_out)),
+            ("gradient", compare_leaves(gradients, rtol, n_ct)),
         ]
         if s.stateful:
             results.append(
-                ("state after the call", _compare(state, ref.state, rtol, argument, n_state))
+                ("state after the call", compare_trees(state, ref.state, rtol, argument, n_state))
             )
         return next(((w, c.mismatch) for w, c in results if c.mismatch is not None), None)
 
@@ -87,19 +90,19 @@ def _assert_one(
 
 
 def assert_in_contexts(
-    sf: Any, args: tuple, kwargs: dict, rtol: Tolerance, ref: _Reference | None = None
+    sf: Any, args: tuple, kwargs: dict, rtol: Tolerance, ref: Reference | None = None
 ) -> None:
-    """``_assert_one`` as called, then under each ``jax.vmap`` context (``_vmap``)."""
-    _assert_one(sf, args, kwargs, rtol, ref)
+    """``assert_as_called`` as called, then under each ``jax.vmap`` context (``_vmap``)."""
+    assert_as_called(sf, args, kwargs, rtol, ref)
     if _nnx.has_graph_nodes(tuple(args), dict(kwargs)):
         return  # Flax NNX objects are not arrays to batch
     for context in contexts(sf, tuple(args)):
         batched = context.batch(tuple(args))
         try:
-            reference = _Reference(context.original, batched, kwargs)
+            reference = Reference(context.original, batched, kwargs)
         except Exception:  # the original itself does not run under this vmap: nothing to compare
             continue
-        _assert_one(context, batched, kwargs, rtol, reference, where=f" {context.what}")
+        assert_as_called(context, batched, kwargs, rtol, reference, where=f" {context.what}")
 
 
 def assert_matches_original(
@@ -137,16 +140,16 @@ def assert_matches_original(
     Examples:
         >>> testing.assert_matches_original(sf, w, x, modes=["remat", "fused"], chunks=[1, 3])
     """
-    _check_serialized(sf)
+    check_is_serialized(sf)
     if modes is None and chunks is None:
-        (assert_in_contexts if vmap else _assert_one)(sf, args, kwargs, rtol)
+        (assert_in_contexts if vmap else assert_as_called)(sf, args, kwargs, rtol)
         return
     plan = sf.explain(*args, **kwargs)
     modes = [sf.grad] if modes is None else list(modes)
     chunks = [plan.chunk] if chunks is None else list(chunks)
-    ref = _Reference(sf.original, args, kwargs)
+    ref = Reference(sf.original, args, kwargs)
     for j, chunk in enumerate(chunks):
-        check = assert_in_contexts if vmap and j == 0 else _assert_one
+        check = assert_in_contexts if vmap and j == 0 else assert_as_called
         for mode in modes:
-            variant = _variant(sf, mode, int(chunk), plan.axis_size)
+            variant = variant_of(sf, mode, int(chunk), plan.axis_size)
             check(variant, args, kwargs, rtol, ref)

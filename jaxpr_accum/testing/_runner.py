@@ -15,14 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_accum._base import _nnx
-from jaxpr_accum._base._compare import _as_f64, _is_array, _is_float, _is_key, _label
+from jaxpr_accum._base._compare import as_64_bit, path_label
+from jaxpr_accum._base._dtypes import has_key_dtype, is_array, is_float_array
 from jaxpr_accum.testing._noise import with_rounding_noise
 
 
-def _argument_label(path: Sequence[Any]) -> str:
+def argument_label(path: Sequence[Any]) -> str:
     """``args[0]['w']`` or ``kwargs['x']`` for a path into ``(args, kwargs)``."""
     head, rest = path[0], path[1:]
-    return _label("args" if getattr(head, "idx", 0) == 0 else "kwargs", rest)
+    return path_label("args" if getattr(head, "idx", 0) == 0 else "kwargs", rest)
 
 
 class _Split(NamedTuple):
@@ -41,11 +42,11 @@ def _split(args: tuple, kwargs: dict) -> _Split:
     items, treedef = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))
     kinds, diff, dyn, static, labels = [], [], [], [], []
     for path, leaf in items:
-        if _is_float(leaf):
+        if is_float_array(leaf):
             kinds.append("diff")
             diff.append(leaf)
-            labels.append(_argument_label(path))
-        elif _is_array(leaf):
+            labels.append(argument_label(path))
+        elif is_array(leaf):
             kinds.append("dyn")
             dyn.append(leaf)
         else:
@@ -68,14 +69,14 @@ def _cotangent(out: Any, seed: int) -> Any:
     single = (
         len(leaves) == 1
         and jnp.shape(leaves[0]) == ()
-        and not _is_key(leaves[0])
+        and not has_key_dtype(leaves[0])
         and jnp.issubdtype(leaves[0].dtype, jnp.inexact)
     )
     rng = np.random.RandomState(seed)
 
     def make(leaf: Any) -> Any:
         shape = jnp.shape(leaf)
-        if _is_key(leaf) or not jnp.issubdtype(leaf.dtype, jnp.inexact):
+        if has_key_dtype(leaf) or not jnp.issubdtype(leaf.dtype, jnp.inexact):
             return np.zeros(shape, dtype=jax.dtypes.float0)
         if single:
             return jnp.ones((), leaf.dtype)
@@ -96,7 +97,7 @@ def _compiler_options() -> dict | None:
 
 
 def _arrays_only(tree: Any) -> Any:
-    return jax.tree.map(lambda x: x if _is_array(x) else None, tree)
+    return jax.tree.map(lambda x: x if is_array(x) else None, tree)
 
 
 # Compiled runners, per function and argument structure; bounded, so that the executables
@@ -105,7 +106,9 @@ _RUNNERS: OrderedDict[Any, Callable[..., Any]] = OrderedDict()
 _RUNNERS_SIZE = 32
 
 
-def _runner(fun: Callable, s: _Split, primal: bool, seed: int, noisy: bool = False) -> Callable:
+def compiled_runner(
+    fun: Callable, s: _Split, primal: bool, seed: int, noisy: bool = False
+) -> Callable:
     """``run(diff, dyn[, noise_seed]) -> (plain, out, state, cotangents)``, jitted, cached.
 
     ``out`` and the input cotangents come from ``jax.vjp`` with the cotangent of
@@ -143,7 +146,7 @@ def _runner(fun: Callable, s: _Split, primal: bool, seed: int, noisy: bool = Fal
     return run
 
 
-class _Reference:
+class Reference:
     """The original's results on one set of arguments and, computed when first needed, how
     far each leaf moves when every value computed from the floating inputs moves by one
     rounding error (the noise that any reordering of the arithmetic makes)."""
@@ -155,14 +158,14 @@ class _Reference:
                 "nothing to differentiate: the arguments have no floating-point array leaf"
             )
         self.original, self.split, self.seed = original, s, seed
-        _, self.out, self.state, self.ct = _runner(original, s, False, seed)(s.diff, s.dyn)
+        _, self.out, self.state, self.ct = compiled_runner(original, s, False, seed)(s.diff, s.dyn)
         self._noise: tuple | None = None
 
     def noise(self) -> tuple[list[float], list[float], list[float]]:
         """``(outputs, state, cotangents)``: per leaf, the largest move over two noisy runs."""
         if self._noise is None:
             s = self.split
-            noisy = _runner(self.original, s, False, self.seed, noisy=True)
+            noisy = compiled_runner(self.original, s, False, self.seed, noisy=True)
             moved = [noisy(s.diff, s.dyn, np.uint32(k))[1:] for k in (1, 2)]
             self._noise = (
                 _noise(self.out, [m[0] for m in moved]),
@@ -181,9 +184,9 @@ def _noise(ref: Any, moved: list) -> list[float]:
         if len(other_leaves) != len(leaves):
             continue
         for i, (r, m) in enumerate(zip(leaves, other_leaves, strict=True)):
-            if not _is_float(r) or jnp.shape(r) != jnp.shape(m) or not np.size(r):
+            if not is_float_array(r) or jnp.shape(r) != jnp.shape(m) or not np.size(r):
                 continue
-            r64, m64 = _as_f64(r), _as_f64(m)
+            r64, m64 = as_64_bit(r), as_64_bit(m)
             both = np.isfinite(r64) & np.isfinite(m64)
             d = float(np.max(np.abs(r64 - m64), where=both, initial=0.0))
             noise[i] = max(noise[i], d)

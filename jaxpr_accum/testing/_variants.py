@@ -14,11 +14,12 @@ from jaxpr_accum import SerializedFunction
 _VARIANTS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
 
-def _is_variant(sf: Any) -> bool:
+def is_variant_copy(sf: Any) -> bool:
+    """Whether ``sf`` is one of the copies ``variant_of`` made."""
     return any(sf is v for cache in list(_VARIANTS.values()) for v in cache.values())
 
 
-def _variant(sf: Any, grad: str, chunk: int, axis_size: int) -> Any:
+def variant_of(sf: Any, grad: str, chunk: int, axis_size: int) -> Any:
     """``sf`` in gradient mode ``grad`` at ``chunk`` (``sf`` itself if it is that)."""
     if sf.grad == grad and sf.chunk == chunk:
         return sf

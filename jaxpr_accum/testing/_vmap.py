@@ -25,18 +25,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpr_accum._base._compare import _is_array, _is_float, _is_key
+from jaxpr_accum._base._dtypes import has_key_dtype, is_array, is_float_array
 
 
 def _second_copy(x: Any) -> Any:
     """A different value of the same kind: floats moved, the rest repeated."""
-    if _is_float(x) and not _is_key(x):
+    if is_float_array(x) and not has_key_dtype(x):
         return x * 0.75 + jnp.asarray(0.125, x.dtype)
     return x
 
 
 def _stack(x: Any) -> Any:
-    return jnp.stack([x, _second_copy(x)]) if _is_array(x) else x
+    return jnp.stack([x, _second_copy(x)]) if is_array(x) else x
 
 
 def _vmapped(fun: Callable, batched: tuple[bool, ...]) -> Callable:
@@ -46,7 +46,7 @@ def _vmapped(fun: Callable, batched: tuple[bool, ...]) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten(args)
         owners = [i for i, a in enumerate(args) for _ in jax.tree_util.tree_leaves(a)]
-        arrays = [j for j, leaf in enumerate(leaves) if _is_array(leaf)]
+        arrays = [j for j, leaf in enumerate(leaves) if is_array(leaf)]
 
         def inner(*xs: Any) -> Any:
             full = list(leaves)
@@ -74,7 +74,7 @@ class Vmapped:
 
     def explain(self, *args: Any, **kwargs: Any) -> Any:
         first = [
-            jax.tree.map(lambda x: x[0] if _is_array(x) else x, a) if b else a
+            jax.tree.map(lambda x: x[0] if is_array(x) else x, a) if b else a
             for a, b in zip(args, self.batched, strict=True)
         ]
         return self.sf.explain(*first, **kwargs)
@@ -119,7 +119,7 @@ def _chunked_positions(sf: Any, args: tuple) -> set[int]:
             for i, ax in enumerate(axes)
             if any(x is not None for x in jax.tree_util.tree_leaves(ax))
         }
-    return {i for i, a in enumerate(args) if any(map(_is_array, jax.tree.leaves(a)))}
+    return {i for i, a in enumerate(args) if any(map(is_array, jax.tree.leaves(a)))}
 
 
 def contexts(sf: Any, args: tuple) -> list[Vmapped]:
@@ -131,7 +131,7 @@ def contexts(sf: Any, args: tuple) -> list[Vmapped]:
     free = [
         i
         for i, a in enumerate(args)
-        if i not in chunked and any(map(_is_float, jax.tree.leaves(a)))
+        if i not in chunked and any(map(is_float_array, jax.tree.leaves(a)))
     ]
     wanted += [(tuple(i == j for i in range(len(args))), f"argument {j}") for j in free]
     cache = _entries(_CACHE, sf)

@@ -242,23 +242,11 @@ def _sorted_columns(w, x):
     return jnp.mean(jax.nn.logsumexp(jnp.sort(z @ z.T, axis=0), 1))
 
 
-def _mmd_of_halves(w, x):
-    """An RBF MMD between the two halves of one batch, the pairs built by broadcasting: no
-    two-pass plan takes it, the one-pass plan stops at the halves' slices."""
-    z = jnp.tanh(x @ w[0]) @ w[1]
-    a, b = z[: z.shape[0] // 2], z[z.shape[0] // 2 :]
-    k = lambda u, v: jnp.exp(-jnp.sum((u[:, None] - v[None]) ** 2, -1))  # noqa: E731
-    return jnp.mean(k(a, a)) + jnp.mean(k(b, b)) - 2 * jnp.mean(k(a, b))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "f, n, chunk, stop",
     [
         pytest.param(_sorted_columns, 64, 8, "`dot_general` at", id="sorted-pairs"),
-        # no pairing plan: the estimate doubts a plan that stops with most of the
-        # function's memory after its loop, and the measurement decides
-        pytest.param(_mmd_of_halves, 256, 32, "`slice` at", id="mmd-of-halves"),
     ],
 )
 def test_a_plan_saving_under_ten_percent_runs_as_written_with_one_warning(f, n, chunk, stop):

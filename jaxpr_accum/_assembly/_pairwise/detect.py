@@ -26,10 +26,14 @@ paired in the loss): in the analysis of the program with each rearrangement of a
 axis-carrying value replaced by a copy of it (``permute.substituted``: the one-pass analysis
 stops at ``z[::-1]`` and never sees ``z @ z[::-1].T`` pair the axis), where there is one,
 then in the split's own analysis. If there is none, it looks for a pairing of an axis
-*born again* at one of the split's stops as a multiple of the chunked one: ``jnp.concatenate``
-of two views along the batch stops the region and makes a batch of ``2N`` rows, which the
-loss then pairs. Each such result is seeded along that dimension (at most ``MAX_SEEDS``
-analyses) and the first analysis with a pairing is taken. Every pairing of the analysis
+*born again* at one of the split's stops as a multiple or a part of the chunked one:
+``jnp.concatenate`` of two views along the batch stops the region and makes a batch of ``2N``
+rows, which the loss then pairs; the halves ``z[: N // 2]`` and ``z[N // 2 :]`` of one batch
+(the stop and every other slice of its operand) are two values ``N / 2`` long, which an MMD
+pairs with each other. The results of one length are seeded at once (row ``i`` of each half
+in the same chunk), then each alone (at most ``MAX_SEEDS`` analyses, with the slices of part
+of an axis barriers, so that the halves' axis is never carried back into the value they
+slice); the first analysis with a pairing is taken. Every pairing of the analysis
 taken is a *use*: pass 2 rewires them all. An axis unrelated to the chunked one (the
 sequence of an attention after the loop) is never considered: a program that does not pair
 the chunked axis, or a multiple of it, plans exactly as it would without this module.
@@ -43,7 +47,7 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._assembly._pairwise import permute
-from jaxpr_accum._base._lattice import AxisLoc
+from jaxpr_accum._base._lattice import AxisLoc, is_mapped
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._engine._axes import Analysis
 from jaxpr_accum._engine._table import rule_for
@@ -147,7 +151,9 @@ def sides(analysis: Analysis, eqn: JaxprEqn) -> tuple[int, int] | None:
 
 
 def _plain(loc: AxisLoc) -> bool:
-    return loc.inner == 1 and loc.outer == 1
+    """The axis itself, whole (perhaps reversed: a rearrangement of its rows), not a factor
+    or a segment of it (the halves of one batch are an axis of their own: ``_reborn``)."""
+    return loc.inner == 1 and loc.outer == 1 and not is_mapped(loc._replace(rev=False))
 
 
 def carries(analysis: Analysis | None, v: Var) -> bool:
@@ -202,20 +208,51 @@ def _pairing(jaxpr: Jaxpr, analysis: Analysis) -> Pairing | None:
 def _reborn(split: Split) -> list[tuple[Var, AxisLoc, int]]:
     """Axes born again at a stop of ``split``: a result that is ``c * N`` long (``c > 1``)
     where an operand carries the axis of size ``N`` (``jnp.concatenate`` of two views along
-    the batch): the value, where, and its length."""
+    the batch), or ``N / c`` long (the halves ``z[: N // 2]``, ``z[N // 2 :]`` of one batch):
+    the value, where, and its length."""
     n, loc = split.size, split.analysis.loc
-    found: list[tuple[Var, AxisLoc, int]] = []
+    found: dict[tuple[Var, int], int] = {}
     for stop in split.stops:
-        eqn = stop.eqn
-        dims = {a.dim for v in variables(eqn.invars) if (a := loc((), v)) is not None and _plain(a)}
-        for out in eqn.outvars:
-            shape = _compat.shape_of(out)
-            found.extend(
-                (out, AxisLoc(d), shape[d])
-                for d in sorted(dims)
-                if d < len(shape) and n and shape[d] % n == 0 and shape[d] > n
-            )
-    return found
+        dims = {
+            a.dim for v in variables(stop.eqn.invars) if (a := loc((), v)) is not None and _plain(a)
+        }
+        for eqn in _siblings(split.jaxpr, stop.eqn):
+            for out in eqn.outvars:
+                shape = _compat.shape_of(out)
+                for d in sorted(dims):
+                    if d < len(shape) and n and shape[d] != n and _multiple(shape[d], n):
+                        found.setdefault((out, d), shape[d])
+    return [(v, AxisLoc(d), length) for (v, d), length in found.items()]
+
+
+def _siblings(jaxpr: Jaxpr, eqn: JaxprEqn) -> list[JaxprEqn]:
+    """``eqn``, and where it is a ``slice``, every ``slice`` of the same operand (the other
+    half of ``z[: N // 2]``, ``z[N // 2 :]``, which the analysis may not have stopped at)."""
+    if eqn.primitive is not _compat.primitive("slice"):
+        return [eqn]
+    operand = eqn.invars[0]
+    return [eqn] + [
+        e
+        for e in jaxpr.eqns
+        if e is not eqn and e.primitive is eqn.primitive and e.invars[0] is operand
+    ]
+
+
+def _multiple(length: int, n: int) -> bool:
+    """Whether ``length`` is ``c * n`` or ``n / c`` for a whole ``c > 1``."""
+    return length > 1 and (length % n == 0 or n % length == 0)
+
+
+def _seed_groups(reborn: list[tuple[Var, AxisLoc, int]]) -> list[list[tuple[Var, AxisLoc]]]:
+    """The analyses to try for the reborn axes, at most ``MAX_SEEDS``: for each length, every
+    value of that length seeded at once (the halves of one batch are paired with each
+    other: row ``i`` of each half is in the same chunk), then each value alone."""
+    by_length: dict[int, list[tuple[Var, AxisLoc]]] = {}
+    for v, loc, length in reborn:
+        by_length.setdefault(length, []).append((v, loc))
+    groups = [group for group in by_length.values() if len(group) > 1]
+    groups.extend([(v, loc)] for v, loc, _ in reborn)
+    return groups[:MAX_SEEDS]
 
 
 def _seeds(split: Split) -> list[tuple[Var, AxisLoc]]:
@@ -237,8 +274,11 @@ def find(split: Split) -> Pairing | None:
     found = _pairing(jaxpr, split.analysis)
     if found is not None:
         return found
-    for v, loc, size in _reborn(split)[:MAX_SEEDS]:
-        found = _pairing(jaxpr, Analysis(jaxpr, size).run([(v, loc)]))
+    for seeds in _seed_groups(_reborn(split)):
+        size = _compat.shape_of(seeds[0][0])[seeds[0][1].dim]
+        # parts of the axis (halves) are slices of one value: never carried back into it
+        analysis = Analysis(jaxpr, size, stop_slices=size < split.size).run(seeds)
+        found = _pairing(jaxpr, analysis)
         if found is not None:
             return found
     return None

@@ -122,7 +122,10 @@ def _one(name: str, loss: Any, args: tuple, axis: dict, n: int, failures: list[s
         f"{ratio:.1f}x" + ("" if ok_time else " FAIL"),
     ]
     print("  brute force: " + ", ".join(f"{k}: {fmt_bytes(m)}" for k, m in brute.items()))
-    print("  tried: " + ", ".join(f"{k} ({g}): {fmt_bytes(m)}" for g, k, m in info.tried))
+    print(
+        "  tried: "
+        + ", ".join(f"{t.chunk} ({t.grad}): {fmt_bytes(t.measured)}" for t in info.tried)
+    )
     return cells
 
 

@@ -397,10 +397,11 @@ def test_two_candidate_axes_of_requested_size():
     sf = ja.serialize_axis(f, chunk=2, size=6)
     plan = sf.explain(a, b)
     assert plan.born == "dimension 0 of a", str(plan)
-    others = [c for c in plan.candidates if not c[3]]
-    assert [c[1] for c in others] == ["dimension 0 of b"], str(plan)
-    chosen = next(c for c in plan.candidates if c[3])
-    assert chosen[2] > others[0][2] > 0, plan.candidates  # saves more
+    others = [c for c in plan.candidates if not c.chosen]
+    assert [c.born for c in others] == ["dimension 0 of b"], str(plan)
+    chosen = next(c for c in plan.candidates if c.chosen)
+    assert chosen.saved_bytes > others[0].saved_bytes > 0, plan.candidates  # saves more
+    assert tuple(chosen) == (chosen.size, chosen.born, chosen.saved_bytes, True)  # a tuple too
     assert_matches_original(sf, a, b, vmap=False)
 
 
@@ -488,7 +489,7 @@ def test_cost_model_sign_agrees_with_xla_on_each_axis_of_a_recurrent_model():
         ({"argnums": 0, "axis": 1}, False),  # the output width
     ]:
         sf = ja.serialize_axis(recurrent, chunk=8, **kwargs)
-        (estimate,) = [c[2] for c in sf.explain(w, xs).candidates]
+        (estimate,) = [c.saved_bytes for c in sf.explain(w, xs).candidates]
         with warnings.catch_warnings():  # the plans along the widths warn: none saves memory
             warnings.simplefilter("ignore", ja.PlanWarning)
             measured = original - temp(sf)

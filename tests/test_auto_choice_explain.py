@@ -69,7 +69,7 @@ def test_explain_names_the_mode_the_call_compiles(key: str) -> None:
     warned = {str(w.message) for w in record if issubclass(w.category, ja.PlanWarning)}
     assert all(plan.warning is not None and plan.warning in w for w in warned), (warned, plan)
     assert "(the call's)" in plan.planned_for, plan.planned_for
-    if plan.grad == "none":  # the program as written: the original's loops, no others
+    if plan.runs_as_written:  # the program as written: the original's loops, no others
         assert _loops(sf.jaxpr(*args)) == _loops(jax.make_jaxpr(loss)(*args)), key
     else:
         pinned = ja.serialize_axis(loss, grad=plan.grad, **kw)

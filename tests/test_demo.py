@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxpr_accum as ja
+from jaxpr_accum._assembly._report_text import CandidateAxis
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST_LINE_CPU_S = 5.0  # the intro is printed before anything is traced or compiled
@@ -81,9 +82,9 @@ def test_the_report_lists_only_candidates_that_save_memory_and_counts_the_others
     """``str(plan)`` and its HTML list the chosen axis, the others estimated to save memory
     (the best 5), and a count of the rest: those that save less, those that cost memory."""
     plan = ja.serialize_axis(jnp.sin, chunk=2, grad="remat").explain(jnp.ones((8, 3)))
-    chosen = (8, "dimension 0 of x", 1000, True)
-    saving = [(4, f"saving {i}", 100 + i, False) for i in range(7)]
-    costly = [(3, f"costly {i}", -32, False) for i in range(4)]
+    chosen = CandidateAxis(8, "dimension 0 of x", 1000, True)
+    saving = [CandidateAxis(4, f"saving {i}", 100 + i, False) for i in range(7)]
+    costly = [CandidateAxis(3, f"costly {i}", -32, False) for i in range(4)]
     text = str(dataclasses.replace(plan, candidates=[*costly, chosen, *saving]))
     listed = [line.strip() for line in text.splitlines() if line.startswith("    size ")]
     assert listed[0] == "size 8 at dimension 0 of x: 1000 B (chosen)", text

@@ -218,30 +218,51 @@ PLANNING = (
     "_assembly/_worth", "_assembly/_report", "_assembly/_fallback", "_assembly/_pairwise/modes",
     "_assembly/_pairwise/build", "_assembly/_pairwise/report",
 )  # fmt: skip
+#: The report surface: the API (``_api/``), the plan's report text and its HTML view.
+REPORT_SURFACE = (
+    *sorted(str(p.relative_to(PACKAGE).with_suffix("")) for p in (PACKAGE / "_api").glob("*.py")),
+    "_assembly/_report_text", "_assembly/_html",
+)  # fmt: skip
 
 
-def test_planning_passes_named_values_not_positional_ones():
-    """No planning function takes more than 4 positional parameters (``self`` aside) or
-    returns a tuple of more than 2 values: a decision is a ``Decision``, not a 5-tuple."""
+def _wide_tuple(annotation: ast.expr | None) -> bool:
+    """Whether ``annotation`` names a tuple of more than 2 values, anywhere inside it (a
+    ``list[tuple[int, str, int, bool]]`` too); a bare ``tuple`` returned counts (below)."""
+    return annotation is not None and any(
+        isinstance(n, ast.Subscript)
+        and ast.unparse(n.value) == "tuple"
+        and isinstance(n.slice, ast.Tuple)
+        and len(n.slice.elts) > 2
+        and "..." not in ast.unparse(n.slice)
+        for n in ast.walk(annotation)
+    )
+
+
+@pytest.mark.parametrize("modules", [PLANNING, REPORT_SURFACE], ids=["planning", "report"])
+def test_planning_passes_named_values_not_positional_ones(modules):
+    """No function of the planning or of the report surface takes more than 4 positional
+    parameters (``self`` aside) or returns a tuple of more than 2 values or of unsaid length,
+    and no parameter or field is a tuple of more than 2 values: a decision is a ``Decision``,
+    not a 5-tuple; a candidate axis a ``CandidateAxis``; the NNX call an ``NnxCall``."""
+    assert len(REPORT_SURFACE) > 10  # every module of ``_api/``
     bad = []
-    for module in PLANNING:
+    for module in modules:
         path = PACKAGE / f"{module}.py"
         for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.AnnAssign) and _wide_tuple(node.annotation):
+                bad.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
             if not isinstance(node, ast.FunctionDef):
                 continue
             args = node.args.posonlyargs + node.args.args
             positional = [a for a in args if a.arg not in ("self", "cls")]
             returns = node.returns
-            wide = (
-                isinstance(returns, ast.Subscript)
-                and ast.unparse(returns.value) == "tuple"
-                and isinstance(returns.slice, ast.Tuple)
-                and len(returns.slice.elts) > 2
-                and "..." not in ast.unparse(returns.slice)
-            )
-            if len(positional) > 4 or wide:
+            bare = returns is not None and ast.unparse(returns) in ("tuple", "tuple | None")
+            wide = bare or _wide_tuple(returns)
+            wide_args = [a.arg for a in args + node.args.kwonlyargs if _wide_tuple(a.annotation)]
+            if len(positional) > 4 or wide or wide_args:
                 bad.append(f"{module}.{node.name}: {len(positional)} positional, returns "
-                           + (ast.unparse(returns) if returns else "nothing"))  # fmt: skip
+                           + (ast.unparse(returns) if returns else "nothing")
+                           + "".join(f", takes {a} as a tuple" for a in wide_args))  # fmt: skip
     assert not bad, bad
 
 

@@ -264,7 +264,7 @@ def assert_chunked(sf: Any, n: int, chunk: int, *args: Any) -> None:
     ``n // chunk`` chunks (checked when there are at least two, and unless auto measured the
     loop to save nothing and runs the function as written), and the plan's axis is n."""
     plan = sf.explain(*args)
-    if n // chunk >= 2 and plan.grad != "none":  # auto runs a tiny program as written
+    if n // chunk >= 2 and not plan.runs_as_written:  # auto runs a tiny program as written
         jaxpr = sf.jaxpr(*args)
         lengths = [e.params["length"] for e in find_eqns(jaxpr, "scan")]
         assert n // chunk in lengths, f"no scan of length {n // chunk} in:\n{jaxpr}"

@@ -87,7 +87,7 @@ def test_automatic_axis_at_position_0_of_a_time_major_model_points_at_the_batch(
     plan = sf.explain(*args)
     assert plan.warning is not None and "not expected to save memory" in plan.warning, str(plan)
     assert "dimension 1 of inputs" in plan.warning and "`axis=None`" in plan.warning, str(plan)
-    assert all(saved <= 0 for _, _, saved, _ in plan.candidates), str(plan)
+    assert all(c.saved_bytes <= 0 for c in plan.candidates), str(plan)
     diff = rm.float_argnums(args)
     with warnings.catch_warnings():  # the plan's warning, asserted above through plan.warning
         warnings.simplefilter("ignore", ja.PlanWarning)

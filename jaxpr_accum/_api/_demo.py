@@ -43,6 +43,7 @@ EXACT_RTOL = 2e-4
 
 
 def run_demo(
+    *,
     quick: bool = False,
     chunks: Sequence[int] | None = None,
     repeats: int | None = None,

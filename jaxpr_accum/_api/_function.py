@@ -118,7 +118,7 @@ class SerializedFunction(Generic[P, R]):
         """
         nnx = self._on_nnx_state(args, kwargs)
         if nnx is not None:
-            out, new_states, new_kw = nnx[0](*nnx[1], **nnx[2])
+            out, new_states, new_kw = nnx.function(*nnx.args, **nnx.kwargs)
             _nnx.write_back(args, kwargs, new_states, new_kw)
             return out
         prepared, inputs = self._plans.prepare(args, kwargs)
@@ -179,7 +179,7 @@ class SerializedFunction(Generic[P, R]):
         """
         nnx = self._on_nnx_state(args, kwargs)
         if nnx is not None:
-            return nnx[0].explain(*nnx[1], grad_argnums=grad_argnums, **nnx[2])
+            return nnx.function.explain(*nnx.args, grad_argnums=grad_argnums, **nnx.kwargs)
         nums = None if grad_argnums is None else check_grad_argnums(grad_argnums, args)
         prepared, inputs = self._plans.prepare(args, kwargs, nums)
         budget = prepared.plan.budget
@@ -213,7 +213,7 @@ class SerializedFunction(Generic[P, R]):
         """
         nnx = self._on_nnx_state(args, kwargs)
         if nnx is not None:
-            return nnx[0].jaxpr(*nnx[1], **nnx[2])
+            return nnx.function.jaxpr(*nnx.args, **nnx.kwargs)
         prepared, inputs = self._plans.prepare(args, kwargs)
         return jax.make_jaxpr(prepared.run)(*inputs)
 
@@ -279,9 +279,9 @@ class SerializedFunction(Generic[P, R]):
         return f"serialize_axis({name!r}, {settings})"
 
     # -- internals -----------------------------------------------------------------------
-    def _on_nnx_state(self, args: tuple, kwargs: dict) -> tuple | None:
-        """For a call with Flax NNX graph nodes: ``(the same serialization of fun as a pure
-        function of NNX state, state args, state kwargs)`` (see ``_nnx``); else None."""
+    def _on_nnx_state(self, args: tuple, kwargs: dict) -> _nnx.NnxCall[SerializedFunction] | None:
+        """For a call with Flax NNX graph nodes: the call of the same serialization of fun as a
+        pure function of NNX state, on their state (see ``_nnx``); else None."""
         if self._pure is self or not _nnx.has_graph_nodes(args, kwargs):
             return None
         pure = self._pure
@@ -290,4 +290,4 @@ class SerializedFunction(Generic[P, R]):
             object.__setattr__(pure, "_pure", pure)  # its arguments are already pure state
             object.__setattr__(self, "_pure", pure)
         states, kw_states = _nnx.pure_arguments(args, kwargs)
-        return pure, states, kw_states
+        return _nnx.NnxCall(function=pure, args=states, kwargs=kw_states)

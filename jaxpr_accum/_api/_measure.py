@@ -6,6 +6,7 @@ at any arguments."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,6 +18,17 @@ from jaxpr_accum._assembly import _budget
 from jaxpr_accum._assembly._budget import scalar_of
 from jaxpr_accum._base._compare import tree_difference
 from jaxpr_accum._base._dtypes import has_float_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstCall:
+    """A function's program compiled and called once (``Program.compile_and_check``): the
+    ``compiled`` program (None: it failed), the ``out`` of its first call (value and
+    gradients), and that call's ``seconds``."""
+
+    compiled: Any
+    out: Any
+    seconds: float
 
 
 def temp_bytes(f: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
@@ -97,10 +109,9 @@ class Program:
         jax.block_until_ready(exe(*self.dyn_args))
         return time.perf_counter() - t0
 
-    def compile_and_check(self, f: Any, precision: str | None) -> tuple:
-        """``(compiled, (value, gradients) of its first call, that call's seconds)``; off CPU
-        with a ``precision``, the value and gradients are those of the program compiled again
-        at that matmul precision."""
+    def compile_and_check(self, f: Any, precision: str | None) -> FirstCall:
+        """``f`` compiled and called once; off CPU with a ``precision``, the value and
+        gradients are those of the program compiled again at that matmul precision."""
         exe = self.compile(f)
         t0 = time.perf_counter()
         out = jax.block_until_ready(exe(*self.dyn_args))
@@ -108,4 +119,4 @@ class Program:
         if precision is not None and jax.default_backend() != "cpu":
             with jax.default_matmul_precision(precision):
                 out = self.compile(f)(*self.dyn_args)
-        return exe, out, seconds
+        return FirstCall(compiled=exe, out=out, seconds=seconds)

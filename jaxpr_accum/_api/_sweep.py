@@ -32,7 +32,7 @@ from typing import Any
 import jax
 
 from jaxpr_accum._api import _sweep_view
-from jaxpr_accum._api._measure import Program, difference
+from jaxpr_accum._api._measure import FirstCall, Program, difference
 from jaxpr_accum._api._method_args import check_chunks, check_grad_argnums, check_grads
 from jaxpr_accum._assembly._budget import temp_bytes_of
 from jaxpr_accum._base._dtypes import is_array
@@ -118,15 +118,16 @@ def measure_sweep(
     many rounds would take longer than this, judged by the warm-up round; ``check_precision``,
     off CPU the values and gradients compared are those of programs compiled again at that
     matmul precision (``"highest"``: no TF32 rounding to drown the differences checked)."""
-    modes, nums, dynamic, progress = _check_call(
-        args, chunks, grads, grad_argnums, repeats, progress
-    )
-    say = _Progress(progress)
+    call = _check_call(
+        args, chunks=chunks, grads=grads, grad_argnums=grad_argnums, repeats=repeats,
+        progress=progress,
+    )  # fmt: skip
+    say = _Progress(call.progress)
     plan = sf.explain(*args)
-    diff = tuple(dynamic.index(i) for i in nums)
-    program = Program(args, dynamic, diff[0] if isinstance(grad_argnums, int) else diff)
+    diff = tuple(call.dynamic.index(i) for i in call.grad_argnums)
+    program = Program(args, call.dynamic, diff[0] if isinstance(grad_argnums, int) else diff)
     entries = [(_row(None, None) | {"axis": _axis(plan)}, sf.original)]
-    for g in modes:
+    for g in call.modes:
         for c in check_chunks(chunks, plan.axis_size):
             settings = sf.settings.at(c, g, plan.axis_size)
             entries.append((_row(c, g), type(sf)(sf.original, settings)))
@@ -134,25 +135,35 @@ def measure_sweep(
     compiled, results, first_calls = [], [], []
     for step, (row, f) in enumerate(entries):
         say(f"[{step + 1}/{len(entries)}] compiling and checking {_sweep_view.label(row)}")
-        exe, out, seconds = _compile_and_check(program, row, f, check_precision)
-        row["temp_bytes"] = None if exe is None else temp_bytes_of(exe)
-        compiled.append(exe)
-        results.append(out)
-        first_calls.append(seconds)
+        first = _compile_and_check(program, row, f, check_precision)
+        row["temp_bytes"] = None if first.compiled is None else temp_bytes_of(first.compiled)
+        compiled.append(first.compiled)
+        results.append(first.out)
+        first_calls.append(first.seconds)
 
     if time_budget_s is not None and sum(first_calls) > 0:
         repeats = max(1, min(repeats, int(time_budget_s / sum(first_calls))))
     times = _time_rounds(program, compiled, repeats, say)
     _fill_rows([row for row, _ in entries], results, times)
     name = getattr(sf.original, "__name__", repr(sf.original))
-    return Sweep([row for row, _ in entries], name, plan.axis_size, nums, repeats)
+    return Sweep([row for row, _ in entries], name, plan.axis_size, call.grad_argnums, repeats)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """The sweep's arguments, checked: the gradient ``modes``, the ``grad_argnums``, the
+    positions of the arguments with array leaves (``dynamic``), ``progress`` on or off."""
+
+    modes: list[str]
+    grad_argnums: tuple[int, ...]
+    dynamic: list[int]
+    progress: bool
 
 
 def _check_call(
-    args: tuple, chunks: Any, grads: Any, grad_argnums: Any, repeats: Any, progress: Any
-) -> tuple[list[str], tuple[int, ...], list[int], bool]:
-    """The sweep's arguments checked before anything is traced: ``(modes, grad_argnums, the
-    positions of the arguments with array leaves, progress on or off)``."""
+    args: tuple, *, chunks: Any, grads: Any, grad_argnums: Any, repeats: Any, progress: Any
+) -> _Checked:
+    """The sweep's arguments checked before anything is traced."""
     if isinstance(repeats, bool) or not isinstance(repeats, int):
         raise TypeError(f"`repeats` must be an int >= 1, got {repeats!r}")
     if repeats < 1:
@@ -168,13 +179,13 @@ def _check_call(
         raise ValueError(f"`grad_argnums` {grad_argnums!r} names an argument with no array leaves")
     if progress is None:
         progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
-    return modes, nums, dynamic, progress
+    return _Checked(modes=modes, grad_argnums=nums, dynamic=dynamic, progress=progress)
 
 
-def _compile_and_check(program: Program, row: dict, f: Any, precision: str | None) -> tuple:
+def _compile_and_check(program: Program, row: dict, f: Any, precision: str | None) -> FirstCall:
     """``Program.compile_and_check`` of one row's function; a copy's row gets its plan's mode,
     axis and warning (the copy's own ``PlanWarning`` is not issued: the row carries it), or
-    its ``error`` and ``(None, None, 0.0)`` where it fails (the original failing is an error
+    its ``error`` and an empty ``FirstCall`` where it fails (the original failing is an error
     of the sweep itself)."""
     try:
         with warnings.catch_warnings():
@@ -187,7 +198,7 @@ def _compile_and_check(program: Program, row: dict, f: Any, precision: str | Non
         if row["chunk"] is None:
             raise
         row["error"] = f"{type(e).__name__}: {e}"
-        return None, None, 0.0
+        return FirstCall(compiled=None, out=None, seconds=0.0)
 
 
 def _time_rounds(

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,15 @@ from jaxpr_accum._planning._cost import format_bytes
 from jaxpr_accum._planning._plan import Split
 
 
+class Trial(NamedTuple):
+    """One compile of the search, for ``Budget.tried``: the gradient mode's name (``grad``),
+    the ``chunk``, and the temp bytes ``measured``."""
+
+    grad: str
+    chunk: int
+    measured: int
+
+
 @dataclasses.dataclass(frozen=True)
 class Budget:
     """What the search did, for ``explain``."""
@@ -58,7 +67,7 @@ class Budget:
     chunk: int
     grad: str
     measured: int
-    tried: list[tuple[str, int, int]]  # (gradient mode, chunk, bytes), in order
+    tried: list[Trial]  # every chunk compiled and measured, in order
     model: tuple[float, float] | None  # bytes ~ a + b * chunk, fitted to the chosen mode's
     seconds: float
     wrt: str = "every floating argument"  # what the measured value_and_grad differentiates
@@ -79,9 +88,10 @@ class Budget:
                 f"    fitted model: {format_bytes(a)} + {format_bytes(b)} per chunk position"
             )
         tried = ", ".join(
-            f"{k} -> {format_bytes(m)}{'' if m <= self.limit else ' (over)'}"
-            + (f" [{g}]" if g != self.grad else "")
-            for g, k, m in self.tried
+            f"{t.chunk} -> {format_bytes(t.measured)}"
+            + ("" if t.measured <= self.limit else " (over)")
+            + (f" [{t.grad}]" if t.grad != self.grad else "")
+            for t in self.tried
         )
         out.append(f"    chunks tried ({len(self.tried)} compiles, {self.seconds:.1f} s): {tried}")
         return out
@@ -203,7 +213,7 @@ def choose_chunk(first: Decision, layout_for: Callable[[int], Any], request: Req
     devices = layout_for(split.size).devices
     choices = _modes_to_try(first, request.auto)
     n = max(1, split.size // devices)
-    tried: list[tuple[str, int, int]] = []
+    tried: list[Trial] = []
     for choice in choices:
 
         def at(c: int, choice: Decision = choice) -> Decision:
@@ -213,7 +223,7 @@ def choose_chunk(first: Decision, layout_for: Callable[[int], Any], request: Req
         def measure(c: int, choice: Decision = choice) -> int:
             run = build(at(c), request.accum_dtype)
             m = temp_bytes(run, request.inputs, request.diff)
-            tried.append((choice.mode.name, c * devices, m))
+            tried.append(Trial(grad=choice.mode.name, chunk=c * devices, measured=m))
             return m
 
         search = ChunkSearch(measure, request.limit, n)
@@ -246,9 +256,10 @@ def _modes_to_try(first: Decision, auto: bool) -> list[Decision]:
     ))]  # fmt: skip
 
 
-def impossible(split: Split, tried: list, devices: int, request: Request) -> SerializeError:
+def impossible(split: Split, tried: list[Trial], devices: int, request: Request) -> SerializeError:
     limit, wrt = request.limit, request.wrt
-    mode, k, best = min(tried, key=lambda t: (t[2], t[1]))
+    smallest = min(tried, key=lambda t: (t.measured, t.chunk))
+    best = smallest.measured
     outside = split.outside_bytes
     params = split.invariant_bytes
     parts = {
@@ -266,14 +277,14 @@ def impossible(split: Split, tried: list, devices: int, request: Request) -> Ser
     per = f" per device ({devices} devices)" if devices > 1 else ""
     remat = (
         "; `grad='remat'` holds no Jacobian rows and may need less"
-        if all(m == "fused" for m, _, _ in tried)
+        if all(t.grad == FUSED.name for t in tried)
         else ""
     )
     return SerializeError(
         f"the memory budget {format_bytes(limit)}{per} is below what this function needs at "
         f"any chunk for value_and_grad with respect to {wrt}: the smallest measured is "
-        f"{format_bytes(best)}, at chunk {k} ({mode} gradients; tried: "
-        + ", ".join(f"{kk} -> {format_bytes(m)} [{md}]" for md, kk, m in tried)
+        f"{format_bytes(best)}, at chunk {smallest.chunk} ({smallest.grad} gradients; tried: "
+        + ", ".join(f"{t.chunk} -> {format_bytes(t.measured)} [{t.grad}]" for t in tried)
         + ")."
         + ("" if dominant is None else f" What dominates it (estimated): {dominant}.")
         + f" Raise `memory` to at least {format_bytes(best)} ({best} bytes){remat}; `explain` "

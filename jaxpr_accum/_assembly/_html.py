@@ -11,6 +11,7 @@ import dataclasses
 from html import escape
 from typing import Any
 
+from jaxpr_accum._assembly._report_text import CandidateAxis
 from jaxpr_accum._planning._cost import format_bytes
 
 TABLE = 'style="border-collapse: collapse; text-align: left; font-size: 0.9em"'
@@ -33,16 +34,24 @@ def items(title: str, items: list[str]) -> str:
     return f"<details open>{summary}<ul>{lis}</ul></details>"
 
 
-def _saved(n: int) -> str:
+def saved_text(n: int) -> str:
+    """Estimated bytes saved, as the reports write them (negative: it costs memory)."""
     return format_bytes(n) if n >= 0 else f"-{format_bytes(-n)} (costs memory)"
 
 
-def other_candidates(candidates: list, most: int = 5) -> tuple[list, str | None]:
+def candidate_text(c: CandidateAxis) -> str:
+    """A candidate axis as the report lists it: ``size 8 at dimension 0 of x: 1000 B``."""
+    return f"size {c.size} at {c.born}: {saved_text(c.saved_bytes)}"
+
+
+def other_candidates(
+    candidates: list[CandidateAxis], most: int = 5
+) -> tuple[list[CandidateAxis], str | None]:
     """The candidate axes a report lists besides the chosen one: those estimated to save
     memory, the best first, at most ``most``; and a count of the others (None: no other)."""
-    ranked = sorted((c for c in candidates if not c[3]), key=lambda c: -c[2])
-    shown = [c for c in ranked if c[2] > 0][:most]
-    costly = sum(c[2] <= 0 for c in ranked)
+    ranked = sorted((c for c in candidates if not c.chosen), key=lambda c: -c.saved_bytes)
+    shown = [c for c in ranked if c.saved_bytes > 0][:most]
+    costly = sum(c.saved_bytes <= 0 for c in ranked)
     less = len(ranked) - len(shown) - costly
     parts = [f"{less} more that would save less"] * bool(less)
     parts += [f"{costly}{'' if less else ' more'} that would not save memory"] * bool(costly)
@@ -59,8 +68,8 @@ def plan_html(plan: Any) -> str:
              "one, by rows: the paired values are inputs, whole on the column side")]  # fmt: skip
     if plan.savings is not None:
         rows.append(
-            ("estimated saving", f"{_saved(plan.savings[0])} (one pass, with the pairs after "
-             f"the loop: {_saved(plan.savings[1])})")
+            ("estimated saving", f"{saved_text(plan.savings[0])} (one pass, with the pairs after "
+             f"the loop: {saved_text(plan.savings[1])})")
         )  # fmt: skip
     if plan.between:
         total = sum(n for _, n in plan.between)
@@ -90,7 +99,7 @@ def _one_plan(plan: Any, title: str, pass_: int = 1) -> str:
     estimated saving, the warning; then the stops of pass ``pass_`` (with their source
     lines) and the rest."""
     chunks = f"{plan.chunk} ({plan.chunks_text()})"
-    chosen = next((c for c in plan.candidates if c[3]), None)
+    chosen = next((c for c in plan.candidates if c.chosen), None)
     rows = [
         ("axis", f"size {plan.axis_size}, born at {plan.born}"),
         ("chunk", chunks),
@@ -101,7 +110,8 @@ def _one_plan(plan: Any, title: str, pass_: int = 1) -> str:
     if plan.planned_for:
         rows.insert(3, ("planned for", plan.planned_for))
     if chosen is not None:
-        rows.append(("estimated saving", f"{_saved(chosen[2])} (cost model, bytes saved)"))
+        saving = f"{saved_text(chosen.saved_bytes)} (cost model, bytes saved)"
+        rows.append(("estimated saving", saving))
     if plan.budget is not None:
         b = plan.budget
         rows.append(
@@ -128,8 +138,7 @@ def _one_plan(plan: Any, title: str, pass_: int = 1) -> str:
             items("computed before the loop on the full axis", plan.hoisted),
             items(
                 "other candidate axes (estimated bytes saved)",
-                [f"size {n} at {b}: {_saved(e)}" for n, b, e, _ in others]
-                + ([left_out] if left_out else []),
+                [candidate_text(c) for c in others] + ([left_out] if left_out else []),
             ),
             "</div>",
         ]

@@ -243,7 +243,9 @@ class Planner:
         elif short is not None:  # the mode requested runs its loop, with the warning
             plan = dataclasses.replace(plan, warning=f"{short}{chosen.advice}")
         if why is not None:
-            plan = dataclasses.replace(plan, grad="none", grad_reason=why, warning=why)
+            plan = dataclasses.replace(
+                plan, grad="none", grad_reason=why, warning=why, runs_as_written=True
+            )
             return Prepared(traced, chosen.split, plan, as_written=True)
         if built.estimate.warning() is not None and requested is AUTO:
             plan = dataclasses.replace(plan, warning=None)  # measured to save after all

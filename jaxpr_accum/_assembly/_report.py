@@ -8,7 +8,12 @@ from typing import Any
 
 from jaxpr_accum import _compat, _stream
 from jaxpr_accum._assembly import _html
-from jaxpr_accum._assembly._report_text import PlanStop, gradient_mode_lines, once_each
+from jaxpr_accum._assembly._report_text import (
+    CandidateAxis,
+    PlanStop,
+    gradient_mode_lines,
+    once_each,
+)
 from jaxpr_accum._build import _layout
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._planning._cost import Candidate, format_bytes, nbytes
@@ -42,10 +47,6 @@ def _described(layout: _layout.Layout, split: Split, chunk: int) -> str:
     )
 
 
-def _saved(n: int) -> str:
-    return format_bytes(n) if n >= 0 else f"-{format_bytes(-n)} (costs memory)"
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What the rewriter decided for one call signature, and why: ``SerializedFunction.explain``.
@@ -60,7 +61,7 @@ class Plan:
         chunk: Chunk length ``k``.
         born: Where the axis first appears: an argument, or an equation and its source line.
         grad: The gradient mode that runs (``"remat"``, ``"fused"``, ``"native"``; ``"none"``
-            when the function runs as written).
+            when the function runs as written: see ``runs_as_written``).
         grad_reason: Why that mode (for example why fused does not apply).
         planned_for: The differentiation the plan was made for, under ``grad="auto"`` or
             ``memory=`` (which measure that gradient; "" otherwise): which arguments'
@@ -78,7 +79,8 @@ class Plan:
         stops: Every place the region had to stop: primitive, source line, reason; each
             once, with a count where one repeats (``PlanStop.repeats``).
         hoisted: Random draws computed before the loop on the full axis, and why.
-        candidates: Every candidate axis as ``(size, born, estimated bytes saved, chosen)``.
+        candidates: Every candidate axis, a ``CandidateAxis`` (a named tuple: ``size``,
+            ``born``, ``saved_bytes``, the estimated bytes saved, and ``chosen``).
         layout: One device, or sharded over mesh axes with the per-device chunk.
         streamed: The streamed normalisers (sums over the axis computed chunk by chunk).
         warning: Why the plan is not expected to save memory, or ``None``; also the report's
@@ -88,6 +90,8 @@ class Plan:
         between: What pass 1 stacks for pass 2, with bytes (two-pass plans).
         second: Pass 2's plan (two-pass plans), else ``None``.
         savings: Estimated bytes saved by these passes and by the one pass they replace.
+        runs_as_written: True when the function runs as written, with no loop (nothing is
+            chunked, or chunking was not expected to save); ``grad`` is then ``"none"``.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -113,7 +117,7 @@ class Plan:
     accumulated: list[str]
     stops: list[PlanStop]  # every stop of every pass, each with its ``pass_``
     hoisted: list[str]
-    candidates: list[tuple[int, str, int, bool]]
+    candidates: list[CandidateAxis]
     layout: str
     streamed: list[str] = dataclasses.field(default_factory=list)  # the streamed normalisers
     warning: str | None = None  # why this plan is not expected to save memory, if it is not
@@ -126,6 +130,7 @@ class Plan:
     second: Plan | None = None
     savings: tuple[int, int] | None = None  # estimated: (these passes, the one pass replaced)
     planned_for: str = ""  # the differentiation planned for (``Planner.prepare`` fills it)
+    runs_as_written: bool = False  # no loop: the function as written (``grad`` is "none")
 
     @classmethod
     def from_decision(cls, decision: Decision, candidates: Sequence[Candidate]) -> Plan:
@@ -151,7 +156,8 @@ class Plan:
             stops=once_each(split.stops),
             hoisted=[str(s) for s in split.hoisted_draws],
             candidates=[
-                (c.split.size, c.split.born, c.net_saving, c is chosen) for c in candidates
+                CandidateAxis(c.split.size, c.split.born, c.net_saving, c is chosen)
+                for c in candidates
             ],
             layout=_described(decision.layout, split, chunk),
             streamed=_streamed(split),
@@ -179,6 +185,7 @@ class Plan:
             candidates=[],
             layout="as written",
             warning=why,
+            runs_as_written=True,
         )
 
     def _repr_html_(self) -> str:
@@ -214,8 +221,8 @@ class Plan:
             lines.append("  the paired values are inputs: their columns are the inputs, whole")
         if self.savings is not None:
             lines.append(
-                f"  estimated saving: {_saved(self.savings[0])} (in one pass, with the pairs "
-                f"after the loop on the full axis: {_saved(self.savings[1])})"
+                f"  estimated saving: {_html.saved_text(self.savings[0])} (in one pass, with the "
+                f"pairs after the loop on the full axis: {_html.saved_text(self.savings[1])})"
             )
         return lines
 
@@ -241,7 +248,7 @@ class Plan:
         before, body, after = counts[PROLOGUE], counts[BODY], counts[EPILOGUE]
         if self.axis_size == 0:
             return f"{before + body + after}, all run as written (no loop)"
-        if self.grad == "none":
+        if self.runs_as_written:
             return (
                 f"{before + body + after}, all run as written (no loop; the loop would hoist "
                 f"{before}, chunk {body} and leave {after} after it)"
@@ -281,10 +288,10 @@ class Plan:
             lines.extend(f"    {s}" for s in stops)
         if len(self.candidates) > 1:  # the others that would save memory, and a count
             lines.append("  candidate axes (estimated bytes saved by chunking, higher is better):")
-            chosen = next(c for c in self.candidates if c[3])
-            lines.append(f"    size {chosen[0]} at {chosen[1]}: {_saved(chosen[2])} (chosen)")
+            chosen = next(c for c in self.candidates if c.chosen)
+            lines.append(f"    {_html.candidate_text(chosen)} (chosen)")
             shown, left_out = _html.other_candidates(self.candidates)
-            lines.extend(f"    size {n} at {b}: {_saved(e)}" for n, b, e, _ in shown)
+            lines.extend(f"    {_html.candidate_text(c)}" for c in shown)
             if left_out:
                 lines.append(f"    {left_out} (Plan.candidates lists every one)")
         return lines

@@ -1,12 +1,15 @@
-"""The text pieces of a plan's report: each stop once with its count (``once_each``), the
-gradient-mode line as one sentence with indented detail (``gradient_mode_lines``), and the
-differentiation a plan was made for (``planned_for_text``)."""
+"""The pieces of a plan's report: its records (``PlanStop``, ``CandidateAxis``), each stop once
+with its count (``once_each``), the gradient-mode line as one sentence with indented detail
+(``gradient_mode_lines``), and the differentiation a plan was made for (``planned_for_text``).
+
+Invariant: every value of the report surface is read by name; the records that replace tuples
+(``CandidateAxis``) are named tuples, so code that unpacks them keeps working."""
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class PlanStop(str):
@@ -22,6 +25,17 @@ class PlanStop(str):
         stop = super().__new__(cls, text)
         stop.pass_, stop.repeats = pass_, repeats
         return stop
+
+
+class CandidateAxis(NamedTuple):
+    """One candidate axis of ``Plan.candidates``: its ``size``, where it is ``born``, the
+    estimated bytes saved by chunking it (``saved_bytes``; negative: chunking it costs
+    memory), and whether it is the ``chosen`` one."""
+
+    size: int
+    born: str
+    saved_bytes: int
+    chosen: bool
 
 
 def once_each(stops: Sequence[Any]) -> list[PlanStop]:

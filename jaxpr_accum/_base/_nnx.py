@@ -12,20 +12,34 @@ arguments hold NNX graph nodes is run as a pure function of their state:
    would have left them.
 
 Positional arguments keep their positions, so ``argnums`` still names them. Flax is only
-imported when it is already in use (an argument could only be an NNX object if it is).
+imported when it is already in use (an argument could only be an NNX object if it is). The
+call of step 2 is an ``NnxCall``: the pure function and its arguments, by name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import jax
+
+F = TypeVar("F")
 
 
 def _nnx() -> Any:
     return sys.modules.get("flax.nnx")
+
+
+@dataclasses.dataclass(frozen=True)
+class NnxCall(Generic[F]):
+    """A call with NNX graph nodes as a call of ``function``, a pure function of their state
+    (``purify``), on their state: ``function(*args, **kwargs)`` (``pure_arguments``)."""
+
+    function: F
+    args: tuple
+    kwargs: dict
 
 
 def has_graph_nodes(args: tuple, kwargs: dict) -> bool:

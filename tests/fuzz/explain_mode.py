@@ -102,7 +102,7 @@ def check(mp: ModePair) -> tuple[str, str]:
         text = _text(ns, sf, diff, args)
         got = _value_and_grad(ns, sf, diff)(*args)
         modes = {plan.grad} | ({plan.second.grad} if plan.second is not None else set())
-        if plan.grad == "none":  # the program as written: the original's loops, no others
+        if plan.runs_as_written:  # the program as written: the original's loops, no others
             same = _loops(sf.jaxpr(*args)) == _loops(jax.make_jaxpr(ns["f"])(*args))
         elif len(modes) > 1:  # two passes in two modes: no one ``grad=`` pins both
             same = None

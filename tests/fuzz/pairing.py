@@ -147,7 +147,7 @@ def check(program: PairingProgram) -> str | None:
         jax.value_and_grad(sf, argnums=(0, 1))(*args)
     warned = [c for c in caught if issubclass(c.category, ja.PlanWarning)]
     ratio = _temp(sf, args) / max(_temp(f, args), 1)
-    if plan.grad == "none":
+    if plan.runs_as_written:
         if len(warned) != 1 and ratio >= 1 - 1e-9:
             return f"ran as written with {len(warned)} PlanWarnings"
     elif ratio > KEPT:

@@ -111,6 +111,14 @@ def _lookup(eqn: JaxprEqn, loc: AxisLoc) -> bool:
     )
 
 
+def widened(indices: Array) -> Array:
+    """``indices`` in at least 32 bits, so that shifting them by a chunk's start (on an axis
+    longer than a narrow dtype counts) cannot wrap."""
+    if jnp.dtype(indices.dtype).itemsize >= 4:
+        return indices
+    return lax.convert_element_type(indices, jnp.int32)
+
+
 def _lookup_in_chunk(eqn: JaxprEqn, r: EqnResize, operand: Array, indices: Array) -> Array:
     """This chunk's share of a lookup along the axis: the value where the index falls in the
     chunk, else 0, so that the chunks' shares add up to the lookup (each index is in exactly
@@ -121,6 +129,7 @@ def _lookup_in_chunk(eqn: JaxprEqn, r: EqnResize, operand: Array, indices: Array
     loc = r.in_locs[0]
     assert loc is not None  # a lookup along the axis: the operand carries it
     component = dn.start_index_map.index(loc.dim)
+    indices = widened(indices)
     position = indices[..., component]
     size = r.analysis.size
     filling = mode == lax.GatherScatterMode.FILL_OR_DROP
@@ -218,7 +227,7 @@ class Gather(Rule):
         if r.analysis.reductions.get(r.key):
             return [_lookup_in_chunk(eqn, r, *invals)]
         if _per_row(eqn, r.analysis, r.ctx, loc.dim) is not None:
-            operand, indices = invals
+            operand, indices = invals[0], widened(invals[1])
             shift = np.zeros(indices.shape[-1], np.int64)
             shift[dn.start_index_map.index(loc.dim)] = loc.inner
             offset = lax.convert_element_type(r.start, indices.dtype)

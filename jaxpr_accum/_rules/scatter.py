@@ -12,12 +12,15 @@ scatter writes single rows of:
   size that component is shifted by the chunk's start, so it addresses the chunk's own rows;
 - *writes of whole indices into rows* (``s.at[diag, diag].set(v)``, ``s.at[roll(diag),
   diag].set(v)``): neither the indices nor the updates carry the axis. Each chunk applies
-  the writes whose row falls in it: the row component, localised to the chunk (clamped over
-  the whole axis first under ``mode=CLIP``, as JAX does), addresses a row outside the chunk
+  the writes whose row falls in it: the row component, localised to the chunk (every component
+  clamped to the whole operand first under ``mode=CLIP``, as JAX does; narrow index dtypes
+  widened to 32 bits, so that the shift never wraps), addresses a row outside the chunk
   for every other write, and a scatter skips those (``FILL_OR_DROP``, XLA's own treatment of
-  an index out of bounds). Every write lands in exactly one chunk, as in the original; its
+  an index out of bounds; the shift keeps ``unique_indices`` and ``indices_are_sorted``
+  true). Every write lands in exactly one chunk, as in the original; its
   gradient is JAX's for the localised scatter, so an update's cotangent comes from the one
-  chunk that holds its row.
+  chunk that holds its row. A row out of bounds under ``promise_in_bounds`` (undefined in
+  JAX) is dropped, and its update gets no gradient.
 
 Any other scatter along the axis (updates or indices that carry the axis at a dimension that
 is not a row's own) is a barrier.
@@ -34,7 +37,7 @@ from jaxpr_accum._base._lattice import AxisLoc, is_mapped
 from jaxpr_accum._compat import Array, JaxprEqn
 from jaxpr_accum._engine._table import Rule, register
 from jaxpr_accum._engine._view import EqnResize, View
-from jaxpr_accum._rules.indexing import component_position, window_dims
+from jaxpr_accum._rules.indexing import component_position, widened, window_dims
 
 
 def _single_rows(eqn: JaxprEqn, loc: AxisLoc) -> bool:
@@ -144,23 +147,36 @@ class Scatter(Rule):
         operand, indices, updates = invals
         dn = eqn.params["dimension_numbers"]
         component = dn.scatter_dims_to_operand_dims.index(loc.dim)
+        indices = widened(indices)
         start = lax.convert_element_type(r.start, indices.dtype)
         if indices_loc is not None:  # per-row writes: the chunk's own rows
             shift = np.zeros(indices.shape[-1], np.int64)
             shift[component] = 1
             local = indices - start * jnp.asarray(shift, indices.dtype)
             return _compat.bind(eqn, [operand, local, updates])
-        position = indices[..., component]
         if eqn.params["mode"] == lax.GatherScatterMode.CLIP:
-            position = jnp.clip(position, 0, r.analysis.size - 1)
-        local = indices.at[..., component].set(position - start)
-        params = {
-            **eqn.params,
-            "mode": lax.GatherScatterMode.FILL_OR_DROP,
-            "unique_indices": False,
-            "indices_are_sorted": False,
-        }
+            indices = _clamped(eqn, indices)  # over the whole operand, as JAX clamps
+        local = indices.at[..., component].add(-start)
+        # shifting the rows keeps distinct rows distinct and sorted rows sorted
+        params = {**eqn.params, "mode": lax.GatherScatterMode.FILL_OR_DROP}
         return _compat.bind(eqn, [operand, local, updates], params)
+
+
+def _clamped(eqn: JaxprEqn, indices: Array) -> Array:
+    """Every component of the index vectors clamped so that its window fits the whole
+    operand (what ``mode=CLIP`` does before the scatter)."""
+    dn = eqn.params["dimension_numbers"]
+    operand_shape = _compat.shape_of(eqn.invars[0])
+    updates_shape = _compat.shape_of(eqn.invars[2])
+    windows = iter(dn.update_window_dims)
+    sizes = [
+        1
+        if d in dn.inserted_window_dims or d in dn.operand_batching_dims
+        else updates_shape[next(windows)]
+        for d in range(len(operand_shape))
+    ]
+    upper = [operand_shape[d] - sizes[d] for d in dn.scatter_dims_to_operand_dims]
+    return jnp.clip(indices, 0, jnp.asarray(upper, indices.dtype))
 
 
 register(

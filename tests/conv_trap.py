@@ -20,7 +20,6 @@ import argparse
 import os
 import re
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +27,7 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.measuring import step_time  # noqa: E402
 from jaxpr_accum._engine._conv import canonicalize as canonicalize_convs  # noqa: E402
 
 DN = ("NHWC", "HWIO", "NHWC")
@@ -86,13 +86,7 @@ def library_style(loss, n_chunks, rewrite):
 
 def bench(f, args, reps):
     g = jax.jit(jax.value_and_grad(f))
-    jax.block_until_ready(g(*args))
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(g(*args))
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts)), g
+    return step_time(g, args, reps), g
 
 
 def conv_lines(hlo):

@@ -37,7 +37,8 @@ C = 3
 FORMS = ("set", "add", "multiply", "min", "max")
 MODES = (None, "clip", "drop", "promise_in_bounds")
 #: programs in the default tier's run and in the slow tier's
-DEFAULT, SLOW = 3, 40 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else 300
+DEFAULT = 3
+SLOW = 40 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else 300
 
 
 @dataclasses.dataclass(frozen=True)

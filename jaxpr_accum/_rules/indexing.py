@@ -119,6 +119,16 @@ def widened(indices: Array) -> Array:
     return lax.convert_element_type(indices, jnp.int32)
 
 
+def shifted_rows(indices: Array, component: int, offset: Array) -> Array:
+    """The index vectors ``indices`` (``widened``) with component ``component`` less
+    ``offset``: the rows of the whole axis as the rows of the chunk that starts there."""
+    indices = widened(indices)
+    shift = np.zeros(indices.shape[-1], np.int64)
+    shift[component] = 1
+    offset = lax.convert_element_type(offset, indices.dtype)
+    return indices - offset * jnp.asarray(shift, indices.dtype)
+
+
 def _lookup_in_chunk(eqn: JaxprEqn, r: EqnResize, operand: Array, indices: Array) -> Array:
     """This chunk's share of a lookup along the axis: the value where the index falls in the
     chunk, else 0, so that the chunks' shares add up to the lookup (each index is in exactly
@@ -227,12 +237,9 @@ class Gather(Rule):
         if r.analysis.reductions.get(r.key):
             return [_lookup_in_chunk(eqn, r, *invals)]
         if _per_row(eqn, r.analysis, r.ctx, loc.dim) is not None:
-            operand, indices = invals[0], widened(invals[1])
-            shift = np.zeros(indices.shape[-1], np.int64)
-            shift[dn.start_index_map.index(loc.dim)] = loc.inner
-            offset = lax.convert_element_type(r.start, indices.dtype)
-            local = indices - offset * jnp.asarray(shift, indices.dtype)  # the chunk's own rows
-            return _compat.bind(eqn, [operand, local])
+            component = dn.start_index_map.index(loc.dim)
+            local = shifted_rows(invals[1], component, r.start * loc.inner)
+            return _compat.bind(eqn, [invals[0], local])
         sizes = replaced_at(eqn.params["slice_sizes"], loc.dim, r.rows(loc))
         return _compat.bind(eqn, invals, {**eqn.params, "slice_sizes": sizes})
 

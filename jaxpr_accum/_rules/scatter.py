@@ -29,7 +29,6 @@ is not a row's own) is a barrier.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jaxpr_accum import _compat
@@ -37,7 +36,12 @@ from jaxpr_accum._base._lattice import AxisLoc, is_mapped
 from jaxpr_accum._compat import Array, JaxprEqn
 from jaxpr_accum._engine._table import Rule, register
 from jaxpr_accum._engine._view import EqnResize, View
-from jaxpr_accum._rules.indexing import component_position, widened, window_dims
+from jaxpr_accum._rules.indexing import (
+    component_position,
+    shifted_rows,
+    widened,
+    window_dims,
+)
 
 
 def _single_rows(eqn: JaxprEqn, loc: AxisLoc) -> bool:
@@ -147,16 +151,12 @@ class Scatter(Rule):
         operand, indices, updates = invals
         dn = eqn.params["dimension_numbers"]
         component = dn.scatter_dims_to_operand_dims.index(loc.dim)
-        indices = widened(indices)
-        start = lax.convert_element_type(r.start, indices.dtype)
         if indices_loc is not None:  # per-row writes: the chunk's own rows
-            shift = np.zeros(indices.shape[-1], np.int64)
-            shift[component] = 1
-            local = indices - start * jnp.asarray(shift, indices.dtype)
+            local = shifted_rows(indices, component, r.start)
             return _compat.bind(eqn, [operand, local, updates])
         if eqn.params["mode"] == lax.GatherScatterMode.CLIP:
-            indices = _clamped(eqn, indices)  # over the whole operand, as JAX clamps
-        local = indices.at[..., component].add(-start)
+            indices = _clamped(eqn, widened(indices))  # over the whole operand, as JAX clamps
+        local = shifted_rows(indices, component, r.start)
         # shifting the rows keeps distinct rows distinct and sorted rows sorted
         params = {**eqn.params, "mode": lax.GatherScatterMode.FILL_OR_DROP}
         return _compat.bind(eqn, [operand, local, updates], params)

@@ -243,15 +243,18 @@ def _multiple(length: int, n: int) -> bool:
     return length > 1 and (length % n == 0 or n % length == 0)
 
 
-def _seed_groups(reborn: list[tuple[Var, AxisLoc, int]]) -> list[list[tuple[Var, AxisLoc]]]:
-    """The analyses to try for the reborn axes, at most ``MAX_SEEDS``: for each length, every
-    value of that length seeded at once (the halves of one batch are paired with each
-    other: row ``i`` of each half is in the same chunk), then each value alone."""
+def _seed_groups(
+    reborn: list[tuple[Var, AxisLoc, int]],
+) -> list[tuple[int, list[tuple[Var, AxisLoc]]]]:
+    """The analyses to try for the reborn axes, at most ``MAX_SEEDS``, each as the axis's
+    length and its seeds: for each length, every value of that length seeded at once (the
+    halves of one batch are paired with each other: row ``i`` of each half is in the same
+    chunk), then each value alone."""
     by_length: dict[int, list[tuple[Var, AxisLoc]]] = {}
     for v, loc, length in reborn:
         by_length.setdefault(length, []).append((v, loc))
-    groups = [group for group in by_length.values() if len(group) > 1]
-    groups.extend([(v, loc)] for v, loc, _ in reborn)
+    groups = [(length, group) for length, group in by_length.items() if len(group) > 1]
+    groups.extend((length, [(v, loc)]) for v, loc, length in reborn)
     return groups[:MAX_SEEDS]
 
 
@@ -274,8 +277,7 @@ def find(split: Split) -> Pairing | None:
     found = _pairing(jaxpr, split.analysis)
     if found is not None:
         return found
-    for seeds in _seed_groups(_reborn(split)):
-        size = _compat.shape_of(seeds[0][0])[seeds[0][1].dim]
+    for size, seeds in _seed_groups(_reborn(split)):
         # parts of the axis (halves) are slices of one value: never carried back into it
         analysis = Analysis(jaxpr, size, stop_slices=size < split.size).run(seeds)
         found = _pairing(jaxpr, analysis)

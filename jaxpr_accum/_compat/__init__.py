@@ -22,7 +22,7 @@ from typing import Any, TypeVar, cast
 import jax
 import jax.extend.core
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var  # noqa: F401 (re-exported)
+from jax.extend.core import JaxprEqn, Literal  # noqa: F401 (re-exported)
 
 from jaxpr_accum._compat._checkify import checks_through  # noqa: F401 (re-exported)
 from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
@@ -91,7 +91,20 @@ from jaxpr_accum._compat._sharding import (  # noqa: F401 (re-exported)
     named_sharding,
     placement_key,
 )
-from jaxpr_accum._compat._types import Array, Atom, Float0Array, Params, Primitive  # noqa: F401
+from jaxpr_accum._compat._types import (  # noqa: F401
+    Array,
+    Atom,
+    Aval,
+    ClosedJaxpr,
+    Eqn,
+    Float0Array,
+    Jaxpr,
+    Params,
+    Primitive,
+    ShapedArray,
+    Tracer,
+    Var,
+)
 from jaxpr_accum._compat._walk import first_eqn, open_jaxpr, sub_jaxprs  # noqa: F401
 
 # Public in jax.extend.core since JAX 0.10; private (jax._src.core) in 0.9.

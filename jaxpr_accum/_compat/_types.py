@@ -1,7 +1,9 @@
-"""The JAX types that rules and streaming rules are annotated with.
+"""The JAX types the package is annotated with.
 
-``_rules`` and ``_stream`` import JAX types only from ``_compat`` (and type-check without an
-explicit ``Any``): the aliases below name what a rule handles, in JAX's own public types.
+Every module imports JAX's types only from ``_compat`` (``_rules`` and ``_stream`` type-check
+without an explicit ``Any``): the aliases below name what the package handles, in JAX's own
+public types (``jax.extend.core`` and ``jax.core``), so a move of one of them in JAX is
+absorbed here.
 """
 
 from __future__ import annotations
@@ -9,14 +11,32 @@ from __future__ import annotations
 from typing import Any, TypeAlias
 
 import jax
+import jax.core
 import numpy as np
-from jax.extend.core import Literal, Primitive, Var
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
 
 Array: TypeAlias = jax.Array  # a value of an interpreted jaxpr (a tracer under a trace)
 Atom: TypeAlias = Var | Literal  # an equation's operand
+Eqn: TypeAlias = JaxprEqn  # one equation of a jaxpr
+Aval: TypeAlias = jax.core.AbstractValue  # a value's abstract type (a ``ShapedArray`` mostly)
+ShapedArray: TypeAlias = jax.core.ShapedArray  # an array's shape and dtype, as JAX traces it
+Tracer: TypeAlias = jax.core.Tracer  # a value under a JAX transformation
 Params: TypeAlias = dict[str, Any]  # an equation's parameters, as JAX types them
 Float0Array: TypeAlias = np.ndarray[
     tuple[int, ...], np.dtype[np.void]
 ]  # zeros of dtype ``float0``: an integer's tangent
 
-__all__ = ["Array", "Atom", "Float0Array", "Params", "Primitive"]
+__all__ = [
+    "Array",
+    "Atom",
+    "Aval",
+    "ClosedJaxpr",
+    "Eqn",
+    "Float0Array",
+    "Jaxpr",
+    "Params",
+    "Primitive",
+    "ShapedArray",
+    "Tracer",
+    "Var",
+]

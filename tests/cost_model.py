@@ -37,7 +37,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jaxpr_accum as ja  # noqa: E402
 from benchmarks import zoo as rm  # noqa: E402
-from jaxpr_accum._planning import _candidates  # noqa: E402
+from jaxpr_accum._analysis import _candidates  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "real-models.md")
 BEGIN, END = "<!-- cost-model:begin -->", "<!-- cost-model:end -->"

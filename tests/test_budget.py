@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum._assembly import _budget, _chunk_search
+from jaxpr_accum._planning import _budget, _chunk_search
 
 from .oracle import assert_matches_original
 

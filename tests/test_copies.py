@@ -1,5 +1,5 @@
 """Copies of the axis side by side (``_rules/blocks``) and row maps of a chunked input itself
-(``_planning/_input_slices``).
+(``_analysis/_input_slices``).
 
 A concatenation of parts that each carry the whole axis (DPO's ``concatenate([chosen,
 rejected])`` of two inputs chunked along the pairs, two encodings of one batch) holds the

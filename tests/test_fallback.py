@@ -19,10 +19,10 @@ import pytest
 
 import jaxpr_accum as ja
 from jaxpr_accum import _stream
-from jaxpr_accum._assembly import _prepare
+from jaxpr_accum._analysis import _candidates
 from jaxpr_accum._build import _loop, _region
 from jaxpr_accum._engine import _resize
-from jaxpr_accum._planning import _candidates
+from jaxpr_accum._planning import _planner
 from jaxpr_accum.testing import assert_tree_close
 
 _rs = np.random.RandomState(0)
@@ -68,7 +68,7 @@ def _run_lenient(monkeypatch, fun, grad="remat", **kw):
         (_candidates, "choose_split", mlp, "remat", "the original function, unchunked"),
         (_stream, "apply", attention, "remat", "the plan without streamed normalisers"),
         (_resize.Resizer, "eval_eqns", mlp, "remat", "the original function, unchunked"),
-        (_prepare, "build", mlp, "remat", "the original function, unchunked"),
+        (_planner, "build", mlp, "remat", "the original function, unchunked"),
         (_loop.ChunkLoop, "forward", mlp, "remat", "the original function, unchunked"),
         (_region, "backward", mlp, "remat", "the plan with native gradients"),
         (_region, "jacobians", mlp, "fused", "the plan with native gradients"),

@@ -11,8 +11,7 @@ import pytest
 
 import jaxpr_accum as ja
 from jaxpr_accum._base._settings import GRAD_MODES
-from jaxpr_accum._build._region_p import AUTO
-from jaxpr_accum._modes import _choice
+from jaxpr_accum._modes._mode import AUTO, mode_named
 from jaxpr_accum.testing import assert_tree_close
 
 from .oracle import NOT_WORTH_IT, assert_matches_original
@@ -288,7 +287,7 @@ def test_auto_where_the_program_cannot_be_measured_alone():
 def test_each_mode_name_is_parsed_once_into_its_mode():
     """``GRAD_MODES`` is the one list of names; inside the package a mode is its ``Mode``,
     and a plan reports the name of the mode that runs."""
-    modes = [_choice.mode_named(name) for name in GRAD_MODES]
+    modes = [mode_named(name) for name in GRAD_MODES]
     assert [m.name for m in modes] == list(GRAD_MODES) and len(set(map(id, modes))) == 4
     w, x = jnp.ones((3, 2)), jnp.ones((8, 3))
     for mode in modes:

@@ -95,7 +95,7 @@ def test_the_import_graph_sees_function_level_and_relative_imports(tmp_path):
 
 def private_names_imported(package: Path = PACKAGE) -> list[str]:
     """Every ``from <package module> import _name`` where ``_name`` is not itself a module of
-    the package (``from jaxpr_accum._assembly import _budget`` imports a module: fine), as
+    the package (``from jaxpr_accum._planning import _budget`` imports a module: fine), as
     ``module:line imports base._name``; dunder names (``__version__``) are not private."""
     modules = {_module_name(p, package): p for p in package.rglob("*.py")}
     found = []
@@ -187,6 +187,21 @@ def test_the_folders_are_the_layers():
     layer_of()  # every module is in one
 
 
+#: The most modules a folder holds ("about 12"): ``_rules`` has one per primitive family.
+MOST_MODULES_IN_A_FOLDER = 13
+
+
+def test_no_folder_holds_more_than_about_12_modules():
+    """A folder is a room a reader can take in at once; a thirteenth concept gets a room of
+    its own (as the planner, the analysis and the two-pass pipeline have)."""
+    sizes = {
+        p.parent.name: len([m for m in p.parent.glob("*.py") if m.name != "__init__.py"])
+        for p in PACKAGE.rglob("__init__.py")
+    }
+    crowded = {name: n for name, n in sizes.items() if n > MOST_MODULES_IN_A_FOLDER}
+    assert not crowded, crowded
+
+
 def test_the_engine_imports_no_rule():
     graph = import_graph()
     lower = [m for m in graph if folder_of(m) in ("_base", "_compat", "_engine")]
@@ -213,15 +228,15 @@ def test_no_module_is_over_300_lines():
 
 #: The modules that plan one call (axis, chunk, mode, build, weigh): they pass named values.
 PLANNING = (
-    "_assembly/_prepare", "_planning/_candidates", "_planning/_cost", "_modes/_choice",
-    "_modes/_decision", "_assembly/_budget", "_assembly/_chunk_search", "_assembly/_assemble",
-    "_assembly/_worth", "_assembly/_report", "_assembly/_fallback", "_assembly/_pairwise/modes",
-    "_assembly/_pairwise/build", "_assembly/_pairwise/report",
+    "_planning/_planner", "_analysis/_candidates", "_analysis/_cost", "_modes/_choice",
+    "_modes/_decision", "_planning/_budget", "_planning/_chunk_search", "_assembly/_assemble",
+    "_planning/_worth", "_planning/_plan", "_planning/_fallback", "_pairwise/modes",
+    "_pairwise/build", "_pairwise/report",
 )  # fmt: skip
 #: The report surface: the API (``_api/``), the plan's report text and its HTML view.
 REPORT_SURFACE = (
     *sorted(str(p.relative_to(PACKAGE).with_suffix("")) for p in (PACKAGE / "_api").glob("*.py")),
-    "_assembly/_report_text", "_assembly/_html",
+    "_planning/_plan_text", "_planning/_html",
 )  # fmt: skip
 
 

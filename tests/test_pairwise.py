@@ -1,5 +1,5 @@
 """Values that pair the axis with itself, in two passes (issue 23,
-``jaxpr_accum._assembly._pairwise``).
+``jaxpr_accum._pairwise``).
 
 Every covered program is checked against the original (values and gradients, ``oracle``)
 in every gradient mode, at chunks that divide the batch and that do not, at 1 and at the
@@ -31,9 +31,9 @@ import optax
 import pytest
 
 import jaxpr_accum as ja
+from jaxpr_accum import _pairwise
 from jaxpr_accum import testing as ja_testing
-from jaxpr_accum._assembly import _pairwise
-from jaxpr_accum._assembly._budget import temp_bytes
+from jaxpr_accum._planning._budget import temp_bytes
 from jaxpr_accum.testing import assert_tree_close
 
 from .oracle import GRAD_MODES, covering, find_eqns, iter_eqns

@@ -1,5 +1,5 @@
 """Labels, masks and positives built inside a pairwise loss, and rearranged columns (issue 30,
-item 3; ``jaxpr_accum._assembly._pairwise.constants`` and ``permute``).
+item 3; ``jaxpr_accum._pairwise.constants`` and ``permute``).
 
 Values built from ``iota`` and the axis size depend on no data: ``jnp.arange(n) % k`` labels
 and the ``N x N`` label matrix ``y[:, None] == y[None]`` from them, ``jnp.eye``,
@@ -31,7 +31,7 @@ import pytest
 
 import jaxpr_accum as ja
 from jaxpr_accum import testing as ja_testing
-from jaxpr_accum._assembly._budget import temp_bytes
+from jaxpr_accum._planning._budget import temp_bytes
 
 from .oracle import GRAD_MODES
 from .test_pairwise import _full_pairs, _normal, _params, _value_and_grad, encode, normalise

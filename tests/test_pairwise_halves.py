@@ -1,5 +1,5 @@
 """Parts of one batch paired with each other (issue 45, item 3;
-``jaxpr_accum._assembly._pairwise.detect``): the two halves of the chunked batch in an MMD or
+``jaxpr_accum._pairwise.detect``): the two halves of the chunked batch in an MMD or
 a contrastive loss between halves, the pairs built by broadcasting or by a matrix product.
 
 The one-pass plan stops at the halves' slices; the halves are an axis born again there, ``N /
@@ -21,7 +21,7 @@ import pytest
 
 import jaxpr_accum as ja
 from jaxpr_accum import testing as ja_testing
-from jaxpr_accum._assembly._budget import temp_bytes
+from jaxpr_accum._planning._budget import temp_bytes
 
 from .oracle import GRAD_MODES
 from .test_pairwise import _full_pairs, _normal, encode, normalise

@@ -1,5 +1,5 @@
 """Per-row values read at the pairs' columns, in two passes (issue 45, item 5,
-``jaxpr_accum._assembly._pairwise.reads``).
+``jaxpr_accum._pairwise.reads``).
 
 A kernel matrix contracted over its columns with the rows of a per-row value (``k @ z``, the
 kernel-weighted mean of the particles; ``k`` an RBF kernel of a broadcast difference or built
@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum._assembly._budget import temp_bytes
+from jaxpr_accum._planning._budget import temp_bytes
 
 from .oracle import GRAD_MODES, assert_matches_original
 

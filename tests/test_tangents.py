@@ -23,9 +23,9 @@ from jax import lax
 
 import jaxpr_accum as ja
 from jaxpr_accum import _compat
+from jaxpr_accum._analysis._trace import inline_calls
 from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._engine._tangents import BLOCK, PROPAGATE, reached_outputs
-from jaxpr_accum._planning._trace import inline_calls
 
 #: A program of two float vectors and an int vector per rule of the tables.
 RULE_PROGRAMS = {

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from jaxpr_accum._analysis import _arguments, _trace
 from jaxpr_accum._api import _messages
-from jaxpr_accum._assembly._prepare import CACHE_SIZE, Planner, Prepared
 from jaxpr_accum._base._collector import collector_paused
 from jaxpr_accum._base._lru import LRU
 from jaxpr_accum._base._settings import Settings
-from jaxpr_accum._build._region_p import AUTO
-from jaxpr_accum._planning import _arguments, _trace
+from jaxpr_accum._modes._mode import AUTO
+from jaxpr_accum._planning._planner import CACHE_SIZE, Planner, Prepared
 
 
 class CallPlans:

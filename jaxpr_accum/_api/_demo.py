@@ -34,9 +34,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxpr_accum._analysis._cost import format_bytes
 from jaxpr_accum._base._install import install_hint
 from jaxpr_accum._base._settings import GRAD_MODES
-from jaxpr_accum._planning._cost import format_bytes
 
 #: The relative tolerance on value and gradients.
 EXACT_RTOL = 2e-4

@@ -1,7 +1,7 @@
 """``SerializedFunction``: the plan cache and dispatch (see ``jaxpr_accum._api``).
 
 Each call signature (avals, placements, static leaves) is checked (``_arguments``), traced,
-planned, built and validated once (``_prepare``), in an LRU cache like ``jax.jit``'s. A call
+planned, built and validated once (``_planner``), in an LRU cache like ``jax.jit``'s. A call
 first traces and compiles the built program (``_fallback.ready``: an internal error there runs
 the original instead), then runs it uncaught: what that raises (a callback, ``checkify``,
 ``jax_debug_nans``) is the user's, and nothing runs twice. NNX graph nodes go via ``_nnx``;
@@ -23,13 +23,13 @@ from jaxpr_accum._api._calls import CallPlans
 from jaxpr_accum._api._method_args import check_grad_argnums
 from jaxpr_accum._api._naming import non_defaults, unexpected
 from jaxpr_accum._api._sweep import Sweep, measure_sweep
-from jaxpr_accum._assembly import _budget, _fallback
 from jaxpr_accum._assembly._assemble import run_as_written
-from jaxpr_accum._assembly._report import Plan
 from jaxpr_accum._base import _nnx
 from jaxpr_accum._base._errors import warn
 from jaxpr_accum._base._settings import SETTING_NAMES, Settings
 from jaxpr_accum._compat import ClosedJaxpr
+from jaxpr_accum._planning import _budget, _fallback
+from jaxpr_accum._planning._plan import Plan
 
 P = ParamSpec("P")
 R = TypeVar("R")

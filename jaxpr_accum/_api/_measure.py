@@ -14,10 +14,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxpr_accum._assembly import _budget
-from jaxpr_accum._assembly._budget import scalar_of
 from jaxpr_accum._base._compare import tree_difference
 from jaxpr_accum._base._dtypes import has_float_dtype
+from jaxpr_accum._planning import _budget
+from jaxpr_accum._planning._budget import scalar_of
 
 
 @dataclasses.dataclass(frozen=True)

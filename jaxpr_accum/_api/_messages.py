@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxpr_accum._assembly._report import Plan
+from jaxpr_accum._analysis import _arguments
 from jaxpr_accum._base._errors import warn
-from jaxpr_accum._planning import _arguments
+from jaxpr_accum._planning._plan import Plan
 
 
 def with_hint(plan: Plan, settings: Any, call: _arguments.Call) -> Plan:

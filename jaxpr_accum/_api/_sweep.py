@@ -34,9 +34,9 @@ import jax
 from jaxpr_accum._api import _sweep_view
 from jaxpr_accum._api._measure import FirstCall, Program, difference
 from jaxpr_accum._api._method_args import check_chunks, check_grad_argnums, check_grads
-from jaxpr_accum._assembly._budget import temp_bytes_of
 from jaxpr_accum._base._dtypes import is_array
 from jaxpr_accum._base._errors import PlanWarning
+from jaxpr_accum._planning._budget import temp_bytes_of
 
 
 @dataclasses.dataclass

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from jaxpr_accum._assembly import _html
+from jaxpr_accum._analysis._cost import format_bytes
 from jaxpr_accum._base._install import install_hint
-from jaxpr_accum._planning._cost import format_bytes
+from jaxpr_accum._planning import _html
 
 
 def text(sweep: Any) -> str:

@@ -19,12 +19,12 @@ from typing import Any
 from jax import lax
 
 from jaxpr_accum import _stream
+from jaxpr_accum._analysis._split import EPILOGUE, PROLOGUE
 from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._region_p import call
 from jaxpr_accum._build._signature import Inputs, Outputs
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._modes._decision import Decision
-from jaxpr_accum._planning._plan import EPILOGUE, PROLOGUE
 
 COMBINE: dict[str, Callable] = {
     "sum": lambda x: lax.reduce_sum(x, (0,)),

@@ -19,13 +19,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
+from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._base._dtypes import accumulator_dtype
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build import _shards
 from jaxpr_accum._build._loop import ChunkLoop, add_into, join, wanted
 from jaxpr_accum._build._signature import Inputs
 from jaxpr_accum._engine._conv import canonicalize
-from jaxpr_accum._planning._plan import Split
 
 
 def jacobian_row_dtype(split: Split) -> Any:

@@ -9,7 +9,7 @@ enters whole (``P()``) and nothing crosses devices inside the loop; a sharded on
 tensor parallelism: its ``placement``) enters as its shard and, per chunk, is gathered in each
 step and its cotangent reduce-scattered back to the shard there (``_shards``): those are the
 only collectives inside the loop. Gathered once (``gather``: ``"once"``, or ``"auto"`` where a
-memory budget affords it, ``_assembly._gather``), it is gathered before the loop
+memory budget affords it, ``_planning._gather``), it is gathered before the loop
 (``before_loop``) and the loop reads it whole, still reduce-scattering its cotangent per
 chunk (``native``: JAX's transpose of the gather, once after the loop). Either way its
 cotangent leaves with the input's sharding.
@@ -32,15 +32,15 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from jaxpr_accum import _compat
+from jaxpr_accum._analysis._cost import format_bytes, nbytes
+from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._base._errors import ArgumentError
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build import _shards
 from jaxpr_accum._build._loop import ChunkLoop
 from jaxpr_accum._build._signature import Inputs, Signature
-from jaxpr_accum._planning._cost import format_bytes, nbytes
-from jaxpr_accum._planning._plan import Split
 
-#: ``gather=`` -> where the layout gathers before any budget decides (``_assembly._gather``).
+#: ``gather=`` -> where the layout gathers before any budget decides (``_planning._gather``).
 GATHERS = {
     "chunk": _shards.Gather(False, "gather='chunk'"),
     "once": _shards.Gather(True, "gather='once'"),

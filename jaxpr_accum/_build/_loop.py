@@ -31,12 +31,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxpr_accum import _compat, _stream
+from jaxpr_accum._analysis._split import BODY, Split
 from jaxpr_accum._base._dtypes import accumulator_dtype, has_float_dtype
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build import _shards
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
 from jaxpr_accum._engine._resize import cells, eval_body, shifted, split_body, take_chunk
-from jaxpr_accum._planning._plan import BODY, Split
 
 
 class ChunkOut(NamedTuple):

@@ -1,6 +1,6 @@
 """``Region``: the chunked part of one plan, ready to run, and its passes over the whole axis.
 
-A region is a split (which equations form the body, ``_plan``), its signature (the named input
+A region is a split (which equations form the body, ``_split``), its signature (the named input
 and output groups, ``_signature``), the chunk, the layout (one device, or sharded: each device
 loops over its own shard under ``shard_map``, ``_layout``) and the accumulation dtype. Its
 passes run the per-device loops and merge what the devices computed, once, after the loop
@@ -27,6 +27,7 @@ from typing import Any
 import jax
 
 from jaxpr_accum import _compat, _stream
+from jaxpr_accum._analysis._split import BODY, Split
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._base._lists import pick, select, spread
 from jaxpr_accum._build._backward import backward
@@ -36,7 +37,6 @@ from jaxpr_accum._build._loop import ChunkLoop, wanted
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._engine._tangents import reached_outputs
-from jaxpr_accum._planning._plan import BODY, Split
 
 
 class Region:

@@ -1,6 +1,6 @@
 """The region as one JAX primitive, ``serialized_region``, whose rules run it in chunks.
 
-``call(region, mode, inputs)`` binds the primitive on the region's flat inputs (``NATIVE``
+``call(region, mode, inputs)`` binds the primitive on the region's flat inputs (native
 runs the chunk loop with checkpointed bodies instead, which JAX differentiates itself). Its
 parameters are the ``Region`` (``_region``), the gradient ``Mode``, the forward pass as a
 jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop) and ``used_outputs``:
@@ -42,7 +42,7 @@ hand-written, and they are only used where the region's inputs are linearized di
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 
@@ -51,36 +51,31 @@ from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._signature import Inputs, Outputs
 from jaxpr_accum._engine import _table
 
-
-class Mode:
-    """A gradient mode, as ``grad=`` names it (``name``), with its linearization rule of the
-    region primitive, ``linearize(region, is_vjp, nonzeros, primals, outputs_of) -> (outputs,
-    output nonzeros, residuals, linearized)`` (see ``_compat.define_primitive``);
-    ``outputs_of(primals)`` binds the primitive again. ``REMAT`` (``_remat``) and ``FUSED``
-    (``_fused``) have one; ``NATIVE`` (the chunk loop with checkpointed bodies, differentiated
-    by JAX itself) and ``AUTO`` (a request: planning chooses one of the others, ``_choice``)
-    never bind the primitive's linearization. Names are parsed once, from the settings, into
-    these objects (``_choice.mode_named``); plans report ``name``."""
-
-    def __init__(self, name: str, linearize: Callable | None = None):
-        self.name = name
-        self.linearize: Callable = linearize or self._not_bound
-
-    def _not_bound(self, *_: Any) -> Any:
-        raise TypeError(f"the {self.name} gradient mode has no linearization rule of its own")
-
-    def __repr__(self) -> str:
-        return self.name
+#: A mode's linearization rule of the primitive: ``(region, is_vjp, nonzeros, primals,
+#: outputs_of) -> (outputs, output nonzeros, residuals, linearized)`` (see
+#: ``_compat.define_primitive``); ``outputs_of(primals)`` binds the primitive again.
+Linearize = Callable[[Region, bool, list, list, Callable[[list], list]], tuple]
 
 
-AUTO = Mode("auto")
-NATIVE = Mode("native")
+class GradientMode(Protocol):
+    """What the primitive needs of a gradient mode (``_modes._mode.Mode`` declares the four):
+    its ``name``, its ``linearize`` rule, and whether JAX differentiates the chunk loop itself
+    (``jax_differentiates``: the primitive is not bound, the loop's bodies are checkpointed)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def linearize(self) -> Linearize: ...
+
+    @property
+    def jax_differentiates(self) -> bool: ...
 
 
-def call(region: Region, mode: Mode, inputs: Inputs) -> Outputs:
-    """The region's outputs on ``inputs`` in ``mode``: through the primitive, or under
-    ``NATIVE`` without it, the chunk loop with checkpointed bodies (JAX differentiates it)."""
-    if mode is NATIVE:
+def call(region: Region, mode: GradientMode, inputs: Inputs) -> Outputs:
+    """The region's outputs on ``inputs`` in ``mode``: through the primitive, or where JAX
+    differentiates the loop (native) without it, the chunk loop with checkpointed bodies."""
+    if mode.jax_differentiates:
         if _compat.debug_checks_on():  # a value the loop makes invalid named as written
             flat = inputs.flat()
             closed = region.forward_jaxpr([_compat.aval_of(x) for x in flat], checkpoint=True)
@@ -91,7 +86,7 @@ def call(region: Region, mode: Mode, inputs: Inputs) -> Outputs:
     return region.signature.outputs(outs)
 
 
-def _bind(region: Region, mode: Mode, flat: list, linearizing: bool) -> list:
+def _bind(region: Region, mode: GradientMode, flat: list, linearizing: bool) -> list:
     """The primitive bound on ``flat``, every output used."""
     jaxpr = region.forward_jaxpr([_compat.aval_of(x) for x in flat])
     return region_p.bind(
@@ -205,7 +200,7 @@ def _dce(used: list[bool], eqn: Any) -> tuple[list[bool], Any]:
 
 
 def _linearize(
-    is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: Mode, **p: Any
+    is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: GradientMode, **p: Any
 ) -> tuple:
     if p["linearizing"] and region.split.custom_rule_in_body is not None:
         # reverse over reverse: the outer derivative of a custom rule's primal is that of the

@@ -58,7 +58,7 @@ def take_chunk(
     x: Any, loc: AxisLoc, start: Any, k: int, size: int | None = None, cell: Any = None
 ) -> Any:
     """Rows ``start .. start+k-1`` of the axis of ``x`` (which carries it at ``loc``, never
-    as a middle factor: ``_plan`` keeps such values inside the region); a row-mapped ``loc``
+    as a middle factor: ``_split`` keeps such values inside the region); a row-mapped ``loc``
     (then ``size`` is the axis's): the chunk's window of ``x`` (in ``cell``, ``window``)."""
     assert loc.outer == 1, loc
     if is_mapped(loc):
@@ -121,7 +121,7 @@ def _reads_of(vs: Sequence[Any]) -> list[Var]:
 
 
 def split_body(split: Any, signature: Any, body: Sequence[int], found: Any) -> Parts:
-    """The equations at ``body`` of ``split`` (a ``_plan.Split``, whose body's outputs are
+    """The equations at ``body`` of ``split`` (a ``_split.Split``, whose body's outputs are
     those of ``signature``, a ``_signature.Signature``) split around the cells ``found``
     (module docstring); all of them per cell where no value carried out has two readers, a
     streamed equation or a deferred value falls inside, an equation has effects, or a
@@ -181,7 +181,7 @@ def eval_body(
     special: Callable | None,
     finish: Callable[[dict], Any],
 ) -> Any:
-    """``finish(env)`` once ``parts`` of the body of ``split`` (a ``_plan.Split``) are
+    """``finish(env)`` once ``parts`` of the body of ``split`` (a ``_split.Split``) are
     evaluated into ``env`` on the chunk of ``k`` at ``start`` (``chunk``: ``(k, start,
     found)``, ``found`` the cells): ``before`` and ``after`` once, ``inside`` in the cell that
     holds the chunk (``by_cell``) with the windows of the row-mapped ones of ``invariants``

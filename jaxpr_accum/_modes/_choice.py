@@ -65,23 +65,16 @@ from collections.abc import Iterable, Sequence
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
+from jaxpr_accum._analysis._cost import Candidate, float_bytes, format_bytes
+from jaxpr_accum._analysis._split import PROLOGUE, Split
+from jaxpr_accum._analysis._stages import variables
 from jaxpr_accum._build._layout import Layout
-from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._modes._decision import Decision
-from jaxpr_accum._modes._fused import FUSED
-from jaxpr_accum._modes._remat import REMAT
-from jaxpr_accum._planning._cost import Candidate, float_bytes, format_bytes
-from jaxpr_accum._planning._plan import PROLOGUE, Split
-from jaxpr_accum._planning._stages import variables
+from jaxpr_accum._modes._mode import FUSED, NATIVE, REMAT, Mode
 
 FUSED_MAX_WIDTH = 8
 MEMORY_SLACK = 0.1  # auto takes fused while it is estimated within this much of remat
-
-
-def mode_named(name: str) -> Mode:
-    """The mode ``grad=name`` asks for (``name`` is one of ``_settings.GRAD_MODES``)."""
-    return next(m for m in (AUTO, REMAT, FUSED, NATIVE) if m.name == name)
 
 
 @dataclasses.dataclass(frozen=True)

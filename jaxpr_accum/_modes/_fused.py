@@ -16,7 +16,6 @@ import jax.numpy as jnp
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import has_float_dtype
-from jaxpr_accum._build._region_p import Mode
 from jaxpr_accum._modes._remat import linearize as remat_linearize
 
 
@@ -79,6 +78,3 @@ def _replicated_sum(region: Any, primals: list) -> bool:
         return False
     outs = region.forward_jaxpr([_compat.aval_of(p) for p in primals]).out_avals
     return any(not axes <= _compat.varying_axes(a) for a in region.signature.outputs(outs).sums)
-
-
-FUSED = Mode("fused", linearize)

@@ -28,7 +28,6 @@ import jax
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._build._region import Region
-from jaxpr_accum._build._region_p import Mode
 from jaxpr_accum._build._signature import Inputs
 
 
@@ -57,9 +56,6 @@ def linearize(
         ]
 
     return outs, out_flags, [*primals, *finals], linearized
-
-
-REMAT = Mode("remat", linearize)
 
 
 # -- the linear primitive ------------------------------------------------------------------

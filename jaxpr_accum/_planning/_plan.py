@@ -1,269 +1,297 @@
-"""The split of a program for one axis: which equations run before, inside and after the loop.
-
-Words used across the package: a *split* (``Split``) is this module's result for one
-candidate axis; the *region* is the chunked part of the program (the body, run by the chunk
-loop, ``_loop``); the *plan* (``Plan``, ``_report``) is what ``explain`` reports.
-
-Stages, assigned in one pass in program order (inputs are in the prologue):
-
-- **prologue**: equations that do not carry the axis and read only prologue values (the
-  encoder: hoisted, run once), and *hoisted* draws along the axis (exact on the full axis);
-- **body**: equations that carry the axis, can run per chunk (``Analysis.blocker`` is None),
-  and read only prologue values besides axis-carrying body values; reductions over the axis
-  are body equations whose outputs are per-chunk partials;
-- **epilogue**: everything else, which then runs on the full axis after the loop: equations
-  that read a reduction over the whole axis (batch statistics, the max in logsumexp), the
-  barriers, and everything downstream of them.
-
-Body outputs that later stages read are *sums* (carried accumulators), other monoid
-*partials* (stacked per chunk, combined after the loop) or *stacked* values that still carry
-the axis. Body inputs are *invariant* (no axis: parameters, the encoder's output) or
-*chunked* (sliced per chunk; a row-mapped one, ``_lattice``, is passed whole as an invariant
-and the body takes its windows, which may overlap). A value that holds the axis as a middle
-factor of a merged dimension (``[T * B, H]``, ``AxisLoc.outer``) is never one of them: a chunk
-of it is strided, not a block, so an equation that would read one from before the loop, or
-produce one read after it, runs after the loop instead (to a fixpoint, like undone streaming).
-This split is exact by construction: every equation computes what it computed before, on the
-same values.
-"""
+"""``Plan``: what the rewriter decided and why, as data and as a readable report."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
-from jaxpr_accum import _compat
-from jaxpr_accum._base._dtypes import has_float_dtype
-from jaxpr_accum._base._lattice import AxisLoc
-from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
-from jaxpr_accum._engine._axes import Analysis
-from jaxpr_accum._engine._conv import is_conv
-from jaxpr_accum._planning._cost import (
-    CONTRACTIONS,
-    carrying_bytes,
-    carrying_sizes,
-    float_bytes,
-    fuses_into_readers,
-    materialised_bytes,
-    nbytes,
-)
-from jaxpr_accum._planning._stages import (
-    BODY,
-    EPILOGUE,
-    PROLOGUE,
-    Stages,
-    Stop,
-    variables,
+from jaxpr_accum import _compat, _stream
+from jaxpr_accum._analysis._cost import Candidate, format_bytes, nbytes
+from jaxpr_accum._analysis._split import BODY, EPILOGUE, PROLOGUE, Split
+from jaxpr_accum._build import _layout
+from jaxpr_accum._modes._decision import Budget, Decision
+from jaxpr_accum._planning import _html
+from jaxpr_accum._planning._plan_text import (
+    CandidateAxis,
+    PlanStop,
+    gradient_mode_lines,
+    once_each,
 )
 
-__all__ = ["BODY", "EPILOGUE", "PROLOGUE", "Split", "Stop", "make_split"]
+
+def _streamed(split: Split) -> list[str]:
+    def definition(v: Any) -> Any:
+        return split.analysis.definition((), v)
+
+    def where(eqn: Any) -> str:
+        return f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}"
+
+    return [
+        f"{where(split.jaxpr.eqns[s.index])}: {_stream.describe(s, definition, where)}"
+        for s in split.sinks
+    ]
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Split:
-    """The stages of every top-level equation, and the region's inputs and outputs: program
-    structure, the same at every chunk size (``_cost.Candidate`` is a split at a chunk), and
-    the byte figures the cost model reads off them."""
-
-    jaxpr: Jaxpr
-    analysis: Analysis
-    size: int
-    born: str
-    stages: tuple[str, ...]
-    invariants: tuple[Var, ...]
-    chunked: tuple[tuple[Var, AxisLoc], ...]
-    sums: tuple[Var, ...]
-    partials: tuple[tuple[Var, str], ...]
-    stacked: tuple[tuple[Var, AxisLoc], ...]
-    stops: tuple[Stop, ...]
-    hoisted_draws: tuple[Stop, ...]
-    reductions: tuple[Stop, ...]
-    sinks: tuple = ()  # streamed sums (``_stream.Sink``)
-    streamed: frozenset = frozenset()  # indices of the equations that run streamed
-    deferred: frozenset = frozenset()  # values reduced over the axis that they read
-    copies: int = 1  # ``size=`` named ``copies`` side by side of this axis (``_candidates``)
-
-    # -- what the cost model reads, each computed once from the stages (``_cost``) ---------
-    @functools.cached_property
-    def stacked_bytes(self) -> int:
-        """Bytes of the body outputs stacked back to full size."""
-        return sum(nbytes(v) for v, _ in self.stacked)
-
-    @functools.cached_property
-    def held_bytes(self) -> int:
-        """Bytes of the body's materialised axis-carrying intermediates at full size."""
-        stacked = {v for v, _ in self.stacked}
-        eqns, body = self.jaxpr.eqns, self.indices(BODY)
-        return carrying_bytes(
-            self.analysis, (), eqns, body, exclude=stacked, materialised_only=True
-        )
-
-    @functools.cached_property
-    def largest_held_bytes(self) -> int:
-        """Bytes of the largest of the body's materialised axis-carrying intermediates at
-        full size (one value, not the sum of ``held_bytes``)."""
-        stacked = {v for v, _ in self.stacked}
-        eqns, body = self.jaxpr.eqns, self.indices(BODY)
-        sizes = carrying_sizes(
-            self.analysis, (), eqns, body, exclude=stacked, materialised_only=True
-        )
-        return max((size for size, _ in sizes), default=0)
-
-    @functools.cached_property
-    def per_example_layers(self) -> bool:
-        """Whether the body has layers written per example and ``vmap``-ped: a contraction
-        that puts the axis after the weights' dimensions (``W @ x`` under ``vmap``, as
-        Equinox's ``Linear``) reads a value computed from another contraction's result by
-        equations XLA fuses into their readers only (``fuses_into_readers``: a ReLU, a bias),
-        which ``held_bytes`` does not count though XLA materialises it for the contraction."""
-        eqns, body = self.jaxpr.eqns, self.indices(BODY)
-        contracted: set[Var] = set()
-        between: set[Var] = set()
-        for i in body:
-            eqn = eqns[i]
-            read = set(variables(eqn.invars))
-            if eqn.primitive in CONTRACTIONS:
-                locs = [self.analysis.loc((), v) for v in eqn.outvars]
-                if read & between and any(loc is not None and loc.dim > 0 for loc in locs):
-                    return True
-                contracted.update(eqn.outvars)
-            elif fuses_into_readers(eqn) and read & (contracted | between):
-                between.update(eqn.outvars)
-        return False
-
-    @functools.cached_property
-    def invariant_bytes(self) -> int:
-        """Bytes of the floating invariants (each gets a gradient accumulator)."""
-        return float_bytes(self.invariants)
-
-    @functools.cached_property
-    def input_bytes(self) -> int:
-        """Bytes of every floating input of the region, invariant or chunked."""
-        return self.invariant_bytes + float_bytes(v for v, _ in self.chunked)
-
-    @functools.cached_property
-    def epilogue_bytes(self) -> int:
-        """Bytes of the epilogue's materialised results."""
-        return materialised_bytes(self.jaxpr.eqns[i] for i in self.indices(EPILOGUE))
-
-    @functools.cached_property
-    def epilogue_result_bytes(self) -> int:
-        """Bytes of every result of the epilogue, fused or not: what its backward may hold
-        (XLA materialises broadcast pairs there that the forward fuses)."""
-        return sum(nbytes(v) for i in self.indices(EPILOGUE) for v in self.jaxpr.eqns[i].outvars)
-
-    @functools.cached_property
-    def outside_bytes(self) -> int:
-        """Bytes of every result of the prologue and the epilogue (computed once)."""
-        outside = zip(self.jaxpr.eqns, self.stages, strict=True)
-        return sum(nbytes(v) for e, s in outside if s != BODY for v in e.outvars)
-
-    @functools.cached_property
-    def gradient_sums(self) -> tuple[bool, ...]:
-        """Which of the ``sums`` carry gradients: computed from a floating input of the
-        region through floating values only, never through ``stop_gradient``. A token count
-        made from integer labels, an accuracy (through ``argmax`` and a comparison), or a sum
-        of stopped values carries none (its Jacobian rows would be zeros)."""
-        dependent = {
-            v for v in (*self.invariants, *(v for v, _ in self.chunked)) if has_float_dtype(v)
-        }
-        for i in self.indices(BODY):
-            eqn = self.jaxpr.eqns[i]
-            if eqn.primitive.name == "stop_gradient":
-                continue
-            if any(v in dependent for v in variables(eqn.invars)):
-                dependent.update(v for v in eqn.outvars if has_float_dtype(v))
-        return tuple(v in dependent for v in self.sums)
-
-    @functools.cached_property
-    def custom_vjp_in_body(self) -> str | None:
-        """The name of a custom VJP that the body calls (at any depth), or None (searched
-        once: auto's choice and every linearization of the region read it)."""
-        found = self._first_in_body(_compat.is_custom_vjp_call)
-        return None if found is None else _compat.custom_call_identity(found)[0]
-
-    @functools.cached_property
-    def custom_rule_in_body(self) -> str | None:
-        """The name of a custom VJP or JVP that the body calls (at any depth), or None
-        (searched once)."""
-        found = self._first_in_body(_compat.is_custom_rule_call)
-        return None if found is None else _compat.custom_call_identity(found)[0]
-
-    @functools.cached_property
-    def may_convolve(self) -> bool:
-        """Whether a chunk's pullback may hold a convolution (``_conv.canonicalize``): the
-        body convolves (at any depth) or calls a custom rule, whose derivative is not seen."""
-        return self.custom_rule_in_body is not None or self._first_in_body(is_conv) is not None
-
-    def _first_in_body(self, is_match: Callable[[JaxprEqn], bool]) -> JaxprEqn | None:
-        return _compat.first_eqn([self.jaxpr.eqns[i] for i in self.indices(BODY)], is_match)
-
-    def indices(self, stage: str) -> list[int]:
-        return [i for i, s in enumerate(self.stages) if s == stage]
-
-    @property
-    def gradient_width(self) -> int:
-        """Entries of the sums that carry gradients (the fused mode's Jacobian rows)."""
-        flags = zip(self.sums, self.gradient_sums, strict=True)
-        return sum(math.prod(_compat.shape_of(v)) for v, g in flags if g)
-
-    @property
-    def has_body(self) -> bool:
-        return BODY in self.stages
-
-    @property
-    def usable(self) -> bool:
-        """A plan to run: it chunks something, or there is nothing to chunk (an empty axis,
-        or a function without outputs)."""
-        return self.has_body or self.size == 0 or not self.jaxpr.outvars
-
-
-def make_split(jaxpr: Jaxpr, analysis: Analysis, born: str, stream: bool = True) -> Split:
-    """The stages of ``jaxpr`` for ``analysis``'s axis (an empty axis touches no equation,
-    ``_fanout``: all prologue); ``stream=False``: no equation is streamed (``_fallback``'s
-    narrower plan)."""
-    stages = _stages_to_fixpoint(jaxpr, analysis, stream)
-    invariants, chunked = stages.region_inputs()
-    read_after = stages.read_after_the_loop()
-    sums, partials, stacked = stages.region_outputs(read_after)
-    return Split(
-        jaxpr=jaxpr,
-        analysis=analysis,
-        size=analysis.size,
-        born=born,
-        stages=tuple(stages.stages),
-        invariants=tuple(invariants),
-        chunked=tuple(chunked),
-        sums=tuple(sums),
-        partials=tuple(partials),
-        stacked=tuple(stacked),
-        stops=tuple(stages.stops),
-        hoisted_draws=tuple(stages.hoisted),
-        reductions=tuple(stages.reductions),
-        sinks=tuple(sink for sink in stages.sinks if sink.var in set(read_after)),
-        streamed=frozenset(stages.streamed_eqns),
-        deferred=frozenset(stages.deferred),
+def _described(layout: _layout.Layout, split: Split, chunk: int) -> str:
+    """Where the axis lives, for the report."""
+    if not isinstance(layout, _layout.ShardedLayout):
+        return "one device, contiguous chunks"
+    per = chunk // layout.devices
+    shards = layout.described(split)
+    return (
+        f"sharded over mesh axis {layout.axes} ({layout.devices} devices): each device scans its "
+        f"own shard of {split.size // layout.devices} in chunks of {per} (chunk i takes {per} "
+        "rows from every shard); accumulators are summed across devices once, after the loop"
+        + (f"; {shards}" if shards else "")
     )
 
 
-def _stages_to_fixpoint(jaxpr: Jaxpr, analysis: Analysis, stream: bool) -> Stages:
-    """Streaming is undone where a streamed value has a reader outside the algebra, and the
-    region ends before a value that holds the axis as a middle factor would have to be
-    stacked; both only move equations out of the loop, so this ends."""
-    used: set = set(variables(jaxpr.outvars))
-    for eqn in jaxpr.eqns:
-        used.update(variables(eqn.invars))
-    excluded: set[int] = set()
-    unstacked: dict[int, Stop] = {}  # equation -> the stop that needs its result whole
-    while True:
-        draft = Stages(jaxpr, analysis, used, excluded, unstacked, stream)
-        misused = draft.misused()
-        if misused:
-            excluded |= misused
-            continue
-        unstackable = draft.unstackable()
-        if not unstackable:
-            return draft
-        unstacked.update(unstackable)
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the rewriter decided for one call signature, and why: ``SerializedFunction.explain``.
+
+    ``str(plan)`` is the readable report (the chosen axis, the gradient mode, what is hoisted,
+    chunked and left after the loop, what is stacked, and every place the region stopped, with
+    your source lines); in a notebook a plan displays as an HTML table. The fields are the same
+    facts as data. A plan is frozen: build one with ``explain``, never directly.
+
+    Attributes:
+        axis_size: Length ``N`` of the serialized axis (0 when nothing is chunked).
+        chunk: Chunk length ``k``.
+        born: Where the axis first appears: an argument, or an equation and its source line.
+        grad: The gradient mode that runs (``"remat"``, ``"fused"``, ``"native"``; ``"none"``
+            when the function runs as written: see ``runs_as_written``).
+        grad_reason: Why that mode (for example why fused does not apply).
+        planned_for: The differentiation the plan was made for, under ``grad="auto"`` or
+            ``memory=`` (which measure that gradient; "" otherwise): which arguments'
+            gradient. ``explain`` plans for every floating argument;
+            ``explain(..., grad_argnums=...)`` for the arguments a ``jax.grad`` of the call
+            differentiates, as the call plans for them.
+        n_chunks: Number of chunks, the remainder's included.
+        remainder: Length of the last chunk when ``k`` does not divide ``N``, else 0.
+        reduced_at: The reductions over the axis, with source lines.
+        counts: Equations ``"prologue"`` (hoisted before the loop), ``"body"`` (chunked) and
+            ``"epilogue"`` (left after the loop).
+        stacked: Outputs of the region that still carry the axis, with their bytes: memory
+            the rewrite did not save.
+        accumulated: Accumulators carried across chunks, with their monoid.
+        stops: Every place the region had to stop: primitive, source line, reason; each
+            once, with a count where one repeats (``PlanStop.repeats``).
+        hoisted: Random draws computed before the loop on the full axis, and why.
+        candidates: Every candidate axis, a ``CandidateAxis`` (a named tuple: ``size``,
+            ``born``, ``saved_bytes``, the estimated bytes saved, and ``chosen``).
+        layout: One device, or sharded over mesh axes with the per-device chunk.
+        streamed: The streamed normalisers (sums over the axis computed chunk by chunk).
+        warning: Why the plan is not expected to save memory, or ``None``; also the report's
+            first line and a ``PlanWarning`` on the first call.
+        budget: With ``memory=``: the chunk search (what was compiled and measured).
+        pairs: For a program that pairs the axis with itself: the pairing equations.
+        between: What pass 1 stacks for pass 2, with bytes (two-pass plans).
+        second: Pass 2's plan (two-pass plans), else ``None``.
+        savings: Estimated bytes saved by these passes and by the one pass they replace.
+        runs_as_written: True when the function runs as written, with no loop (nothing is
+            chunked, or chunking was not expected to save); ``grad`` is then ``"none"``.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import jaxpr_accum as ja
+        >>> def loss(w, x):
+        ...     return jnp.mean(jnp.tanh(x @ w) ** 2)
+        >>> sf = ja.serialize_axis(loss, chunk=4, argnums=1)
+        >>> plan = sf.explain(jnp.ones((8, 3)), jnp.ones((10, 8)))
+        >>> plan.axis_size, plan.chunk, plan.n_chunks, plan.remainder, plan.stops
+        (10, 4, 3, 2, [])
+    """
+
+    axis_size: int
+    chunk: int
+    born: str
+    grad: str
+    grad_reason: str
+    n_chunks: int
+    remainder: int
+    reduced_at: list[str]
+    counts: dict[str, int]
+    stacked: list[tuple[str, int]]
+    accumulated: list[str]
+    stops: list[PlanStop]  # every stop of every pass, each with its ``pass_``
+    hoisted: list[str]
+    candidates: list[CandidateAxis]
+    layout: str
+    streamed: list[str] = dataclasses.field(default_factory=list)  # the streamed normalisers
+    warning: str | None = None  # why this plan is not expected to save memory, if it is not
+    budget: Budget | None = None  # with ``memory=``: the chunk search
+    # A program that pairs the axis with itself, in two passes (``_pairwise``): this plan is
+    # pass 1's and ``second`` pass 2's (None: the paired values are inputs, one pass by rows);
+    # ``pairs``: the pairing equations; ``between``: what pass 1 stacks for pass 2.
+    pairs: list[str] = dataclasses.field(default_factory=list)
+    between: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    second: Plan | None = None
+    savings: tuple[int, int] | None = None  # estimated: (these passes, the one pass replaced)
+    planned_for: str = ""  # the differentiation planned for (``Planner.prepare`` fills it)
+    runs_as_written: bool = False  # no loop: the function as written (``grad`` is "none")
+
+    @classmethod
+    def from_decision(cls, decision: Decision, candidates: Sequence[Candidate]) -> Plan:
+        """The plan that runs ``decision`` (the library's constructor; plans come from
+        explain); ``candidates``: every candidate axis, the decision's among them."""
+        chosen = decision.candidate
+        split, chunk = chosen.split, chosen.chunk
+        n_full, rem = divmod(split.size, chunk)
+        counts = {s: split.stages.count(s) for s in (PROLOGUE, BODY, EPILOGUE)}
+        return cls(
+            axis_size=split.size,
+            chunk=chunk,
+            born=split.born,
+            grad=decision.mode.name,
+            grad_reason=decision.reason,
+            n_chunks=n_full + (1 if rem else 0),
+            remainder=rem,
+            reduced_at=[str(s) for s in split.reductions],
+            counts=counts,
+            stacked=[(str(v.aval), nbytes(v)) for v, _ in split.stacked],
+            accumulated=[f"{v.aval} (sum)" for v in split.sums]
+            + [f"{v.aval} ({kind})" for v, kind in split.partials],
+            stops=once_each(split.stops),
+            hoisted=[str(s) for s in split.hoisted_draws],
+            candidates=[
+                CandidateAxis(c.split.size, c.split.born, c.net_saving, c is chosen)
+                for c in candidates
+            ],
+            layout=_described(decision.layout, split, chunk),
+            streamed=_streamed(split),
+            warning=chosen.warning(),
+            budget=decision.budget,
+        )
+
+    @classmethod
+    def unchunked(cls, why: str) -> Plan:
+        """The plan of a call that runs the original as written; ``why`` is its warning."""
+        return cls(
+            axis_size=0,
+            chunk=0,
+            born="(nothing is chunked)",
+            grad="none",
+            grad_reason="the original function runs unchunked",
+            n_chunks=0,
+            remainder=0,
+            reduced_at=[],
+            counts={PROLOGUE: 0, BODY: 0, EPILOGUE: 0},
+            stacked=[],
+            accumulated=[],
+            stops=[],
+            hoisted=[],
+            candidates=[],
+            layout="as written",
+            warning=why,
+            runs_as_written=True,
+        )
+
+    def _repr_html_(self) -> str:
+        return _html.plan_html(self)
+
+    def __str__(self) -> str:
+        lines = [] if self.warning is None else [f"note: {self.warning}"]
+        if not self.pairs:
+            return "\n".join(lines + self._lines("jaxpr_accum plan: "))
+        lines += self._pairs_lines()
+        if self.second is None:
+            return "\n".join(lines + self._lines("one pass by rows: "))
+        lines += self._lines("pass 1, the per-example part: ")
+        lines += self.second._lines("pass 2, the pairs by rows: ", pass_=2)
+        return "\n".join(lines)
+
+    def _pairs_lines(self) -> list[str]:
+        two = self.second is not None
+        lines = [
+            "jaxpr_accum plan in "
+            + ("two passes" if two else "one pass by rows")
+            + ": the program pairs the axis with itself at:",
+            *(f"    {p}" for p in self.pairs),
+        ]
+        if two:
+            total = sum(b for _, b in self.between)
+            lines.append(
+                f"  stacked by pass 1 for pass 2 ({format_bytes(total)} in all; pass 2 reads "
+                "them as chunked rows and, whole, as the columns):"
+            )
+            lines.extend(f"    {a}: {format_bytes(b)}" for a, b in self.between)
+        else:
+            lines.append("  the paired values are inputs: their columns are the inputs, whole")
+        if self.savings is not None:
+            lines.append(
+                f"  estimated saving: {_html.saved_text(self.savings[0])} (in one pass, with the "
+                f"pairs after the loop on the full axis: {_html.saved_text(self.savings[1])})"
+            )
+        return lines
+
+    def chunks_text(self) -> str:
+        """How the axis is cut.
+
+        Returns:
+            The chunks, as the report writes them: ``3 chunks, the last of 2``.
+        """
+        if self.n_chunks == 1 and self.remainder:  # one chunk, shorter than ``chunk``
+            return f"1 chunk of {self.remainder}"
+        plural = "s" if self.n_chunks != 1 else ""
+        last = f", the last of {self.remainder}" if self.remainder else ""
+        return f"{self.n_chunks} chunk{plural}{last}"
+
+    def equations_text(self) -> str:
+        """Where the program's equations run.
+
+        Returns:
+            Their counts: ``4 hoisted before the loop, 15 chunked, 1 left after the loop``.
+        """
+        counts = self.counts
+        before, body, after = counts[PROLOGUE], counts[BODY], counts[EPILOGUE]
+        if self.axis_size == 0:
+            return f"{before + body + after}, all run as written (no loop)"
+        if self.runs_as_written:
+            return (
+                f"{before + body + after}, all run as written (no loop; the loop would hoist "
+                f"{before}, chunk {body} and leave {after} after it)"
+            )
+        return f"{before} hoisted before the loop, {body} chunked, {after} left after the loop"
+
+    def _lines(self, title: str, pass_: int = 1) -> list[str]:
+        """The section of one pass; of ``stops``, those of pass ``pass_`` (a plain string: 1)."""
+        stops = [s for s in self.stops if getattr(s, "pass_", 1) == pass_]
+        lines = [
+            f"{title}axis of size {self.axis_size} in chunks of {self.chunk} "
+            f"({self.chunks_text()})",
+            f"  born at: {self.born}",
+            *gradient_mode_lines(self.grad, self.grad_reason),
+            *([f"  planned for: {self.planned_for}"] if self.planned_for else []),
+            *([] if self.budget is None else self.budget.lines()),
+            f"  layout: {self.layout}",
+            f"  equations: {self.equations_text()}",
+        ]
+        if self.reduced_at:
+            lines.append("  reduced at:")
+            lines.extend(f"    {r}" for r in self.reduced_at)
+        if self.streamed:
+            lines.append("  streamed normalisers (sums over the axis computed chunk by chunk):")
+            lines.extend(f"    {s}" for s in self.streamed)
+        if self.accumulated:
+            lines.append("  accumulated across chunks: " + ", ".join(self.accumulated))
+        if self.stacked:
+            total = sum(b for _, b in self.stacked)
+            lines.append(f"  stacked outputs (still carry the axis, {format_bytes(total)} in all):")
+            lines.extend(f"    {a}: {format_bytes(b)}" for a, b in self.stacked)
+        if self.hoisted:
+            lines.append("  computed before the loop on the full axis:")
+            lines.extend(f"    {h}" for h in self.hoisted)
+        if stops:
+            lines.append("  the region stopped at:")
+            lines.extend(f"    {s}" for s in stops)
+        if len(self.candidates) > 1:  # the others that would save memory, and a count
+            lines.append("  candidate axes (estimated bytes saved by chunking, higher is better):")
+            chosen = next(c for c in self.candidates if c.chosen)
+            lines.append(f"    {_html.candidate_text(chosen)} (chosen)")
+            shown, left_out = _html.other_candidates(self.candidates)
+            lines.extend(f"    {_html.candidate_text(c)}" for c in shown)
+            if left_out:
+                lines.append(f"    {left_out} (Plan.candidates lists every one)")
+        return lines

@@ -34,7 +34,7 @@ cotangent of a coefficient is its accumulator's, rescaled by ``exp(s_chunk - s_f
 **Numerics.** ``exp`` is only taken of ``A - s <= 0`` and of ``s_chunk - s_final <= 0``; a
 stabiliser that is ``-inf`` (a chunk that is masked out entirely) contributes exactly zero.
 Where a program is outside the table (``log`` of a streamed value, a ``select``, a factor
-varying along a dimension that is summed), ``_plan`` keeps it after the loop, as before.
+varying along a dimension that is summed), ``_split`` keeps it after the loop, as before.
 """
 
 from jaxpr_accum._stream.emit import DEFERRED, apply, emitter, operands

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_accum import _compat
+from jaxpr_accum._analysis import _trace
 from jaxpr_accum._base._dtypes import is_float_array, real_dtype
 from jaxpr_accum._engine import _interpret
-from jaxpr_accum._planning import _trace
 
 
 def _jitter(x: Any, seed: Any, site: int) -> Any:

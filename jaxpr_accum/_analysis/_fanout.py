@@ -38,10 +38,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from jaxpr_accum import _compat
+from jaxpr_accum._analysis._input_slices import root_of, through_roots
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped, positions
 from jaxpr_accum._compat import Jaxpr, Literal, Var
 from jaxpr_accum._engine._axes import Analysis
-from jaxpr_accum._planning._input_slices import root_of, through_roots
 from jaxpr_accum._rules.rows import keeps_all
 
 MAX_ROUNDS = 16

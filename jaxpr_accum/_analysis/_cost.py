@@ -49,7 +49,7 @@ FUSED_INTO_READERS = frozenset(
 )  # primitive objects (names the installed JAX lacks cannot appear in a program)
 
 #: the least fraction of the estimated memory a plan that stops must save (else it is
-#: measured: ``_assembly/_worth``)
+#: measured: ``_planning/_worth``)
 MARGIN = 0.10
 
 _SCAN = _compat.primitive("scan")
@@ -144,7 +144,7 @@ def carrying_bytes(
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Candidate:
-    """A split (``_plan``) at a chunk size, with what the cost model expects of it."""
+    """A split (``_split``) at a chunk size, with what the cost model expects of it."""
 
     split: Any
     chunk: int

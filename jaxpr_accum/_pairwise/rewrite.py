@@ -44,9 +44,9 @@ the cotangent, adds them up as the original's does.
 from __future__ import annotations
 
 from jaxpr_accum import _compat
-from jaxpr_accum._assembly._pairwise.detect import Pairing, Read
+from jaxpr_accum._analysis._stages import variables
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, Literal, Var
-from jaxpr_accum._planning._stages import variables
+from jaxpr_accum._pairwise.detect import Pairing, Read
 
 
 def _dce(jaxpr: Jaxpr) -> Jaxpr:

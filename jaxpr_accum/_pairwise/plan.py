@@ -6,7 +6,7 @@ reads of per-row values at the pairs' columns that free pass 2 (``reads``: ``k @
 the plan with them fails, it is planned without), cuts the program in two (``rewrite``: each
 effect and each custom VJP call in exactly one pass; no two-pass plan where the cut would
 reorder the effects) and plans each part as any other program is planned
-(``_plan.make_split``):
+(``_split.make_split``):
 
 - pass 1 is analysed with the one-pass plan's own facts (the same axis, where the program's
   inputs and values carry it), so it chunks exactly what the one-pass plan chunks before the
@@ -32,13 +32,13 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpr_accum import _compat
-from jaxpr_accum._assembly._pairwise import constants, detect, reads, rewrite
-from jaxpr_accum._assembly._pairwise.constants import Constants
-from jaxpr_accum._assembly._pairwise.detect import Pairing
+from jaxpr_accum._analysis._cost import Candidate, format_bytes
+from jaxpr_accum._analysis._split import make_split
 from jaxpr_accum._compat import Jaxpr, Var
 from jaxpr_accum._engine._axes import Analysis
-from jaxpr_accum._planning._cost import Candidate, format_bytes
-from jaxpr_accum._planning._plan import make_split
+from jaxpr_accum._pairwise import constants, detect, reads, rewrite
+from jaxpr_accum._pairwise.constants import Constants
+from jaxpr_accum._pairwise.detect import Pairing
 
 MAX_ROUNDS = 4  # analyses of pass 2 with constants computed whole before it (``constants``)
 

@@ -30,71 +30,22 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxpr_accum import _compat
+from jaxpr_accum._analysis._cost import format_bytes
+from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._assembly._assemble import build
-from jaxpr_accum._assembly._chunk_search import ChunkSearch
 from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._base._errors import ArgumentError, SerializeError
 from jaxpr_accum._engine import _interpret
-from jaxpr_accum._modes._decision import Decision
-from jaxpr_accum._modes._fused import FUSED
-from jaxpr_accum._modes._remat import REMAT
-from jaxpr_accum._planning._cost import format_bytes
-from jaxpr_accum._planning._plan import Split
-
-
-class Trial(NamedTuple):
-    """One compile of the search, for ``Budget.tried``: the gradient mode's name (``grad``),
-    the ``chunk``, and the temp bytes ``measured``."""
-
-    grad: str
-    chunk: int
-    measured: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Budget:
-    """What the search did, for ``explain``."""
-
-    limit: int
-    requested: Any  # as the user wrote it
-    chunk: int
-    grad: str
-    measured: int
-    tried: list[Trial]  # every chunk compiled and measured, in order
-    model: tuple[float, float] | None  # bytes ~ a + b * chunk, fitted to the chosen mode's
-    seconds: float
-    wrt: str = "every floating argument"  # what the measured value_and_grad differentiates
-    original: int | None = None  # the original's memory, measured when ``explain`` asks
-
-    def lines(self) -> list[str]:
-        req = "" if isinstance(self.requested, int) else f" ({self.requested!r})"
-        out = [
-            f"  memory budget: {format_bytes(self.limit)}{req} of XLA temp memory for "
-            f"value_and_grad with respect to {self.wrt}",
-            f"    chosen: chunk {self.chunk} ({self.grad}), measured {format_bytes(self.measured)}",
-        ]
-        if self.original is not None:
-            out.append(f"    original (unchunked): {format_bytes(self.original)}")
-        if self.model is not None:
-            a, b = self.model
-            out.append(
-                f"    fitted model: {format_bytes(a)} + {format_bytes(b)} per chunk position"
-            )
-        tried = ", ".join(
-            f"{t.chunk} -> {format_bytes(t.measured)}"
-            + ("" if t.measured <= self.limit else " (over)")
-            + (f" [{t.grad}]" if t.grad != self.grad else "")
-            for t in self.tried
-        )
-        out.append(f"    chunks tried ({len(self.tried)} compiles, {self.seconds:.1f} s): {tried}")
-        return out
+from jaxpr_accum._modes._decision import Budget, Decision, Trial
+from jaxpr_accum._modes._mode import FUSED, REMAT
+from jaxpr_accum._planning._chunk_search import ChunkSearch
 
 
 def resolve(memory: int | float, device: Any = None) -> int:
@@ -235,7 +186,7 @@ def choose_chunk(first: Decision, layout_for: Callable[[int], Any], request: Req
                 chunk=c * devices,
                 grad=choice.mode.name,
                 measured=search.points[c],
-                tried=tried,
+                tried=tuple(tried),
                 model=search.fit(),
                 seconds=time.perf_counter() - t0,
                 wrt=request.wrt,

@@ -25,11 +25,11 @@ from typing import Any
 import jax
 
 from jaxpr_accum import _compat
+from jaxpr_accum._analysis import _arguments
 from jaxpr_accum._base._collector import collector_paused
 from jaxpr_accum._base._dtypes import has_float_dtype, is_array_or_tracer
 from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn
 from jaxpr_accum._engine import _interpret
-from jaxpr_accum._planning import _arguments
 
 
 @dataclass

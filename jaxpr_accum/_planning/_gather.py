@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from jaxpr_accum._assembly._budget import Request, choose_chunk
+from jaxpr_accum._analysis._cost import format_bytes
 from jaxpr_accum._base._errors import SerializeError
 from jaxpr_accum._build import _layout
 from jaxpr_accum._build._shards import Gather
 from jaxpr_accum._modes._decision import Decision
-from jaxpr_accum._planning._cost import format_bytes
+from jaxpr_accum._planning._budget import Request, choose_chunk
 
 
 def fit(
@@ -46,7 +46,9 @@ def fit(
     except SerializeError:  # no chunk fits them whole: per chunk
         why = f"gathered once they fit the memory budget {limit} at no chunk"
         return choose_chunk(first, gathering(False, why), request)
-    measured, k = format_bytes(decision.budget.measured), decision.budget.chunk
+    budget = decision.budget
+    assert budget is not None, "choose_chunk decides with its Budget"
+    measured, k = format_bytes(budget.measured), budget.chunk
     why = f"gathered once they fit the memory budget {limit} (chunk {k}: {measured})"
     return dataclasses.replace(decision, layout=gathering(True, why)(k))
 

@@ -17,12 +17,12 @@ import dataclasses
 from typing import Any
 
 from jaxpr_accum import _compat
+from jaxpr_accum._analysis import _fanout
+from jaxpr_accum._analysis._cost import Candidate, format_bytes
+from jaxpr_accum._analysis._split import Split, make_split
 from jaxpr_accum._base._errors import SerializeError
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped
 from jaxpr_accum._compat import Jaxpr, Var
-from jaxpr_accum._planning import _fanout
-from jaxpr_accum._planning._cost import Candidate, format_bytes
-from jaxpr_accum._planning._plan import Split, make_split
 
 
 def choose_split(

@@ -40,11 +40,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from jaxpr_accum._assembly._pairwise import detect
-from jaxpr_accum._assembly._pairwise.detect import Pairing, Read
+from jaxpr_accum._analysis._stages import variables
 from jaxpr_accum._compat import JaxprEqn
 from jaxpr_accum._engine._table import rule_for
-from jaxpr_accum._planning._stages import variables
+from jaxpr_accum._pairwise import detect
+from jaxpr_accum._pairwise.detect import Pairing, Read
 
 MAX_READS = 8  # candidates weighed by ``extend``
 

@@ -31,8 +31,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from jaxpr_accum._build._region_p import AUTO, Mode
-from jaxpr_accum._planning._cost import MARGIN, format_bytes
+from jaxpr_accum._analysis._cost import MARGIN, format_bytes
+from jaxpr_accum._modes._mode import AUTO, Mode
 
 FORCE_HINT = "; pass grad='remat' (or 'fused' / 'native') to run the chunked loop anyway"
 

@@ -46,13 +46,13 @@ import functools
 from typing import Any
 
 from jaxpr_accum import _compat
-from jaxpr_accum._assembly._pairwise import permute
+from jaxpr_accum._analysis._split import Split
+from jaxpr_accum._analysis._stages import variables
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
 from jaxpr_accum._engine._axes import Analysis
 from jaxpr_accum._engine._table import rule_for
-from jaxpr_accum._planning._plan import Split
-from jaxpr_accum._planning._stages import variables
+from jaxpr_accum._pairwise import permute
 
 MAX_SEEDS = 4  # analyses tried for a pairing of an axis born again at a stop
 

@@ -11,8 +11,8 @@ import dataclasses
 from html import escape
 from typing import Any
 
-from jaxpr_accum._assembly._report_text import CandidateAxis
-from jaxpr_accum._planning._cost import format_bytes
+from jaxpr_accum._analysis._cost import format_bytes
+from jaxpr_accum._planning._plan_text import CandidateAxis
 
 TABLE = 'style="border-collapse: collapse; text-align: left; font-size: 0.9em"'
 _CELL = 'style="padding: 2px 8px; vertical-align: top; text-align: {align}"'

@@ -24,20 +24,21 @@ from typing import Any
 
 import jax
 
-from jaxpr_accum._assembly import _budget, _fallback, _gather, _pairwise, _worth
+from jaxpr_accum import _pairwise
+from jaxpr_accum._analysis import _candidates, _trace
+from jaxpr_accum._analysis._cost import Candidate
+from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._assembly._assemble import build, run_as_written
-from jaxpr_accum._assembly._report import Plan
-from jaxpr_accum._assembly._report_text import planned_for_text
 from jaxpr_accum._base._errors import warn
 from jaxpr_accum._base._lru import LRU
 from jaxpr_accum._base._settings import Settings
 from jaxpr_accum._build import _layout
-from jaxpr_accum._build._region_p import AUTO, NATIVE, Mode
 from jaxpr_accum._modes import _choice
 from jaxpr_accum._modes._decision import Decision
-from jaxpr_accum._planning import _candidates, _trace
-from jaxpr_accum._planning._cost import Candidate
-from jaxpr_accum._planning._plan import Split
+from jaxpr_accum._modes._mode import AUTO, NATIVE, Mode, mode_named
+from jaxpr_accum._planning import _budget, _fallback, _gather, _worth
+from jaxpr_accum._planning._plan import Plan
+from jaxpr_accum._planning._plan_text import planned_for_text
 
 CACHE_SIZE = 64  # call signatures whose plans a SerializedFunction keeps (least recent out)
 
@@ -130,7 +131,7 @@ class Planner:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.requested = _choice.mode_named(settings.grad)
+        self.requested = mode_named(settings.grad)
         self.chunks = LRU(CACHE_SIZE)
 
     def prepare(

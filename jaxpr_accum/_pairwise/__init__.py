@@ -15,9 +15,9 @@ pass 2 chunks the pairs by rows, with the full stacked value as a loop-invariant
 - ``report``: what ``explain`` shows of them.
 """
 
-from jaxpr_accum._assembly._pairwise.build import build
-from jaxpr_accum._assembly._pairwise.modes import choose_and_build
-from jaxpr_accum._assembly._pairwise.plan import TwoPass, plan
-from jaxpr_accum._assembly._pairwise.report import plan_of
+from jaxpr_accum._pairwise.build import build
+from jaxpr_accum._pairwise.modes import choose_and_build
+from jaxpr_accum._pairwise.plan import TwoPass, plan
+from jaxpr_accum._pairwise.report import plan_of
 
 __all__ = ["TwoPass", "build", "choose_and_build", "plan", "plan_of"]

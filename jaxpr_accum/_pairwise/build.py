@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxpr_accum._assembly._assemble import build as build_pass
-from jaxpr_accum._assembly._pairwise.plan import TwoPass
 from jaxpr_accum._modes._decision import Decision
+from jaxpr_accum._pairwise.plan import TwoPass
 
 
 def build(two: TwoPass, decisions: Sequence[Decision], accum_dtype: Any) -> Callable:

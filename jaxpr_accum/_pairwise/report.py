@@ -8,12 +8,12 @@ import dataclasses
 from collections.abc import Sequence
 
 from jaxpr_accum import _compat
-from jaxpr_accum._assembly._pairwise.detect import Use
-from jaxpr_accum._assembly._pairwise.plan import TwoPass, describe_value
-from jaxpr_accum._assembly._report import Plan
-from jaxpr_accum._assembly._report_text import PlanStop
+from jaxpr_accum._analysis._cost import nbytes
 from jaxpr_accum._modes._decision import Decision
-from jaxpr_accum._planning._cost import nbytes
+from jaxpr_accum._pairwise.detect import Use
+from jaxpr_accum._pairwise.plan import TwoPass, describe_value
+from jaxpr_accum._planning._plan import Plan
+from jaxpr_accum._planning._plan_text import PlanStop
 
 
 def pairs(two: TwoPass, names: dict) -> list[str]:

@@ -1,9 +1,9 @@
 """The stages of a program's equations for one axis, assigned in one pass in program order.
 
-``Stages`` gives every top-level equation a stage (see ``_plan``): prologue, body or
+``Stages`` gives every top-level equation a stage (see ``_split``): prologue, body or
 epilogue, streams what the normaliser algebra can (``_stream``), and records where and why
 the region stops (``Stop``, with the stop that forced it where a retreat is not its own).
-``_plan.make_split`` runs it to a fixpoint: streaming undone where a streamed value has a
+``_split.make_split`` runs it to a fixpoint: streaming undone where a streamed value has a
 reader outside the algebra (``misused``), and equations whose result holds the axis as a
 middle factor moved after the loop where that result is read there (``unstackable``); the
 stages it ends with give the region's inputs and outputs (``region_inputs``,
@@ -17,10 +17,10 @@ import functools
 from typing import Any
 
 from jaxpr_accum import _compat, _stream
+from jaxpr_accum._analysis import _stop_reasons as reasons
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped, is_middle_factor, not_a_block
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
 from jaxpr_accum._engine._axes import Analysis
-from jaxpr_accum._planning import _stop_reasons as reasons
 
 PROLOGUE, BODY, EPILOGUE = "prologue", "body", "epilogue"
 

@@ -84,6 +84,10 @@ def test_generous_budget_is_one_chunk_after_one_compile(compiles):
         np.testing.assert_allclose(sf(*ARGS), loss(*ARGS), rtol=1e-5)
     assert sf.explain(*ARGS).chunk == 256
     assert compiles[0] == 2  # the search's one, and the original's, for explain
+    ((_, prepared),) = sf._plans.cache.items()
+    assert prepared.plan.budget.original is None  # explain reports it, the cache is unchanged
+    assert sf.explain(*ARGS).budget.original == prepared.measured["original"]
+    assert compiles[0] == 2  # measured once per signature
 
 
 @pytest.mark.slow

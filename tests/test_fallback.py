@@ -9,6 +9,7 @@ instead. The user's own errors at run time are never fallbacks (``test_user_erro
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from jaxpr_accum import _stream
 from jaxpr_accum._analysis import _candidates
 from jaxpr_accum._build import _loop, _region
 from jaxpr_accum._engine import _resize
-from jaxpr_accum._planning import _planner
+from jaxpr_accum._planning import _attempt, _fallback, _planner
 from jaxpr_accum.testing import assert_tree_close
 
 _rs = np.random.RandomState(0)
@@ -123,8 +124,8 @@ def test_a_call_that_fails_to_compile_after_validating_runs_the_original(monkeyp
     monkeypatch.setenv("JAXPR_ACCUM_STRICT", "0")
     sf = ja.serialize_axis(mlp, chunk=3, argnums=1)
     sf.explain(W, X)  # planned and validated, not yet compiled
-    (prepared,) = sf._plans.cache.values()
-    prepared.jitted = _FailsToCompile(prepared.jitted)
+    ((key, prepared),) = sf._plans.cache.items()
+    sf._plans.cache.put(key, dataclasses.replace(prepared, jitted=_FailsToCompile(prepared.jitted)))
     with pytest.warns(ja.PlanWarning, match="Injected while compiling.*for this call"):
         got = sf(W, X)
     assert_tree_close(got, mlp(W, X))
@@ -194,3 +195,47 @@ def test_a_forward_call_with_a_broken_backward_rule_runs_as_the_original(monkeyp
     monkeypatch.setenv("JAXPR_ACCUM_STRICT", "1")
     with pytest.raises(TypeError, match="bwd rule"):
         ja.serialize_axis(loss, chunk=3, argnums=1)(W, X)
+
+
+def test_an_attempt_is_a_frozen_record_and_one_that_does_not_apply_yields_its_name():
+    """Attempts are made with keywords and run by one method; an attempt that does not apply
+    answers ``DoesNotApply`` (not None), and the next takes its place and its name: a plain
+    program's two-pass attempt does not apply, so a failure of one pass is "the plan as
+    chosen"'s, and what runs instead is the narrower attempt."""
+    planner = _planner.Planner(ja.serialize_axis(mlp, chunk=3, argnums=1).settings)
+    attempts = planner.attempts()
+    assert [(a.passes, a.streamed, a.requested.name) for a in attempts] == [
+        (2, True, "auto"), (1, True, "auto"), (1, False, "auto"), (1, False, "native"),
+    ]  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        attempts[0].passes = 1
+    with pytest.raises(TypeError):
+        _attempt.Attempt("the plan", 1, True, attempts[0].requested)  # keywords only
+    ran: list[str] = []
+
+    def run(attempt):
+        ran.append(attempt.what)
+        if attempt.passes == 2:
+            return _fallback.DoesNotApply("nothing pairs the axis with itself")
+        if len(ran) == 2:
+            raise Injected("in one pass")
+        return attempt.what
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("JAXPR_ACCUM_STRICT", "0")
+        with pytest.warns(
+            ja.PlanWarning,
+            match=r"\(the plan as chosen: Injected.*running the plan"
+            r" without streamed normalisers instead",
+        ):
+            got = _fallback.first_that_works(attempts, run, lambda why: "unchunked")
+    assert got == "the plan without streamed normalisers" and len(ran) == 3
+
+
+def test_prepared_is_frozen_and_explain_changes_no_cached_plan():
+    sf = ja.serialize_axis(mlp, chunk=3, argnums=1)
+    first = sf.explain(W, X)
+    ((_, prepared),) = sf._plans.cache.items()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prepared.plan = first
+    assert sf.explain(W, X) is prepared.plan is first

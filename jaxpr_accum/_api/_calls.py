@@ -8,6 +8,7 @@ part of the key (a plan each). A trace that closes over tracers is not cached.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,8 @@ from jaxpr_accum._base._collector import collector_paused
 from jaxpr_accum._base._lru import LRU
 from jaxpr_accum._base._settings import Settings
 from jaxpr_accum._modes._mode import AUTO
-from jaxpr_accum._planning._planner import CACHE_SIZE, Planner, Prepared
+from jaxpr_accum._planning._attempt import Prepared
+from jaxpr_accum._planning._planner import CACHE_SIZE, Planner
 
 
 class CallPlans:
@@ -50,7 +52,8 @@ class CallPlans:
                 specs = [None] * len(traced.consts) + _arguments.param_specs(self.settings, call)
                 inputs = [*traced.consts, *call.dyn]
                 prepared = self.planner.prepare(traced, inputs, key, pattern, specs=specs)
-            prepared.plan = _messages.with_hint(prepared.plan, self.settings, call)
+            plan = _messages.with_hint(prepared.plan, self.settings, call)
+            prepared = dataclasses.replace(prepared, plan=plan)
             if key is not None and not traced.has_tracer_consts:
                 self.cache.put(key, prepared)
         return prepared, [*prepared.traced.consts, *call.dyn]

@@ -183,12 +183,14 @@ class SerializedFunction(Generic[P, R]):
         nums = None if grad_argnums is None else check_grad_argnums(grad_argnums, args)
         prepared, inputs = self._plans.prepare(args, kwargs, nums)
         budget = prepared.plan.budget
-        if budget is not None and budget.original is None:  # compiled once, when asked
+        if budget is None:
+            return prepared.plan
+        if "original" not in prepared.measured:  # compiled once per signature, when asked
             traced = prepared.traced
-            original = _budget.original_memory(traced.jaxpr, inputs, traced.float_arguments(inputs))
-            budget = dataclasses.replace(budget, original=original)
-            prepared.plan = dataclasses.replace(prepared.plan, budget=budget)
-        return prepared.plan
+            floats = traced.float_arguments(inputs)
+            prepared.measured["original"] = _budget.original_memory(traced.jaxpr, inputs, floats)
+        budget = dataclasses.replace(budget, original=prepared.measured["original"])
+        return dataclasses.replace(prepared.plan, budget=budget)
 
     @_compat.api_boundary
     def jaxpr(self, *args: P.args, **kwargs: P.kwargs) -> ClosedJaxpr:

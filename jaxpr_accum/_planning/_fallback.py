@@ -32,9 +32,10 @@ run strict, so a fallback never hides a defect from them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 import jax
 import numpy as np
@@ -69,19 +70,36 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__} while {where}" + (f": {first[:300]}" if first else "")
 
 
+class Named(Protocol):
+    """An attempt, as ``first_that_works`` sees it: ``what`` it tries."""
+
+    @property
+    def what(self) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class DoesNotApply:
+    """An attempt's answer where it has nothing to try (the two-pass plan of a program that
+    pairs nothing), and ``why``: the next attempt takes its place, and its name."""
+
+    why: str
+
+
+A = TypeVar("A", bound=Named)
+
+
 def first_that_works(
-    attempts: Iterable[tuple[str, Callable[[], T | None]]], unchunked: Callable[[str], T]
+    attempts: Sequence[A], run: Callable[[A], T | DoesNotApply], unchunked: Callable[[str], T]
 ) -> T:
-    """The result of the first of ``attempts`` (``(what it runs, attempt)``) that does not
-    raise an internal error; ``unchunked(why)`` when none does. An attempt that returns None
-    does not apply (the two-pass plan of a program that pairs nothing): the next one takes
-    its place, and its name."""
+    """``run(attempt)`` for the first of ``attempts`` that does not raise an internal error
+    and applies; ``unchunked(why)`` when none does. An attempt that does not apply
+    (``DoesNotApply``) is not a failure: the next one takes its place, and its name."""
     failures: list[str] = []
     instead: str | None = None  # the name of an attempt that did not apply
-    for what, attempt in attempts:
-        what, instead = instead or what, None
+    for attempt in attempts:
+        what, instead = instead or attempt.what, None
         try:
-            result = attempt()
+            result = run(attempt)
         except ArgumentError:
             raise
         except SerializeError:
@@ -94,7 +112,7 @@ def first_that_works(
                 raise
             failures.append(f"{what}: {describe(error)}")
             continue
-        if result is None:
+        if isinstance(result, DoesNotApply):
             instead = what
             continue
         if failures:

@@ -1,33 +1,32 @@
 """Planning one call signature: attempts from the widest plan to the function as written.
 
 ``Planner.prepare(traced, inputs, key, pattern)`` makes a ``Prepared``: the trace, the ``Plan``
-``explain`` returns and the program to run. The attempts (``_fallback``), each an ``Attempt``
-value: the plan in two passes where the program pairs the axis with itself (``_pairwise``;
-None where it does not, and one pass is the plan as chosen), in one pass, without streamed
-normalisers, with native gradients. Each is one straight pipeline of frozen values: the axis
+``explain`` returns and the program to run. ``Planner.attempts`` lists the attempts, each a
+frozen ``Attempt`` (``_attempt``) made with keywords: the plan in two passes where the program
+pairs the axis with itself (``_pairwise``; where it does not, the attempt answers
+``DoesNotApply`` and one pass is the plan as chosen), in one pass, without streamed
+normalisers, with native gradients. ``_fallback.first_that_works`` runs them through one
+method, ``_attempt``. Each is one straight pipeline of frozen values: the axis
 (``_candidates``), the mode (``_choice``, by the estimate for what the caller
 differentiates, at ``chunk=``, or with ``memory=`` at the whole axis; nothing is compiled to
-choose it) and the chunk (``chunk=``, or the search of ``_budget`` for that mode and what the
-caller differentiates, cached per signature; ``_gather`` where sharded parameters are
-gathered under ``gather="auto"``) as a ``Decision``, the program built from it
-(``_assemble``), its forward and backward passes validated, and the plan weighed against the
-function as written (``_worth``). What the attempts share (the axis, the two-pass plan, the
-programs measured) is made once: ``Planning``.
+choose it; the two-pass pipeline chooses each pass's mode with the same function) and the
+chunk (``chunk=``, or the search of ``_budget`` for that mode and what the caller
+differentiates, cached per signature; ``_gather`` where sharded parameters are gathered
+under ``gather="auto"``) as a ``Decision``, the program built from it (``_assemble``), its
+forward and backward passes validated, and the plan weighed against the function as written
+(``_worth``). What the attempts share (the axis, the two-pass plan, the programs measured) is
+made once: ``Planning``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import Any
-
-import jax
 
 from jaxpr_accum import _pairwise
 from jaxpr_accum._analysis import _candidates, _trace
 from jaxpr_accum._analysis._cost import Candidate
-from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._assembly._assemble import build, run_as_written
 from jaxpr_accum._base._errors import warn
 from jaxpr_accum._base._lru import LRU
@@ -37,48 +36,12 @@ from jaxpr_accum._modes import _choice
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._modes._mode import AUTO, NATIVE, Mode, mode_named
 from jaxpr_accum._planning import _budget, _fallback, _gather, _worth
+from jaxpr_accum._planning._attempt import Attempt, Built, Prepared
+from jaxpr_accum._planning._fallback import DoesNotApply
 from jaxpr_accum._planning._plan import Plan
 from jaxpr_accum._planning._plan_text import planned_for_text
 
 CACHE_SIZE = 64  # call signatures whose plans a SerializedFunction keeps (least recent out)
-
-
-class Prepared:
-    """One call signature's trace, plan and runnable program: the chunked one, or the
-    function as written (``as_written``: not expected to save memory, ``_worth``; or no plan
-    at all, ``split`` None, after internal errors, ``_fallback``, which has warned). Not
-    ``staged``: the trace cannot be differentiated (``Traced.unstageable``), the call runs the
-    user's function itself."""
-
-    def __init__(
-        self,
-        traced: _trace.Traced,
-        split: Split | None,
-        plan: Plan,
-        *,
-        as_written: bool = False,
-        run: Callable | None = None,
-    ):
-        self.traced, self.split, self.plan, self.as_written = traced, split, plan, as_written
-        self.staged = traced.unstageable is None
-        self.run = run if run is not None else functools.partial(run_as_written, traced.jaxpr)
-        self.jitted = jax.jit(self.run)
-        self.ready: set[bool] = set()  # the kinds of call compiled for (``_fallback.ready``)
-
-    @classmethod
-    def unchunked(cls, traced: _trace.Traced, why: str) -> Prepared:
-        return cls(traced, None, Plan.unchunked(why), as_written=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class Attempt:
-    """One attempt's choices: normalisers streamed or not, the mode requested, and whether a
-    pairing of the axis with itself is planned for (``_pairwise``: two passes, or one pass
-    weighed as paired, ``_worth.for_paired``)."""
-
-    stream: bool
-    requested: Mode
-    pairs: bool = False
 
 
 class Planning:
@@ -113,18 +76,6 @@ class Planning:
         return _candidates.input_names(self.traced)
 
 
-@dataclasses.dataclass(frozen=True)
-class Built:
-    """An attempt's program ``run`` and its ``plan``; ``estimate``: what ``_worth`` weighs
-    (a ``Candidate``, or the ``TwoPass``); ``stops``: where the plan of a program that pairs
-    the axis with itself stops (None: it pairs nothing)."""
-
-    run: Callable
-    plan: Plan
-    estimate: _worth.Estimate
-    stops: tuple | None = None
-
-
 class Planner:
     """Plans call signatures under ``settings`` (the mode requested, parsed once:
     ``requested``); ``chunks``: the budget searches' decisions."""
@@ -155,36 +106,53 @@ class Planner:
         if self.requested is AUTO or self.settings.memory is not None:  # they measure ``diff``
             names = [call.names[call.traced.jaxpr.invars[i]] for i in call.measure.diff]
             planned_for = planned_for_text(names, pattern is not None)
-            prepared.plan = dataclasses.replace(prepared.plan, planned_for=planned_for)
+            plan = dataclasses.replace(prepared.plan, planned_for=planned_for)
+            return dataclasses.replace(prepared, plan=plan)
         return prepared
+
+    def attempts(self) -> list[Attempt]:
+        """The attempts, from the widest plan to the narrowest (``_fallback``)."""
+        requested = self.requested
+        return [
+            Attempt(what="the plan as chosen", passes=2, streamed=True, requested=requested),
+            Attempt(what="the plan in one pass", passes=1, streamed=True, requested=requested,
+                    weighs_pairs=True),
+            Attempt(what="the plan without streamed normalisers", passes=1, streamed=False,
+                    requested=requested),
+            *([] if requested is NATIVE else [
+                Attempt(what="the plan with native gradients", passes=1, streamed=False,
+                        requested=NATIVE),
+            ]),
+        ]  # fmt: skip
 
     def _attempts(self, call: Planning) -> Prepared:
         """The first of the attempts that plans, builds and validates (``_fallback``)."""
-        traced, requested = call.traced, self.requested
-        attempts = [
-            ("the plan as chosen", self._two_passes, Attempt(True, requested, True)),
-            ("the plan in one pass", self._one_pass, Attempt(True, requested, True)),
-            ("the plan without streamed normalisers", self._one_pass, Attempt(False, requested)),
-        ]
-        if requested is not NATIVE:
-            attempts.append(
-                ("the plan with native gradients", self._one_pass, Attempt(False, NATIVE))
-            )
-        runs = [(what, functools.partial(f, call, a)) for what, f, a in attempts]
-        return _fallback.first_that_works(runs, lambda why: Prepared.unchunked(traced, why))
+        return _fallback.first_that_works(
+            self.attempts(),
+            functools.partial(self._attempt, call),
+            lambda why: Prepared.unchunked(call.traced, why),
+        )
 
-    def _two_passes(self, call: Planning, attempt: Attempt) -> Prepared | None:
+    def _attempt(self, call: Planning, attempt: Attempt) -> Prepared | DoesNotApply:
+        """One attempt's plan, built, validated and weighed."""
+        if attempt.passes == 2:
+            return self._two_passes(call, attempt)
+        return self._one_pass(call, attempt)
+
+    def _two_passes(self, call: Planning, attempt: Attempt) -> Prepared | DoesNotApply:
         """The two-pass plan (``_pairwise``), where it is expected to save more than one pass
-        (None elsewhere: one pass is the plan as chosen)."""
+        (elsewhere it does not apply: one pass is the plan as chosen)."""
         if self.settings.chunk is None:
-            return None
-        chosen, _ = call.axis(self.settings, attempt.stream)
+            return DoesNotApply("the chunk is searched under a memory budget")
+        chosen, _ = call.axis(self.settings, attempt.streamed)
         layout = self._layout(call, chosen, chosen.chunk)
         if isinstance(layout, _layout.ShardedLayout):
-            return None
-        two = call.pairing(chosen, attempt.stream)
-        if two is None or two.net_saving <= chosen.net_saving:
-            return None
+            return DoesNotApply("the axis is sharded")
+        two = call.pairing(chosen, attempt.streamed)
+        if two is None:
+            return DoesNotApply("nothing pairs the axis with itself")
+        if two.net_saving <= chosen.net_saving:
+            return DoesNotApply("two passes are not expected to save more than one")
         run, decisions = _pairwise.choose_and_build(
             two, attempt.requested, layout, call.measure.diff, accum_dtype=self.settings.accum_dtype
         )
@@ -194,7 +162,7 @@ class Planner:
     def _one_pass(self, call: Planning, attempt: Attempt) -> Prepared:
         """Axis, the decision (mode and chunk: fixed, or the budget's), build; then
         ``_weigh``."""
-        chosen, usable = call.axis(self.settings, attempt.stream)
+        chosen, usable = call.axis(self.settings, attempt.streamed)
         decision = self._chunk(call, chosen, attempt.requested)
         with _fallback.stage("building"):
             run = build(decision, self.settings.accum_dtype)
@@ -203,8 +171,8 @@ class Planner:
         usable = [decision.candidate if c is chosen else c for c in usable]
         plan = Plan.from_decision(decision, usable)
         stops, sharded = None, isinstance(decision.layout, _layout.ShardedLayout)
-        if attempt.pairs and decision.budget is None and not sharded:  # two passes not taken
-            two = call.pairing(chosen, attempt.stream)
+        if attempt.weighs_pairs and decision.budget is None and not sharded:  # one pass taken
+            two = call.pairing(chosen, attempt.streamed)
             paired = two is not None and two.net_saving <= chosen.net_saving
             stops = chosen.split.stops if paired else None
         return self._weigh(call, attempt, chosen, Built(run, plan, decision.candidate, stops))
@@ -247,10 +215,10 @@ class Planner:
             plan = dataclasses.replace(
                 plan, grad="none", grad_reason=why, warning=why, runs_as_written=True
             )
-            return Prepared(traced, chosen.split, plan, as_written=True)
+            return Prepared.of(traced, chosen.split, plan, as_written=True)
         if built.estimate.warning() is not None and requested is AUTO:
             plan = dataclasses.replace(plan, warning=None)  # measured to save after all
-        return Prepared(traced, chosen.split, plan, run=run)
+        return Prepared.of(traced, chosen.split, plan, run=run)
 
     def _fit_budget(self, call: Planning, first: Decision, requested: Mode) -> Decision:
         """The decision for ``memory=`` (``first``: ``requested``'s at the whole axis): the search

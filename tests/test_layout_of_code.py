@@ -27,16 +27,32 @@ def _module_name(path: Path, package: Path = PACKAGE) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+def _type_only_imports(tree: ast.Module) -> set[ast.AST]:
+    """The import nodes under ``if TYPE_CHECKING:``: read by the type checker only."""
+    return {
+        node
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+        for statement in block.body
+        for node in ast.walk(statement)
+    }  # fmt: skip
+
+
+def import_graph(package: Path = PACKAGE, *, with_type_only: bool = True) -> dict[str, set[str]]:
     """Module -> package modules it imports: every ``import`` and ``from`` node of the file's
     syntax tree, at module level or inside a function, absolute or relative, the package's
-    root (its ``__init__``) included."""
+    root (its ``__init__``) included; with ``with_type_only=False``, not those under
+    ``if TYPE_CHECKING:`` (which never run)."""
     modules = {_module_name(p, package): p for p in package.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
         here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        skipped = set() if with_type_only else _type_only_imports(tree)
+        for node in ast.walk(tree):
             targets: list[str] = []
+            if node in skipped:
+                continue
             if isinstance(node, ast.ImportFrom):
                 up = here[: len(here) - node.level + 1] if node.level else []
                 base = ".".join(up + ([node.module] if node.module else []))
@@ -74,9 +90,14 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_import_graph_has_no_cycle():
-    """The package root and the imports made inside functions included."""
-    cycle = import_cycle(import_graph())
+    """The package root and the imports made inside functions included; an import for the
+    type checker only (``if TYPE_CHECKING:``, where a cycle is the only reason for it) runs
+    never and closes no cycle, but it still counts for the layers (below)."""
+    runtime = import_graph(with_type_only=False)
+    cycle = import_cycle(runtime)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    type_only = {m: sorted(d - runtime[m]) for m, d in import_graph().items() if d - runtime[m]}
+    assert len(type_only) <= 3, type_only  # a handful, each a cycle of types only
 
 
 def test_the_import_graph_sees_function_level_and_relative_imports(tmp_path):
@@ -91,6 +112,18 @@ def test_the_import_graph_sees_function_level_and_relative_imports(tmp_path):
     graph = import_graph(pkg)
     assert graph == {"pkg": {"pkg._api"}, "pkg._api": {"pkg.kit"}, "pkg.kit": {"pkg"}}
     assert import_cycle(graph) == ["pkg", "pkg._api", "pkg.kit", "pkg"]
+
+
+def test_type_only_imports_close_no_cycle_but_count_for_the_layers(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n"
+    )
+    assert import_graph(pkg)["pkg.b"] == {"pkg.a"}
+    assert import_graph(pkg, with_type_only=False)["pkg.b"] == set()
 
 
 def private_names_imported(package: Path = PACKAGE) -> list[str]:

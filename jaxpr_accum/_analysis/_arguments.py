@@ -14,8 +14,8 @@ expected, before anything is traced.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Hashable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,7 @@ import numpy as np
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import is_array_or_tracer
 from jaxpr_accum._base._errors import ArgumentError, SerializeError
+from jaxpr_accum._base._settings import Settings
 
 
 class Call(NamedTuple):
@@ -32,7 +33,7 @@ class Call(NamedTuple):
     args: tuple
     kwargs: dict
     leaves: list
-    treedef: Any
+    treedef: jax.tree_util.PyTreeDef
     dynamic: list[bool]
     ranges: list[range]  # positional argument i owns dynamic leaves in this range
     paths: list  # the path of every leaf of ``(args, kwargs)``
@@ -84,7 +85,7 @@ def leaf_names(fun: Callable, call: Call) -> list[str]:
     return names
 
 
-def cache_key(call: Call) -> Any:
+def cache_key(call: Call) -> Hashable | None:
     """Hashable key of a call's avals (weak types and varying manual axes included),
     placements, context mesh, tracing configuration (``jax.default_matmul_precision``, ...)
     and static leaves; None if a static leaf is unhashable."""
@@ -131,7 +132,7 @@ def check_concrete_shapes(call: Call) -> None:
             )
 
 
-def seed_axes(settings: Any, call: Call, fun: Callable) -> list | None:
+def seed_axes(settings: Settings, call: Call, fun: Callable) -> list | None:
     """The serialized axis of each dynamic leaf (None: not serialized) when ``argnums`` or
     ``in_axes`` names it, checked against the call; None for ``size=`` / automatic. Where the
     check fails on a call that ``fun``'s signature does not take either (a missing
@@ -153,7 +154,7 @@ def _check_binds(fun: Callable, call: Call) -> None:
         raise TypeError(f"{name}() {error}") from None
 
 
-def _named_axes(settings: Any, call: Call) -> list | None:
+def _named_axes(settings: Settings, call: Call) -> list | None:
     if settings.argnums is not None:
         return _argnums_axes(settings, call)
     if settings.in_axes is None:
@@ -184,7 +185,7 @@ def _named_axes(settings: Any, call: Call) -> list | None:
     return axes
 
 
-def param_specs(settings: Any, call: Call) -> list:
+def param_specs(settings: Settings, call: Call) -> list:
     """The ``PartitionSpec`` ``param_specs`` gives each dynamic leaf (None: not given)."""
     if settings.param_specs is None:
         return [None] * len(call.dyn)
@@ -193,8 +194,9 @@ def param_specs(settings: Any, call: Call) -> list:
     return specs + [None] * (len(call.dyn) - len(specs))  # keyword arguments: not given
 
 
-def _argnums_axes(settings: Any, call: Call) -> list:
+def _argnums_axes(settings: Settings, call: Call) -> list:
     argnums, axis, n = settings.argnums, settings.axis, len(call.args)
+    assert argnums is not None and axis is not None, "called where argnums= names the arguments"
     for a in argnums:
         if not -n <= a < n:
             raise ArgumentError(
@@ -239,7 +241,7 @@ def _same_size(sizes: dict, what: str) -> None:
         raise ArgumentError(f"the leaves named by {what} differ in size: {detail}")
 
 
-def parameters_hint(settings: Any, call: Call) -> str | None:
+def parameters_hint(settings: Settings, call: Call) -> str | None:
     """A hint where ``argnums`` names what looks like parameters, or None.
 
     It does where every named argument's leaves are floating and have no axis of the size

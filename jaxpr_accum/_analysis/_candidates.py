@@ -14,19 +14,20 @@ axis, then the one born first); ``explain`` lists the others. No usable candidat
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._analysis import _fanout
 from jaxpr_accum._analysis._cost import Candidate, format_bytes
 from jaxpr_accum._analysis._split import Split, make_split
+from jaxpr_accum._analysis._trace import Traced
 from jaxpr_accum._base._errors import SerializeError
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped
+from jaxpr_accum._base._settings import Settings
 from jaxpr_accum._compat import Jaxpr, Var
 
 
 def choose_split(
-    traced: Any, settings: Any, stream: bool = True
+    traced: Traced, settings: Settings, stream: bool = True
 ) -> tuple[Candidate, list[Candidate]]:
     """``(chosen candidate, usable candidates)`` for a traced call under ``settings``
     (``stream=False``: without streamed normalisers). With ``memory=`` the chunk is chosen
@@ -121,7 +122,7 @@ def at_chunk(split: Split, chunk: int) -> Candidate:
     return Candidate(split, max(1, chunk // split.copies))
 
 
-def input_names(traced: Any) -> dict:
+def input_names(traced: Traced) -> dict:
     """A readable name for each top-level input: ``params['Dense_0']['kernel']``, ``x``,
     ``closed-over value 2``."""
     jaxpr, nc = traced.jaxpr, traced.n_consts

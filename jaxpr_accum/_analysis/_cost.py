@@ -31,11 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import has_float_dtype
+from jaxpr_accum._compat import Atom, Eqn, Var
+from jaxpr_accum._engine._axes import Analysis
+
+if TYPE_CHECKING:  # the split is made of these costs
+    from jaxpr_accum._analysis._split import Split
 
 FUSED_INTO_READERS = frozenset(
     p
@@ -58,7 +63,7 @@ CONTRACTIONS = frozenset(
 )
 
 
-def fuses_into_readers(eqn: Any) -> bool:
+def fuses_into_readers(eqn: Eqn) -> bool:
     """Whether XLA fuses ``eqn``'s results into the kernels that read them: a primitive of
     ``FUSED_INTO_READERS``, or a call (``custom_jvp``, ``jit``; not a loop) of only such
     equations, as ``jax.nn.relu`` is."""
@@ -78,28 +83,28 @@ def format_bytes(n: float) -> str:
     raise AssertionError  # pragma: no cover
 
 
-def nbytes(v: Any) -> int:
-    aval = v.aval
+def nbytes(v: Atom) -> int:
+    aval = _compat.shaped(v)
     return math.prod(aval.shape) * getattr(aval.dtype, "itemsize", 4)
 
 
-def float_bytes(values: Iterable[Any]) -> int:
+def float_bytes(values: Iterable[Atom]) -> int:
     """Bytes of the floating values among ``values``."""
     return sum(nbytes(v) for v in values if has_float_dtype(v))
 
 
-def materialised_bytes(eqns: Iterable[Any]) -> int:
+def materialised_bytes(eqns: Iterable[Eqn]) -> int:
     """Bytes of the results of ``eqns`` that XLA materialises (not ``FUSED_INTO_READERS``)."""
     return sum(nbytes(v) for e in eqns if e.primitive not in FUSED_INTO_READERS for v in e.outvars)
 
 
 def carrying_sizes(
-    analysis: Any,
+    analysis: Analysis,
     ctx: tuple,
-    eqns: Any,
-    indices: Any,
+    eqns: Sequence[Eqn],
+    indices: Iterable[int],
     *,
-    exclude: Any = (),
+    exclude: Collection[Var] = (),
     materialised_only: bool = False,
 ) -> Iterator[tuple[int, int]]:
     """``(bytes, times)`` of each axis-carrying result of ``eqns[indices]`` at full size
@@ -126,12 +131,12 @@ def carrying_sizes(
 
 
 def carrying_bytes(
-    analysis: Any,
+    analysis: Analysis,
     ctx: tuple,
-    eqns: Any,
-    indices: Any,
+    eqns: Sequence[Eqn],
+    indices: Iterable[int],
     *,
-    exclude: Any = (),
+    exclude: Collection[Var] = (),
     materialised_only: bool = False,
 ) -> int:
     """Bytes of the axis-carrying results of ``eqns[indices]`` at full size
@@ -146,7 +151,7 @@ def carrying_bytes(
 class Candidate:
     """A split (``_split``) at a chunk size, with what the cost model expects of it."""
 
-    split: Any
+    split: Split
     chunk: int
     advice: str = ""  # appended to ``warning``: a better axis elsewhere, if one was found
 

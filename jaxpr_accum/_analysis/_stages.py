@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from collections.abc import Iterable
 
 from jaxpr_accum import _compat, _stream
 from jaxpr_accum._analysis import _stop_reasons as reasons
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped, is_middle_factor, not_a_block
-from jaxpr_accum._compat import Jaxpr, JaxprEqn, Literal, Var
+from jaxpr_accum._compat import Atom, Jaxpr, JaxprEqn, Literal, Var
 from jaxpr_accum._engine._axes import Analysis
 
 PROLOGUE, BODY, EPILOGUE = "prologue", "body", "epilogue"
@@ -42,7 +42,7 @@ class Stop:
         return self if self.cause is None else self.cause.root
 
 
-def variables(vs: Any) -> list[Var]:
+def variables(vs: Iterable[Atom]) -> list[Var]:
     """The variables among ``vs`` (literals left out)."""
     return [v for v in vs if isinstance(v, Var) and not isinstance(v, Literal)]
 
@@ -153,7 +153,7 @@ class Stages:
             self.stops.append(Stop(eqn, reasons.why_after(inputs_ok, eqn, reduced, loc, used)))
         return EPILOGUE
 
-    def _kind(self, v: Var, value: Any = None) -> _stream.Operand:
+    def _kind(self, v: Var, value: object = None) -> _stream.Operand:
         if v in self.values:
             return self.values[v]
         carries = self.analysis.loc((), v) is not None

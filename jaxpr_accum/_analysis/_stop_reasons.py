@@ -4,13 +4,16 @@ the loop), and the stop's ``prim at file:line`` name."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import JaxprEqn
+from jaxpr_accum._base._lattice import AxisLoc
+from jaxpr_accum._compat import JaxprEqn, Var
+
+Loc = Callable[[tuple, Var], AxisLoc | None]  # where a variable carries the axis, in a context
 
 
-def why_after(inputs_ok: bool, eqn: JaxprEqn, reduced: dict, loc: Any, used: set) -> str:
+def why_after(inputs_ok: bool, eqn: JaxprEqn, reduced: dict, loc: Loc, used: set) -> str:
     """Why an equation that carries the axis runs after the loop (it is no barrier)."""
     if inputs_ok:
         kept = [

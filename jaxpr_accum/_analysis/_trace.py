@@ -18,9 +18,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 
@@ -28,7 +27,7 @@ from jaxpr_accum import _compat
 from jaxpr_accum._analysis import _arguments
 from jaxpr_accum._base._collector import collector_paused
 from jaxpr_accum._base._dtypes import has_float_dtype, is_array_or_tracer
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn
+from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Eqn, Jaxpr, JaxprEqn
 from jaxpr_accum._engine import _interpret
 
 
@@ -38,7 +37,7 @@ class Traced:
 
     jaxpr: Jaxpr  # no constvars: inputs are ``consts + dynamic leaves``
     consts: list  # values of the leading inputs (concrete arrays or outer tracers)
-    out_tree: Any
+    out_tree: jax.tree_util.PyTreeDef
     arg_leaf_ranges: list[range]  # positional argument i owns dynamic leaves in this range
     leaf_names: list[str]  # a readable name per dynamic leaf: ``params['Dense_0']['kernel']``
     seed_axes: list | None = None  # the serialized axis per dynamic leaf (argnums / in_axes)
@@ -94,7 +93,7 @@ def trace(fun: Callable, call: _arguments.Call, seed_axes: list | None = None) -
     leaves, treedef, dynamic = call.leaves, call.treedef, call.dynamic
     out_store: list = []
 
-    def flat_fun(*dyn_leaves: Any) -> list:
+    def flat_fun(*dyn_leaves: Array) -> list:
         it = iter(dyn_leaves)
         merged = [next(it) if d else leaf for leaf, d in zip(leaves, dynamic, strict=True)]
         args, kwargs = jax.tree_util.tree_unflatten(treedef, merged)
@@ -149,7 +148,7 @@ def inline_tail_checkpoints(closed: ClosedJaxpr) -> ClosedJaxpr:
     if not tails:
         return closed
 
-    def emit(idx: int, eqn: Any, invals: list) -> list:
+    def emit(idx: int, eqn: Eqn, invals: list) -> list:
         if idx in tails:
             inline = _interpret.inlining(_interpret.retrace, eqn)
             return _interpret.eval_jaxpr(_compat.called_jaxpr(eqn), invals, inline)
@@ -161,10 +160,12 @@ def inline_tail_checkpoints(closed: ClosedJaxpr) -> ClosedJaxpr:
     )
 
 
-def _passed_input(jaxpr: Any, v: Any) -> int | None:
+def _passed_input(jaxpr: Jaxpr, v: Atom) -> int | None:
     """The index of the input of ``jaxpr`` that output ``v`` is, unchanged, through nested
     ``checkpoint`` calls; None if it is computed."""
     for _ in range(16):
+        if isinstance(v, _compat.Literal):  # a constant output: computed
+            return None
         if v in jaxpr.invars:
             return jaxpr.invars.index(v)
         eqn = next((e for e in jaxpr.eqns if v in e.outvars), None)
@@ -172,13 +173,13 @@ def _passed_input(jaxpr: Any, v: Any) -> int | None:
             return None
         inner = _compat.open_jaxpr(eqn.params["jaxpr"])
         i = _passed_input(inner, inner.outvars[eqn.outvars.index(v)])
-        if i is None or isinstance(eqn.invars[i], _compat.Literal):
+        if i is None or isinstance(outer := eqn.invars[i], _compat.Literal):
             return None
-        v = eqn.invars[i]
+        v = outer
     return None
 
 
-def _passthrough_sources(eqn: Any) -> dict:
+def _passthrough_sources(eqn: Eqn) -> dict:
     """``{output index: operand}`` for the outputs of a top-level ``checkpoint`` or ``scan``
     that are one of its operands unchanged (a scan's carried value that is never updated,
     or its per-step output that is its per-step input)."""
@@ -213,7 +214,7 @@ def forward_passthroughs(closed: ClosedJaxpr) -> ClosedJaxpr:
         return closed
     jaxpr = closed.jaxpr
 
-    def fix(vs: Any) -> list:
+    def fix(vs: Iterable[Atom]) -> list:
         return [rename.get(v, v) if not isinstance(v, _compat.Literal) else v for v in vs]
 
     eqns = [e.replace(invars=fix(e.invars)) for e in jaxpr.eqns]
@@ -240,7 +241,7 @@ def private_constants(closed: ClosedJaxpr) -> ClosedJaxpr:
 
     eqns: list = []
 
-    def value(v: Any, copy: dict) -> Any:
+    def value(v: Atom, copy: dict) -> Atom:
         if isinstance(v, _compat.Literal) or v not in constant:
             return v
         if v not in copy:
@@ -261,9 +262,9 @@ def private_constants(closed: ClosedJaxpr) -> ClosedJaxpr:
     return closed.replace(jaxpr=jaxpr.replace(eqns=eqns, outvars=outvars))
 
 
-def _integral(eqn: Any) -> bool:
+def _integral(eqn: Eqn) -> bool:
     return all(
-        jax.numpy.issubdtype(v.aval.dtype, jax.numpy.integer)
-        or jax.numpy.issubdtype(v.aval.dtype, jax.numpy.bool_)
+        jax.numpy.issubdtype(_compat.shaped(v).dtype, jax.numpy.integer)
+        or jax.numpy.issubdtype(_compat.shaped(v).dtype, jax.numpy.bool_)
         for v in eqn.outvars
     )

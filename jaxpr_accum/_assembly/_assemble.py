@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 from jax import lax
+from jax.typing import DTypeLike
 
 from jaxpr_accum import _stream
 from jaxpr_accum._analysis._split import EPILOGUE, PROLOGUE
 from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._region_p import call
 from jaxpr_accum._build._signature import Inputs, Outputs
+from jaxpr_accum._compat import Array, Jaxpr
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._modes._decision import Decision
 
@@ -42,14 +43,16 @@ def _streamed_sums(region: Region, out: Outputs) -> list[tuple[int, Callable]]:
     pending = []
     for sink, accs, shifts in region.signature.streams.by_sink(out.streams, out.finals):
 
-        def combine(env: dict, sink: Any = sink, accs: list = accs, shifts: list = shifts) -> None:
+        def combine(
+            env: dict, sink: _stream.Sink = sink, accs: list = accs, shifts: list = shifts
+        ) -> None:
             env[sink.var] = _stream.combine(sink, accs, shifts, env.__getitem__)
 
         pending.append((sink.index, combine))
     return sorted(pending, key=lambda pair: pair[0])
 
 
-def build(decision: Decision, accum_dtype: Any) -> Callable:
+def build(decision: Decision, accum_dtype: DTypeLike | None) -> Callable:
     """``run(*flat_inputs) -> flat outputs`` for the whole program."""
     split, mode = decision.candidate.split, decision.mode
     jaxpr = split.jaxpr
@@ -59,7 +62,7 @@ def build(decision: Decision, accum_dtype: Any) -> Callable:
     sig = region.signature
     prologue, epilogue = split.indices(PROLOGUE), split.indices(EPILOGUE)
 
-    def run(*flat_inputs: Any) -> list:
+    def run(*flat_inputs: Array) -> list:
         env: dict = dict(zip(jaxpr.invars, flat_inputs, strict=True))
         _interpret.eval_eqns(jaxpr.eqns, env, indices=prologue)
         inputs = Inputs([env[v] for v in sig.invariants], [env[v] for v, _ in sig.chunked])
@@ -82,6 +85,6 @@ def build(decision: Decision, accum_dtype: Any) -> Callable:
     return run
 
 
-def run_as_written(jaxpr: Any, *flat: Any) -> list:
+def run_as_written(jaxpr: Jaxpr, *flat: Array) -> list:
     """The traced program evaluated as written (no region)."""
     return _interpret.eval_jaxpr(jaxpr, flat)

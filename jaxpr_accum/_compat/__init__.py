@@ -104,6 +104,7 @@ from jaxpr_accum._compat._types import (  # noqa: F401
     ShapedArray,
     Tracer,
     Var,
+    shaped,
 )
 from jaxpr_accum._compat._walk import first_eqn, open_jaxpr, sub_jaxprs  # noqa: F401
 

@@ -8,7 +8,7 @@ absorbed here.
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import jax
 import jax.core
@@ -26,6 +26,13 @@ Float0Array: TypeAlias = np.ndarray[
     tuple[int, ...], np.dtype[np.void]
 ]  # zeros of dtype ``float0``: an integer's tangent
 
+
+def shaped(atom: Var | Literal) -> ShapedArray:
+    """``atom``'s abstract value, as an array's: JAX types a variable's ``aval`` as any
+    abstract value; the values the package sizes and reads the dtype of are arrays."""
+    return cast(ShapedArray, atom.aval)
+
+
 __all__ = [
     "Array",
     "Atom",
@@ -39,4 +46,5 @@ __all__ = [
     "ShapedArray",
     "Tracer",
     "Var",
+    "shaped",
 ]

@@ -12,7 +12,7 @@ changed in place: ``to`` and ``dataclasses.replace`` make the next.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from jaxpr_accum._analysis._cost import Candidate, format_bytes
 from jaxpr_accum._build._layout import Layout
@@ -35,7 +35,7 @@ class Budget:
     measured temp bytes, every ``Trial``, the fitted model and the time it took."""
 
     limit: int
-    requested: Any  # as the user wrote it
+    requested: int | float | str  # as the user wrote it
     chunk: int
     grad: str
     measured: int

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import has_float_dtype
+from jaxpr_accum._build._region import Region
+from jaxpr_accum._compat import Array
 from jaxpr_accum._modes._remat import linearize as remat_linearize
 
 
 def linearize(
-    region: Any, is_vjp: bool, nonzeros: list, primals: list, outputs_of: Callable
+    region: Region, is_vjp: bool, nonzeros: list, primals: list, outputs_of: Callable
 ) -> tuple:
     """The fused mode's linearization: the sums and their Jacobian rows in one pass; the
     linear function contracts the rows with the tangents, which JAX transposes into the
@@ -39,7 +40,7 @@ def linearize(
     residuals = [j for j in jac.flat() if j is not None]
     avals = [_compat.aval_of(s) for s in sums]
 
-    def linearized(res: list, *tangents: Any) -> list:
+    def linearized(res: list, *tangents: Array) -> list:
         held = iter(res)
         rows = None
         for j, t in zip(jac.flat(), tangents, strict=True):
@@ -55,21 +56,22 @@ def linearize(
             rows = part if rows is None else rows + part
         out, start = [], 0
         for s, f, r, a in zip(sig.sums, flags, reached, avals, strict=True):
-            n = math.prod(s.aval.shape) if f else 0
+            shaped = _compat.shaped(s)
+            n = math.prod(shaped.shape) if f else 0
             if not (f and r):  # a sum only reached through ``stop_gradient``: a symbolic zero
                 out.append(_compat.zero_tangent(a))
             else:
                 piece = rows[start : start + n] if rows is not None else jnp.zeros((n,))
-                if not jnp.issubdtype(s.aval.dtype, jnp.complexfloating):  # a real sum: its part
+                if not jnp.issubdtype(shaped.dtype, jnp.complexfloating):  # a real sum: its part
                     piece = jnp.real(piece)
-                out.append(piece.reshape(s.aval.shape).astype(s.aval.dtype))
+                out.append(piece.reshape(shaped.shape).astype(shaped.dtype))
             start += n
         return out
 
     return sums, [bool(f and r) for f, r in zip(flags, reached, strict=True)], residuals, linearized
 
 
-def _replicated_sum(region: Any, primals: list) -> bool:
+def _replicated_sum(region: Region, primals: list) -> bool:
     """Inside ``shard_map``: some sum is replicated over a manual axis that an input varies
     over. The Jacobian rows are computed per device (``_jacobians``), which would make that
     sum vary; the remat rule keeps its type."""

@@ -21,7 +21,6 @@ it in the original: what reads only it after the region is not differentiated.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 
@@ -29,6 +28,7 @@ from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._signature import Inputs
+from jaxpr_accum._compat import Array, Aval
 
 
 def _perturbed(region: Region, flags: Sequence[bool]) -> Inputs:
@@ -46,7 +46,7 @@ def linearize(
     out_flags = region.tangent_flags([_compat.aval_of(p) for p in primals], perturbed).flat()
     avals = [_compat.aval_of(x) for x in outs]
 
-    def linearized(residuals: list, *tangents: Any) -> list:
+    def linearized(residuals: list, *tangents: Array) -> list:
         given = [t for t, p in zip(tangents, perturbed, strict=True) if p]
         dots = iter(tangent_p.bind(*residuals, *given, region=region, perturbed=perturbed))
         nonzero = [next(dots) if b else None for b in bound]
@@ -68,12 +68,12 @@ def _split_args(region: Region, args: Sequence, perturbed: Sequence[bool]) -> tu
     return inputs, finals, tangents
 
 
-def _tangents(*args: Any, region: Region, perturbed: tuple) -> list:
+def _tangents(*args: Array, region: Region, perturbed: tuple) -> list:
     inputs, finals, tangents = _split_args(region, args, perturbed)
     return region.tangents(inputs, tangents, finals).flat()
 
 
-def _abstract_eval(*avals: Any, region: Region, perturbed: tuple) -> tuple:
+def _abstract_eval(*avals: Aval, region: Region, perturbed: tuple) -> tuple:
     sig = region.signature
     inputs = avals[: sig.n_inputs]
     jaxpr = region.forward_jaxpr(list(inputs))
@@ -82,7 +82,7 @@ def _abstract_eval(*avals: Any, region: Region, perturbed: tuple) -> tuple:
     return out, jaxpr.effects
 
 
-def _transpose(cts: list, *args: Any, region: Region, perturbed: tuple) -> list:
+def _transpose(cts: list, *args: Array, region: Region, perturbed: tuple) -> list:
     sig = region.signature
     n, m = sig.n_inputs, sig.streams.n_finals
     inputs, finals = sig.inputs(args[:n]), list(args[n : n + m])
@@ -99,14 +99,14 @@ def _transpose(cts: list, *args: Any, region: Region, perturbed: tuple) -> list:
 def _jvp(primals: list, tangents: list, *, region: Region, perturbed: tuple) -> tuple:
     tangents = [_compat.instantiate(t) for t in tangents]
 
-    def fn(*args: Any) -> list:
+    def fn(*args: Array) -> list:
         return _tangents(*args, region=region, perturbed=perturbed)
 
     return jax.jvp(fn, tuple(primals), tuple(tangents))
 
 
-def _batch(axis: Any, args: list, dims: list, *, region: Region, perturbed: tuple) -> tuple:
-    def fn(*a: Any) -> list:
+def _batch(axis: object, args: list, dims: list, *, region: Region, perturbed: tuple) -> tuple:
+    def fn(*a: Array) -> list:
         return _tangents(*a, region=region, perturbed=perturbed)
 
     outs = jax.vmap(fn, in_axes=tuple(dims))(*args)

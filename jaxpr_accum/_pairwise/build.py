@@ -16,14 +16,16 @@ derived: the embeddings' gradient from the loss, then the encoder's backward chu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from jax.typing import DTypeLike
 
 from jaxpr_accum._assembly._assemble import build as build_pass
+from jaxpr_accum._compat import Array
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._pairwise.plan import TwoPass
 
 
-def build(two: TwoPass, decisions: Sequence[Decision], accum_dtype: Any) -> Callable:
+def build(two: TwoPass, decisions: Sequence[Decision], accum_dtype: DTypeLike | None) -> Callable:
     """``run(*flat_inputs)`` for the whole program; ``decisions``: each pass's."""
     first = None if two.first is None else build_pass(decisions[0], accum_dtype)
     second = build_pass(decisions[-1], accum_dtype)
@@ -31,7 +33,7 @@ def build(two: TwoPass, decisions: Sequence[Decision], accum_dtype: Any) -> Call
     reads = [two.columns.get(v, v) for v in two.second.split.jaxpr.invars]
     stacked = two.stacked
 
-    def run(*flat_inputs: Any) -> list:
+    def run(*flat_inputs: Array) -> list:
         env: dict = dict(zip(invars, flat_inputs, strict=True))
         if first is not None:
             env.update(zip(stacked, first(*flat_inputs), strict=True))

@@ -30,10 +30,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, Literal, Var
+from jaxpr_accum._compat import Atom, ClosedJaxpr, Jaxpr, Literal, Var
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._engine._axes import Analysis
 
@@ -58,7 +57,7 @@ def private(jaxpr: Jaxpr) -> Jaxpr:
     moving = _moving()
     eqns: list = []
 
-    def copy(v: Any, memo: dict) -> Any:
+    def copy(v: Atom, memo: dict) -> Atom:
         if isinstance(v, Literal) or v not in defining:
             return v
         if v not in memo:

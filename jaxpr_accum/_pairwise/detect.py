@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._analysis._split import Split
@@ -166,7 +165,7 @@ def definitions(jaxpr: Jaxpr) -> dict:
 
 
 def root_of(
-    jaxpr: Jaxpr, v: Any, defined: dict, rearranging: Analysis | None = None
+    jaxpr: Jaxpr, v: Var, defined: dict, rearranging: Analysis | None = None
 ) -> tuple[Var, tuple[int, ...]]:
     """``(root, chain)``: the value ``v`` is a layout of, and the equations from it to ``v``
     (indices in program order); ``rearranging``: rearrangements (``permute``) of rows of a
@@ -199,8 +198,11 @@ def _pairing(jaxpr: Jaxpr, analysis: Analysis) -> Pairing | None:
         if found is None:
             continue
         row, col = found
-        row_root, _ = root_of(jaxpr, eqn.invars[row], defined)
-        col_root, chain = root_of(jaxpr, eqn.invars[col], defined, analysis)
+        row_side, col_side = eqn.invars[row], eqn.invars[col]
+        if not (isinstance(row_side, Var) and isinstance(col_side, Var)):
+            continue  # a constant carries no axis: the sides found always are variables
+        row_root, _ = root_of(jaxpr, row_side, defined)
+        col_root, chain = root_of(jaxpr, col_side, defined, analysis)
         uses.append(Use(idx, col, col_root, chain, row=row, row_root=row_root))
     return Pairing(jaxpr, analysis, tuple(uses)) if uses else None
 

@@ -13,7 +13,8 @@ differentiated program input (``_choice.differentiated``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from jax.typing import DTypeLike
 
 from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._modes import _choice
@@ -36,7 +37,12 @@ def pass_diffs(two: TwoPass, diff: Sequence[int]) -> list[list[int]]:
 
 
 def choose_and_build(
-    two: TwoPass, requested: Mode, layout: Layout, diff: Sequence[int], *, accum_dtype: Any
+    two: TwoPass,
+    requested: Mode,
+    layout: Layout,
+    diff: Sequence[int],
+    *,
+    accum_dtype: DTypeLike | None,
 ) -> tuple[Callable, list[Decision]]:
     """``(run, each pass's decision)``."""
     with stage("choosing the gradient modes"):

@@ -23,7 +23,6 @@ what it computes is what the original computes whatever the indices are.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
@@ -36,7 +35,7 @@ def _primitives() -> dict:
     return {n: _compat.primitive(n) for n in names}
 
 
-def rearranged(jaxpr: Jaxpr, eqn: JaxprEqn, defined: dict, dim: Any = None) -> tuple | None:
+def rearranged(jaxpr: Jaxpr, eqn: JaxprEqn, defined: dict, dim: int | None = None) -> tuple | None:
     """``(X, the indices of the slice equations it reads)`` when ``eqn`` rearranges the rows
     of ``X`` along dimension ``dim`` (any dimension when None) into a value of ``X``'s shape;
     None otherwise."""

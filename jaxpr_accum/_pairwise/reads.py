@@ -41,7 +41,7 @@ import dataclasses
 from collections.abc import Callable
 
 from jaxpr_accum._analysis._stages import variables
-from jaxpr_accum._compat import JaxprEqn
+from jaxpr_accum._compat import JaxprEqn, Var
 from jaxpr_accum._engine._table import rule_for
 from jaxpr_accum._pairwise import detect
 from jaxpr_accum._pairwise.detect import Pairing, Read
@@ -65,7 +65,9 @@ def candidates(pairing: Pairing) -> tuple[Read, ...]:
         if idx in uses or not _reads_pairs(eqn):
             continue
         for col, v in enumerate(eqn.invars):
-            if v not in ins or v in paired or not detect.carries(analysis, v):
+            if not isinstance(v, Var) or v not in ins or v in paired:
+                continue
+            if not detect.carries(analysis, v):
                 continue
             root, chain = detect.root_of(jaxpr, v, defined, analysis)
             if detect.carries(analysis, root):

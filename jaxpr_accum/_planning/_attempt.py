@@ -61,7 +61,7 @@ class Prepared:
     split: Split | None
     plan: Plan
     run: Callable
-    jitted: Callable
+    jitted: jax.stages.Wrapped
     as_written: bool = False
     ready: set[bool] = dataclasses.field(default_factory=set)
     measured: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -30,11 +30,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from jaxpr_accum import _compat
 from jaxpr_accum._analysis._cost import format_bytes
@@ -42,13 +42,15 @@ from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._assembly._assemble import build
 from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._base._errors import ArgumentError, SerializeError
+from jaxpr_accum._build._layout import Layout
+from jaxpr_accum._compat import Array, Jaxpr
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._modes._decision import Budget, Decision, Trial
 from jaxpr_accum._modes._mode import FUSED, REMAT
 from jaxpr_accum._planning._chunk_search import ChunkSearch
 
 
-def resolve(memory: int | float, device: Any = None) -> int:
+def resolve(memory: int | float, device: jax.Device | None = None) -> int:
     """The budget in bytes: ``memory`` itself, or a fraction of the device's memory limit."""
     if isinstance(memory, int):
         return memory
@@ -64,7 +66,7 @@ def resolve(memory: int | float, device: Any = None) -> int:
     return max(1, int(memory * limit))
 
 
-def abstract(x: Any) -> Any:
+def abstract(x: Array) -> Array | jax.ShapeDtypeStruct:
     """What to lower at for the input ``x``: a concrete array itself (its sharding included),
     a tracer's shape, dtype, weak type and named sharding."""
     if not isinstance(x, jax.core.Tracer):
@@ -75,7 +77,7 @@ def abstract(x: Any) -> Any:
     )
 
 
-def scalar_of(outputs: Sequence[Any]) -> Any:
+def scalar_of(outputs: Sequence[Array]) -> Array:
     """The scalar whose ``value_and_grad`` is measured: the one real scalar floating output
     itself, else the float32 sum of every floating output's (real part's) entries."""
     outs = [o for o in outputs if has_float_dtype(o)]
@@ -88,7 +90,7 @@ def temp_bytes(run: Callable, inputs: list, diff: list[int]) -> int:
     """XLA temp bytes of ``value_and_grad`` of ``run``'s floating outputs (summed) with
     respect to the inputs at ``diff`` (the forward alone when there are none)."""
 
-    def scalar(*xs: Any) -> Any:
+    def scalar(*xs: Array) -> Array:
         return scalar_of(run(*xs))
 
     fn = jax.value_and_grad(scalar, argnums=tuple(diff)) if diff else scalar
@@ -127,13 +129,13 @@ class Measure:
         self.measured[id(run)] = (run, figure)
 
 
-def temp_bytes_of(compiled: Any) -> int | None:
+def temp_bytes_of(compiled: jax.stages.Compiled) -> int | None:
     """XLA's temp bytes of a compiled computation (None: the backend does not report them)."""
     stats = compiled.memory_analysis()
     return None if stats is None else int(stats.temp_size_in_bytes)
 
 
-def original_memory(jaxpr: Any, inputs: list, diff: list[int]) -> int:
+def original_memory(jaxpr: Jaxpr, inputs: list, diff: list[int]) -> int:
     """The original's ``m``: the traced program as written (compiled once, for ``explain``)."""
     return temp_bytes(lambda *xs: _interpret.eval_jaxpr(jaxpr, xs), inputs, diff)
 
@@ -146,15 +148,17 @@ class Request:
     the mode was chosen by ``grad="auto"`` (a pick of fused may fall back to remat)."""
 
     limit: int
-    requested: Any
+    requested: int | float | str  # the budget as the user wrote it
     inputs: list
     diff: list[int]
     wrt: str
-    accum_dtype: Any
+    accum_dtype: DTypeLike | None
     auto: bool = False
 
 
-def choose_chunk(first: Decision, layout_for: Callable[[int], Any], request: Request) -> Decision:
+def choose_chunk(
+    first: Decision, layout_for: Callable[[int], Layout], request: Request
+) -> Decision:
     """The decision at the chosen chunk, with its ``Budget``: ``first`` (``_choice``'s, at
     the whole axis) or, where that is auto's pick of fused and it fits at no chunk, remat
     (``layout_for``: the layout at a chunk, ``_layout.detect``)."""

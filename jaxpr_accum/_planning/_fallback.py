@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import jax
 import numpy as np
@@ -43,6 +43,7 @@ import numpy as np
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._base._errors import ArgumentError, SerializeError, warn
+from jaxpr_accum._compat import Array
 
 STRICT_VARIABLE = "JAXPR_ACCUM_STRICT"
 T = TypeVar("T")
@@ -138,7 +139,9 @@ def at_call(error: BaseException) -> str:
     return _message([describe(error)], "the original function, unchunked, for this call")
 
 
-def ready(jitted: Any, inputs: Sequence, done: set[bool], original: Callable) -> bool:
+def ready(
+    jitted: jax.stages.Wrapped, inputs: Sequence, done: set[bool], original: Callable
+) -> bool:
     """The library's stages of a call, run ahead of it so that their failures are told from
     the user's: trace ``jitted`` at ``inputs`` and, for a call that runs now (no enclosing
     transformation traces it), lower and compile it; JAX's caches hand the call itself what
@@ -181,8 +184,8 @@ def validate(run: Callable, inputs: Sequence, original: Callable, diff: Sequence
 
 
 def _backward_of(fun: Callable, avals: Sequence, diff: Sequence[int]) -> Callable:
-    def backward(*xs: Any) -> Any:
-        def of_floats(*d: Any) -> list:
+    def backward(*xs: Array) -> list:
+        def of_floats(*d: Array) -> list:
             full = list(xs)
             for i, x in zip(diff, d, strict=True):
                 full[i] = x
@@ -194,7 +197,7 @@ def _backward_of(fun: Callable, avals: Sequence, diff: Sequence[int]) -> Callabl
     return backward
 
 
-def _zero_cotangent(x: Any) -> Any:
+def _zero_cotangent(x: Array) -> Array | np.ndarray:
     if has_float_dtype(x):
         return jax.numpy.zeros_like(x)  # with ``x``'s varying manual axes, inside shard_map
     return np.zeros(x.shape, jax.dtypes.float0)

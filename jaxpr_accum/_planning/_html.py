@@ -8,11 +8,15 @@ lines, shapes, reasons, names) goes through ``html.escape``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jaxpr_accum._analysis._cost import format_bytes
 from jaxpr_accum._planning._plan_text import CandidateAxis
+
+if TYPE_CHECKING:  # the plan's HTML view, which the plan shows
+    from jaxpr_accum._planning._plan import Plan
 
 TABLE = 'style="border-collapse: collapse; text-align: left; font-size: 0.9em"'
 _CELL = 'style="padding: 2px 8px; vertical-align: top; text-align: {align}"'
@@ -22,14 +26,14 @@ _NOTE = (
 )
 
 
-def cell(text: Any, tag: str = "td", align: str = "left") -> str:
+def cell(text: object, tag: str = "td", align: str = "left") -> str:
     return f"<{tag} {_CELL.format(align=align)}>{escape(str(text))}</{tag}>"
 
 
-def items(title: str, items: list[str]) -> str:
+def items(title: str, items: Sequence[object]) -> str:
     if not items:
         return ""
-    lis = "".join(f"<li><code>{escape(s)}</code></li>" for s in items)
+    lis = "".join(f"<li><code>{escape(str(s))}</code></li>" for s in items)
     summary = f"<summary>{escape(title)} ({len(items)})</summary>"
     return f"<details open>{summary}<ul>{lis}</ul></details>"
 
@@ -58,7 +62,7 @@ def other_candidates(
     return shown, ("and " + ", ".join(parts)) if parts else None
 
 
-def plan_html(plan: Any) -> str:
+def plan_html(plan: Plan) -> str:
     """The plan at a glance (``_one_plan``); a program that pairs the axis with itself shows
     the pairings, what pass 1 stacks for pass 2, and then each pass."""
     if not plan.pairs:
@@ -94,7 +98,7 @@ def plan_html(plan: Any) -> str:
     )
 
 
-def _one_plan(plan: Any, title: str, pass_: int = 1) -> str:
+def _one_plan(plan: Plan, title: str, pass_: int = 1) -> str:
     """One region at a glance: axis, chunks, gradient mode and why, equation counts, the
     estimated saving, the warning; then the stops of pass ``pass_`` (with their source
     lines) and the rest."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from jaxpr_accum import _compat, _stream
 from jaxpr_accum._analysis._cost import Candidate, format_bytes, nbytes
 from jaxpr_accum._analysis._split import BODY, EPILOGUE, PROLOGUE, Split
 from jaxpr_accum._build import _layout
+from jaxpr_accum._compat import Atom, Eqn
 from jaxpr_accum._modes._decision import Budget, Decision
 from jaxpr_accum._planning import _html
 from jaxpr_accum._planning._plan_text import (
@@ -21,10 +21,10 @@ from jaxpr_accum._planning._plan_text import (
 
 
 def _streamed(split: Split) -> list[str]:
-    def definition(v: Any) -> Any:
+    def definition(v: Atom) -> Eqn | None:
         return split.analysis.definition((), v)
 
-    def where(eqn: Any) -> str:
+    def where(eqn: Eqn) -> str:
         return f"`{eqn.primitive.name}` at {_compat.source_line(eqn)}"
 
     return [

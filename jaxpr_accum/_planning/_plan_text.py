@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 
 class PlanStop(str):
@@ -38,7 +38,7 @@ class CandidateAxis(NamedTuple):
     chosen: bool
 
 
-def once_each(stops: Sequence[Any]) -> list[PlanStop]:
+def once_each(stops: Sequence[object]) -> list[PlanStop]:
     """``stops`` listed once each, in program order, with a count where one repeats: a
     program unrolled over the axis (``jax.debug.print`` in a ``vmap``-ped function is one
     callback per row) stops at N equations of the same primitive, source line and reason."""

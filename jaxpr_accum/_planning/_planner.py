@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from collections.abc import Hashable
 
 from jaxpr_accum import _pairwise
 from jaxpr_accum._analysis import _candidates, _trace
@@ -50,7 +50,13 @@ class Planning:
     per ``stream`` (``_candidates``), the two-pass plan, the measured programs."""
 
     def __init__(
-        self, traced: _trace.Traced, inputs: list, key: Any, diff: list[int], *, specs: list
+        self,
+        traced: _trace.Traced,
+        inputs: list,
+        key: Hashable | None,
+        diff: list[int],
+        *,
+        specs: list,
     ):
         self.traced, self.inputs, self.key, self.specs = traced, inputs, key, specs
         self.measure = _budget.Measure(inputs, diff)
@@ -89,7 +95,7 @@ class Planner:
         self,
         traced: _trace.Traced,
         inputs: list,
-        key: Any,
+        key: Hashable | None,
         pattern: tuple | None = None,
         *,
         specs: list | None = None,

@@ -20,7 +20,7 @@ from jaxpr_accum._api._sweep import Sweep
 from jaxpr_accum._base._errors import ArgumentError, PlanWarning, SerializeError
 from jaxpr_accum._base._settings import GRAD_MODES
 from jaxpr_accum._compat import JaxVersionWarning, MissingInternal
-from jaxpr_accum._planning._plan import Plan
+from jaxpr_accum._report._plan import Plan
 from jaxpr_accum._rules import register_rule
 
 __all__ = [

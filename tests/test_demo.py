@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxpr_accum as ja
-from jaxpr_accum._planning._plan_text import CandidateAxis
+from jaxpr_accum._report._plan_text import CandidateAxis
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST_LINE_CPU_S = 5.0  # the intro is printed before anything is traced or compiled

@@ -263,13 +263,13 @@ def test_no_module_is_over_300_lines():
 PLANNING = (
     "_planning/_planner", "_analysis/_candidates", "_analysis/_cost", "_modes/_choice",
     "_modes/_decision", "_planning/_budget", "_planning/_chunk_search", "_assembly/_assemble",
-    "_planning/_worth", "_planning/_plan", "_planning/_fallback", "_pairwise/modes",
+    "_planning/_worth", "_report/_plan", "_planning/_fallback", "_pairwise/modes",
     "_pairwise/build", "_pairwise/report",
 )  # fmt: skip
 #: The report surface: the API (``_api/``), the plan's report text and its HTML view.
 REPORT_SURFACE = (
     *sorted(str(p.relative_to(PACKAGE).with_suffix("")) for p in (PACKAGE / "_api").glob("*.py")),
-    "_planning/_plan_text", "_planning/_html",
+    "_report/_plan_text", "_report/_html",
 )  # fmt: skip
 
 

@@ -17,7 +17,8 @@ import dataclasses
 
 from jaxpr_accum import _compat
 from jaxpr_accum._analysis import _fanout
-from jaxpr_accum._analysis._cost import Candidate, format_bytes
+from jaxpr_accum._analysis._cost import format_bytes
+from jaxpr_accum._analysis._estimate import Candidate
 from jaxpr_accum._analysis._split import Split, make_split
 from jaxpr_accum._analysis._trace import Traced
 from jaxpr_accum._base._errors import SerializeError

@@ -64,7 +64,7 @@ __all__ = ["BODY", "EPILOGUE", "PROLOGUE", "Split", "Stop", "make_split"]
 @dataclasses.dataclass(frozen=True, eq=False)
 class Split:
     """The stages of every top-level equation, and the region's inputs and outputs: program
-    structure, the same at every chunk size (``_cost.Candidate`` is a split at a chunk), and
+    structure, the same at every chunk size (``_estimate.Candidate`` is a split at a chunk), and
     the byte figures the cost model reads off them."""
 
     jaxpr: Jaxpr

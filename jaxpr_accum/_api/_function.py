@@ -29,7 +29,7 @@ from jaxpr_accum._base._errors import warn
 from jaxpr_accum._base._settings import SETTING_NAMES, Settings
 from jaxpr_accum._compat import ClosedJaxpr
 from jaxpr_accum._planning import _budget, _fallback
-from jaxpr_accum._planning._plan import Plan
+from jaxpr_accum._report._plan import Plan
 
 P = ParamSpec("P")
 R = TypeVar("R")

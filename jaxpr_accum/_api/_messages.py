@@ -10,7 +10,7 @@ from typing import Any
 
 from jaxpr_accum._analysis import _arguments
 from jaxpr_accum._base._errors import warn
-from jaxpr_accum._planning._plan import Plan
+from jaxpr_accum._report._plan import Plan
 
 
 def with_hint(plan: Plan, settings: Any, call: _arguments.Call) -> Plan:

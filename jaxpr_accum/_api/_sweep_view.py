@@ -12,7 +12,7 @@ from typing import Any
 
 from jaxpr_accum._analysis._cost import format_bytes
 from jaxpr_accum._base._install import install_hint
-from jaxpr_accum._planning import _html
+from jaxpr_accum._report import _html
 
 
 def text(sweep: Any) -> str:

@@ -1,4 +1,6 @@
-"""The library's own exception and warning, in a leaf module that every other module may import.
+"""The library's own exceptions and warning, in a leaf module that every other module may
+import; and ``stage``, which labels an internal error with the stage of planning it was raised
+in (a fallback's warning names it, ``_planning._fallback``).
 
 Every warning ``jaxpr_accum`` issues is a ``PlanWarning`` issued through ``warn``, which
 attributes it to the user's code: the first frame of the call stack outside this package and
@@ -13,8 +15,10 @@ a direct call.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
+from collections.abc import Iterator
 
 #: Modules whose frames are never the user's (the package itself and what it runs under).
 _INTERNAL = (
@@ -103,3 +107,20 @@ def warn(message: str, category: type[Warning] = PlanWarning) -> None:
         module=globs.get("__name__", "<string>"),
         registry=globs.setdefault("__warningregistry__", {}),
     )  # no module_globals, as warnings.warn: a loader without sources (``python -c``) raises
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Label an exception raised inside with the stage of planning it was raised in (the
+    innermost), which a fallback's warning names (``stage_of``)."""
+    try:
+        yield
+    except Exception as error:
+        if not hasattr(error, "_jaxpr_accum_stage"):
+            error._jaxpr_accum_stage = name  # type: ignore[attr-defined]
+        raise
+
+
+def stage_of(error: BaseException) -> str | None:
+    """The stage ``error`` was raised in (``stage``), or None."""
+    return getattr(error, "_jaxpr_accum_stage", None)

@@ -65,7 +65,8 @@ from collections.abc import Iterable, Sequence
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
-from jaxpr_accum._analysis._cost import Candidate, float_bytes, format_bytes
+from jaxpr_accum._analysis._cost import float_bytes, format_bytes
+from jaxpr_accum._analysis._estimate import Candidate
 from jaxpr_accum._analysis._split import PROLOGUE, Split
 from jaxpr_accum._analysis._stages import variables
 from jaxpr_accum._build._layout import Layout

@@ -1,6 +1,6 @@
 """``Decision``: what planning decided for one pass, as one frozen value.
 
-The candidate at its chunk (``_cost.Candidate``), the gradient ``Mode`` (``_mode``; never
+The candidate at its chunk (``_estimate.Candidate``), the gradient ``Mode`` (``_mode``; never
 ``AUTO``: that is a request) and why, the layout (``_layout``), and with ``memory=`` the chunk
 search that chose the chunk (``Budget``, each compile a ``Trial``). ``_choice.choose`` makes
 one (by the estimate alone), the budget search (``_budget.choose_chunk``) returns a new one at
@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from jaxpr_accum._analysis._cost import Candidate, format_bytes
+from jaxpr_accum._analysis._cost import format_bytes
+from jaxpr_accum._analysis._estimate import Candidate
 from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._modes._mode import Mode
 

@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 
 from jax.typing import DTypeLike
 
+from jaxpr_accum._base._errors import stage
 from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._modes import _choice
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._modes._mode import Mode
 from jaxpr_accum._pairwise.build import build
 from jaxpr_accum._pairwise.plan import TwoPass
-from jaxpr_accum._planning._fallback import stage
 
 
 def pass_diffs(two: TwoPass, diff: Sequence[int]) -> list[list[int]]:

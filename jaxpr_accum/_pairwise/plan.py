@@ -32,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpr_accum import _compat
-from jaxpr_accum._analysis._cost import Candidate, format_bytes
+from jaxpr_accum._analysis._cost import format_bytes
+from jaxpr_accum._analysis._estimate import Candidate
 from jaxpr_accum._analysis._split import make_split
 from jaxpr_accum._compat import Jaxpr, Var
 from jaxpr_accum._engine._axes import Analysis

@@ -12,8 +12,8 @@ from jaxpr_accum._analysis._cost import nbytes
 from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._pairwise.detect import Use
 from jaxpr_accum._pairwise.plan import TwoPass, describe_value
-from jaxpr_accum._planning._plan import Plan
-from jaxpr_accum._planning._plan_text import PlanStop
+from jaxpr_accum._report._plan import Plan
+from jaxpr_accum._report._plan_text import PlanStop
 
 
 def pairs(two: TwoPass, names: dict) -> list[str]:

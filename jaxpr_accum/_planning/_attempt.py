@@ -16,7 +16,7 @@ from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._assembly._assemble import run_as_written
 from jaxpr_accum._modes._mode import Mode
 from jaxpr_accum._planning import _worth
-from jaxpr_accum._planning._plan import Plan
+from jaxpr_accum._report._plan import Plan
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -31,10 +31,9 @@ run strict, so a fallback never hides a defect from them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 import jax
@@ -42,7 +41,7 @@ import numpy as np
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import has_float_dtype
-from jaxpr_accum._base._errors import ArgumentError, SerializeError, warn
+from jaxpr_accum._base._errors import ArgumentError, SerializeError, stage, stage_of, warn
 from jaxpr_accum._compat import Array
 
 STRICT_VARIABLE = "JAXPR_ACCUM_STRICT"
@@ -54,19 +53,8 @@ def strict() -> bool:
     return os.environ.get(STRICT_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
 
 
-@contextlib.contextmanager
-def stage(name: str) -> Iterator[None]:
-    """Label an exception raised inside with the stage it was raised in (the innermost)."""
-    try:
-        yield
-    except Exception as error:
-        if not hasattr(error, "_jaxpr_accum_stage"):
-            error._jaxpr_accum_stage = name  # type: ignore[attr-defined]
-        raise
-
-
 def describe(error: BaseException) -> str:
-    where = getattr(error, "_jaxpr_accum_stage", "planning")
+    where = stage_of(error) or "planning"
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"{type(error).__name__} while {where}" + (f": {first[:300]}" if first else "")
 

@@ -26,9 +26,9 @@ from collections.abc import Hashable
 
 from jaxpr_accum import _pairwise
 from jaxpr_accum._analysis import _candidates, _trace
-from jaxpr_accum._analysis._cost import Candidate
+from jaxpr_accum._analysis._estimate import Candidate
 from jaxpr_accum._assembly._assemble import build, run_as_written
-from jaxpr_accum._base._errors import warn
+from jaxpr_accum._base._errors import stage, warn
 from jaxpr_accum._base._lru import LRU
 from jaxpr_accum._base._settings import Settings
 from jaxpr_accum._build import _layout
@@ -38,8 +38,8 @@ from jaxpr_accum._modes._mode import AUTO, NATIVE, Mode, mode_named
 from jaxpr_accum._planning import _budget, _fallback, _gather, _worth
 from jaxpr_accum._planning._attempt import Attempt, Built, Prepared
 from jaxpr_accum._planning._fallback import DoesNotApply
-from jaxpr_accum._planning._plan import Plan
-from jaxpr_accum._planning._plan_text import planned_for_text
+from jaxpr_accum._report._plan import Plan
+from jaxpr_accum._report._plan_text import planned_for_text
 
 CACHE_SIZE = 64  # call signatures whose plans a SerializedFunction keeps (least recent out)
 
@@ -66,14 +66,14 @@ class Planning:
     def axis(self, settings: Settings, stream: bool) -> tuple[Candidate, list[Candidate]]:
         """``(the chosen candidate, every usable one)``."""
         if stream not in self.axes:
-            with _fallback.stage("planning"):
+            with stage("planning"):
                 self.axes[stream] = _candidates.choose_split(self.traced, settings, stream)
         return self.axes[stream]
 
     def pairing(self, chosen: Candidate, stream: bool) -> _pairwise.TwoPass | None:
         """The two-pass plan of ``chosen``'s program, or None where nothing pairs the axis."""
         if stream not in self.pairings:
-            with _fallback.stage("planning two passes for a pairing of the axis with itself"):
+            with stage("planning two passes for a pairing of the axis with itself"):
                 self.pairings[stream] = _pairwise.plan(chosen, self.names, stream)
         return self.pairings[stream]
 
@@ -170,7 +170,7 @@ class Planner:
         ``_weigh``."""
         chosen, usable = call.axis(self.settings, attempt.streamed)
         decision = self._chunk(call, chosen, attempt.requested)
-        with _fallback.stage("building"):
+        with stage("building"):
             run = build(decision, self.settings.accum_dtype)
         if decision.budget is not None:  # the search compiled this program: never again
             call.measure.record(run, decision.budget.measured)
@@ -193,11 +193,11 @@ class Planner:
         axis, for which the budget search chooses the chunk (``_fit_budget``)."""
         fixed = self.settings.chunk
         layout = self._layout(call, chosen, chosen.split.size if fixed is None else chosen.chunk)
-        with _fallback.stage("choosing the gradient mode"):
+        with stage("choosing the gradient mode"):
             decision = _choice.choose(chosen, requested, layout, call.measure.diff)
         if fixed is not None:
             return decision
-        with _fallback.stage("the memory budget search"):
+        with stage("the memory budget search"):
             return self._fit_budget(call, decision, requested)
 
     def _weigh(self, call: Planning, attempt: Attempt, chosen: Candidate, built: Built) -> Prepared:
@@ -205,9 +205,9 @@ class Planner:
         function as written (``_worth``)."""
         traced, run, plan, requested = call.traced, built.run, built.plan, attempt.requested
         original = functools.partial(run_as_written, traced.jaxpr)
-        with _fallback.stage("tracing the forward and backward passes"):
+        with stage("tracing the forward and backward passes"):
             _fallback.validate(run, call.inputs, original, call.measure.diff)
-        with _fallback.stage("weighing the plan against the function as written"):
+        with stage("weighing the plan against the function as written"):
             programs = _worth.Programs(run, original, call.measure)
             why = _worth.as_written_instead(built.estimate, requested, programs)
             if built.stops is not None:

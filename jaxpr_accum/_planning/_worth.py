@@ -1,6 +1,6 @@
 """Never worse: a plan not expected to save memory runs the function as written, with no loop.
 
-Under ``grad="auto"`` a candidate whose estimate (``_cost.Candidate.warning``) says it saves
+Under ``grad="auto"`` a candidate whose estimate (``_estimate.Candidate.warning``) says it saves
 nothing is not built into a loop. Where the estimate is certain (the axis is empty, one chunk
 covers it, or none of the region's intermediates is materialised at full size) that is the
 decision; where it rests on the cost model's arithmetic (stacked outputs and accumulators
@@ -38,7 +38,7 @@ FORCE_HINT = "; pass grad='remat' (or 'fused' / 'native') to run the chunked loo
 
 
 class Estimate(Protocol):
-    """What is weighed: a ``_cost.Candidate``, or the two passes of ``_pairwise.TwoPass``."""
+    """What is weighed: a ``_estimate.Candidate``, or the two passes of ``_pairwise.TwoPass``."""
 
     def warning(self) -> str | None: ...
 

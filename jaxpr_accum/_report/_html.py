@@ -13,10 +13,10 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from jaxpr_accum._analysis._cost import format_bytes
-from jaxpr_accum._planning._plan_text import CandidateAxis
+from jaxpr_accum._report._plan_text import CandidateAxis
 
 if TYPE_CHECKING:  # the plan's HTML view, which the plan shows
-    from jaxpr_accum._planning._plan import Plan
+    from jaxpr_accum._report._plan import Plan
 
 TABLE = 'style="border-collapse: collapse; text-align: left; font-size: 0.9em"'
 _CELL = 'style="padding: 2px 8px; vertical-align: top; text-align: {align}"'

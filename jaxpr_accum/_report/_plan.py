@@ -6,13 +6,14 @@ import dataclasses
 from collections.abc import Sequence
 
 from jaxpr_accum import _compat, _stream
-from jaxpr_accum._analysis._cost import Candidate, format_bytes, nbytes
+from jaxpr_accum._analysis._cost import format_bytes, nbytes
+from jaxpr_accum._analysis._estimate import Candidate
 from jaxpr_accum._analysis._split import BODY, EPILOGUE, PROLOGUE, Split
 from jaxpr_accum._build import _layout
 from jaxpr_accum._compat import Atom, Eqn
 from jaxpr_accum._modes._decision import Budget, Decision
-from jaxpr_accum._planning import _html
-from jaxpr_accum._planning._plan_text import (
+from jaxpr_accum._report import _html
+from jaxpr_accum._report._plan_text import (
     CandidateAxis,
     PlanStop,
     gradient_mode_lines,

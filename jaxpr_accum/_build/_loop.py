@@ -35,8 +35,9 @@ from jaxpr_accum._analysis._split import BODY, Split
 from jaxpr_accum._base._dtypes import accumulator_dtype, has_float_dtype
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build import _shards
+from jaxpr_accum._build._cells import Chunk, cells, eval_body, split_body
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
-from jaxpr_accum._engine._resize import cells, eval_body, shifted, split_body, take_chunk
+from jaxpr_accum._engine._resize import shifted, take_chunk
 
 
 class ChunkOut(NamedTuple):
@@ -105,25 +106,26 @@ class ChunkLoop:
         self.n_full, self.rem = divmod(size, chunk)
         self.cells = cells(split.analysis, offset, size, chunk)
         self.parts = split_body(split, signature, self.body_indices, self.cells)
-        self.emit = _stream.emitter(split.deferred)
 
     # -- one chunk ------------------------------------------------------------------------
     def body(self, k: int, start: Any, inputs: Inputs) -> ChunkOut:
         """The region's equations on chunk ``[start, start + k)`` (``inputs.chunked`` holds
-        the chunk's slices), in the cell of the row maps that holds it: per cell only the
-        equations whose rows depend on it, where the body splits so (``_resize.eval_body``)."""
+        the chunk's slices), in the cell of the row maps that holds it (``_cells``)."""
         sig, split = self.signature, self.split
         env = dict(zip((v for v, _ in sig.chunked), inputs.chunked, strict=True))
         invariants = dict(zip(sig.invariants, inputs.invariants, strict=True))
         # values reduced over the whole axis are deferred for streamed equations (``_stream``)
         known = env.keys() | invariants.keys()
         env.update((v, _stream.DEFERRED) for v in split.deferred if v not in known)
-        chunk = (k, shifted(start, self.offset), self.cells)
-        return eval_body(split, chunk, self.parts, env, invariants, self.special, self.chunk_out)
-
-    def special(self, idx: int) -> Any:
-        """How body equation ``idx`` is emitted instead of its rule (a streamed one), or None."""
-        return self.emit if idx in self.split.streamed else None
+        return eval_body(
+            split,
+            Chunk(k, shifted(start, self.offset), self.cells),
+            self.parts,
+            env,
+            invariants=invariants,
+            streamed=_stream.emitter(split.deferred),
+            finish=self.chunk_out,
+        )
 
     def chunk_out(self, env: dict) -> ChunkOut:
         sig, split = self.signature, self.split
@@ -232,10 +234,8 @@ class ChunkLoop:
         def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
             out = one(kk, start, inputs)
             sums = add_into(carry[0], out.sums)
-            return (sums, self.add_streams(carry[1], out.parts, out.stabs)), (
-                out.partials,
-                out.stacked,
-            )
+            streams = self.add_streams(carry[1], out.parts, out.stabs)
+            return (sums, streams), (out.partials, out.stacked)
 
         (sums, (accs, stabs)), scanned, rest = self.over_chunks(
             step, (self.zero_sums(), self.zero_streams()), reads=inputs

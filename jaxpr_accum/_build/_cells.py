@@ -35,10 +35,9 @@ from jaxpr_accum._base._lattice import is_mapped
 from jaxpr_accum._build._signature import Signature
 from jaxpr_accum._compat import Array, Atom, Eqn, Literal, Var
 from jaxpr_accum._engine._axes import Analysis
-from jaxpr_accum._engine._resize import Instead, Resizer, Special, take_chunk
+from jaxpr_accum._engine._resize import Cell, Instead, Resizer, Special, take_chunk
 
 T = TypeVar("T")
-Cell = tuple[int, int]  # positions ``[a, b)`` between two boundaries of the row maps
 
 
 @dataclasses.dataclass(frozen=True)

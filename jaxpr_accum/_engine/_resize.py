@@ -17,38 +17,44 @@ layer's (``_build._cells``): a ``Resizer`` is told its chunk's cell (``cell``), 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeAlias
 
 from jax import lax
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped, window
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn
+from jaxpr_accum._compat import Array, ClosedJaxpr, Jaxpr, JaxprEqn
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._engine._axes import Analysis, Ctx
 from jaxpr_accum._engine._table import rule_for
 from jaxpr_accum._engine._view import EqnResize
 
+Cell: TypeAlias = tuple[int, int]  # positions ``[a, b)`` holding a chunk (``_lattice.window``)
 # how an equation is emitted instead of its rule: ``(eqn, r, invals) -> outs``
 Instead: TypeAlias = Callable[[JaxprEqn, EqnResize, list], list]
 # which body equations are emitted otherwise: ``special(idx)``, None for the rule
 Special: TypeAlias = Callable[[int], Instead | None]
 
 
-def scaled(index: Any, factor: int) -> Any:
+def scaled(index: Array | int, factor: int) -> Array | int:
     """``index * factor``, folded in Python when the factor is 1 (no ``mul ... 1`` emitted)."""
     return index if factor == 1 else index * factor
 
 
-def shifted(index: Any, offset: Any) -> Any:
+def shifted(index: Array | int, offset: Array | int) -> Array | int:
     """``index + offset``, folded in Python when the offset is a static 0."""
     return index if isinstance(offset, int) and offset == 0 else index + offset
 
 
 def take_chunk(
-    x: Any, loc: AxisLoc, start: Any, k: int, size: int | None = None, cell: Any = None
-) -> Any:
+    x: Array,
+    loc: AxisLoc,
+    start: Array | int,
+    k: int,
+    size: int | None = None,
+    cell: Cell | None = None,
+) -> Array:
     """Rows ``start .. start+k-1`` of the axis of ``x`` (which carries it at ``loc``, never
     as a middle factor: ``_split`` keeps such values inside the region); a row-mapped ``loc``
     (then ``size`` is the axis's): the chunk's window of ``x`` (in ``cell``, ``window``)."""
@@ -65,11 +71,13 @@ class Resizer:
     """Evaluates jaxprs of one analysis at chunk length ``k`` from global position ``start``
     (in ``cell``, where known: ``by_cell``)."""
 
-    def __init__(self, analysis: Analysis, k: int, start: Any, cell: Any = None):
+    def __init__(self, analysis: Analysis, k: int, start: Array | int, cell: Cell | None = None):
         self.analysis, self.k, self.start, self.cell = analysis, k, start, cell
         self.size = analysis.size
 
-    def eval_jaxpr(self, ctx: Ctx, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Any]) -> list:
+    def eval_jaxpr(
+        self, ctx: Ctx, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Array]
+    ) -> list[Array]:
         inner, consts = _compat.open_closed(jaxpr)
         env: dict = {}
         for v, x in zip(inner.constvars, consts, strict=True):
@@ -86,7 +94,7 @@ class Resizer:
         ctx: Ctx,
         eqns: Sequence[JaxprEqn],
         env: dict,
-        indices: Any = None,
+        indices: Iterable[int] | None = None,
         special: Special | None = None,
     ) -> None:
         """Evaluate ``eqns`` (those at ``indices``, in order), reading and writing ``env``.

@@ -192,7 +192,7 @@ def eval_body(
         for v, x in invariants.items():
             loc = mapped[v]
             if loc is not None and is_mapped(loc):
-                local[v] = take_chunk(x, loc, start, k, analysis.size, cell)
+                local[v] = take_chunk(x, loc, start, k, size=analysis.size, cell=cell)
         return local
 
     if parts.carried is None:

@@ -68,7 +68,9 @@ class Layout:
         shards: list,
     ) -> ChunkLoop:
         """The chunk loop of this device (inside ``map``'s function when sharded)."""
-        return ChunkLoop(split, signature, accum_dtype, split.size, chunk, 0, shards)
+        return ChunkLoop(
+            split, signature, accum_dtype, size=split.size, chunk=chunk, offset=0, shards=shards
+        )
 
     def placement(self, v: Var, x: Array | None) -> _shards.Placement | str | None:
         """Where invariant input ``v`` (value ``x``) lives in the loop: sharded, whole on
@@ -137,8 +139,17 @@ class ShardedLayout(Layout):
         local = split.size // self.devices
         offset = lax.axis_index(self.axes) * local
         k = chunk // self.devices
-        once = self.gather.once
-        return ChunkLoop(split, signature, accum_dtype, local, k, offset, shards, self.axes, once)
+        return ChunkLoop(
+            split,
+            signature,
+            accum_dtype,
+            size=local,
+            chunk=k,
+            offset=offset,
+            shards=shards,
+            batch_axes=self.axes,
+            gathered=self.gather.once,
+        )
 
     def before_loop(self, values: list, placements: list) -> list:
         """Gathered once: the sharded ``values`` whole (None stays None)."""

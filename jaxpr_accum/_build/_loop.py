@@ -72,6 +72,7 @@ class ChunkLoop:
         split: Split,
         signature: Signature,
         accum_dtype: np.dtype | None,
+        *,
         size: int,
         chunk: int,
         offset: Array | int,

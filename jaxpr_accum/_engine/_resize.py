@@ -52,6 +52,7 @@ def take_chunk(
     loc: AxisLoc,
     start: Array | int,
     k: int,
+    *,
     size: int | None = None,
     cell: Cell | None = None,
 ) -> Array:
@@ -83,7 +84,9 @@ class Resizer:
         for v, x in zip(inner.constvars, consts, strict=True):
             loc = self.analysis.loc(ctx, v)  # a constant along the axis: this chunk's rows
             env[v] = (
-                x if loc is None else take_chunk(x, loc, self.start, self.k, self.size, self.cell)
+                x
+                if loc is None
+                else take_chunk(x, loc, self.start, self.k, size=self.size, cell=self.cell)
             )
         env.update(zip(inner.invars, args, strict=True))
         self.eval_eqns(ctx, inner.eqns, env)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import numpy as np
 from jax import lax
-from jax.typing import DTypeLike
 
 from jaxpr_accum import _stream
 from jaxpr_accum._analysis._split import EPILOGUE, PROLOGUE
@@ -52,7 +52,7 @@ def _streamed_sums(region: Region, out: Outputs) -> list[tuple[int, Callable]]:
     return sorted(pending, key=lambda pair: pair[0])
 
 
-def build(decision: Decision, accum_dtype: DTypeLike | None) -> Callable:
+def build(decision: Decision, accum_dtype: np.dtype | None) -> Callable:
     """``run(*flat_inputs) -> flat outputs`` for the whole program."""
     split, mode = decision.candidate.split, decision.mode
     jaxpr = split.jaxpr

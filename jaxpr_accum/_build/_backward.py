@@ -21,7 +21,6 @@ because every position is computed by exactly one chunk.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +32,10 @@ from jaxpr_accum import (
 )
 from jaxpr_accum._base._dtypes import accumulator_dtype
 from jaxpr_accum._build import _shards
-from jaxpr_accum._build._loop import ChunkLoop, add_into, join, wanted
+from jaxpr_accum._build._loop import ChunkLoop, add_into, wanted
 from jaxpr_accum._build._signature import Inputs, Outputs
+from jaxpr_accum._build._stack import join
+from jaxpr_accum._compat import Array
 from jaxpr_accum._engine._conv import canonicalize
 from jaxpr_accum._engine._resize import scaled, take_chunk
 
@@ -75,7 +76,7 @@ def backward(
     in_place = [j for j, i in enumerate(diff.chunked) if loop.chunk_locs[i].dim != 0]
     buffers = [jnp.zeros_like(inputs.chunked[diff.chunked[j]]) for j in in_place]
 
-    def step(carry: tuple, kk: int, start: Any, ct_partials: list) -> tuple:
+    def step(carry: tuple, kk: int, start: Array | int, ct_partials: list) -> tuple:
         acc, buffers = carry
         d_inv, d_ch = pull(kk, start, ct_partials)
         buffers = [
@@ -121,7 +122,7 @@ class _Pullback:
         self.loop, self.inputs, self.cts, self.finals, self.diff = loop, inputs, cts, finals, diff
         self.present = _present(cts, loop.signature.differentiable())
 
-    def __call__(self, kk: int, start: Any, ct_partials: list) -> tuple:
+    def __call__(self, kk: int, start: Array | int, ct_partials: list) -> tuple:
         loop, cts, present = self.loop, self.cts, self.present
         chunk = loop.chunk_inputs(self.inputs, start, kk)
         f, primals = loop.differentiable(chunk, kk, start, self.diff)

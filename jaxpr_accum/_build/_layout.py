@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import jax
+import numpy as np
 from jax import lax
-from jax.sharding import PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
 from jaxpr_accum import _compat
 from jaxpr_accum._analysis._cost import format_bytes, nbytes
@@ -39,6 +40,9 @@ from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build import _shards
 from jaxpr_accum._build._loop import ChunkLoop
 from jaxpr_accum._build._signature import Inputs, Signature
+from jaxpr_accum._compat import Array, Var
+
+MaybeArray = TypeVar("MaybeArray", Array, None)  # a value, or None (a zero cotangent)
 
 #: ``gather=`` -> where the layout gathers before any budget decides (``_planning._gather``).
 GATHERS = {
@@ -56,12 +60,19 @@ class Layout:
     devices = 1
 
     def loop(
-        self, split: Split, signature: Any, accum_dtype: Any, chunk: int, shards: list
+        self,
+        split: Split,
+        signature: Signature,
+        accum_dtype: np.dtype | None,
+        chunk: int,
+        shards: list,
     ) -> ChunkLoop:
         """The chunk loop of this device (inside ``map``'s function when sharded)."""
-        return ChunkLoop(split, signature, accum_dtype, split.size, chunk, 0, shards)
+        return ChunkLoop(
+            split, signature, accum_dtype, size=split.size, chunk=chunk, offset=0, shards=shards
+        )
 
-    def placement(self, v: Any, x: Any) -> _shards.Placement | str | None:
+    def placement(self, v: Var, x: Array | None) -> _shards.Placement | str | None:
         """Where invariant input ``v`` (value ``x``) lives in the loop: sharded, whole on
         every device (None), or why a sharded one is gathered whole before the loop."""
         return None
@@ -78,7 +89,7 @@ class Layout:
         )
         return placements, specs
 
-    def spec_of(self, placement: _shards.Placement | None, lead: int = 0) -> Any:
+    def spec_of(self, placement: _shards.Placement | None, lead: int = 0) -> PartitionSpec | None:
         """The ``shard_map`` spec of an invariant input placed so (or of its Jacobian rows:
         ``lead`` dimensions before it)."""
         return None
@@ -87,16 +98,16 @@ class Layout:
         """``values`` (invariant inputs, or their tangents) as the loop reads them."""
         return values
 
-    def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
+    def map(self, fn: Callable, in_specs: object, out_specs: object) -> Callable:
         return fn
 
-    def reduce(self, x: Any, placement: _shards.Placement | None = None) -> Any:
+    def reduce(self, x: MaybeArray, placement: _shards.Placement | None = None) -> MaybeArray:
         return x
 
-    def maximum(self, x: Any) -> Any:
+    def maximum(self, x: Array) -> Array:
         return x
 
-    def spec(self, loc: AxisLoc | None) -> Any:
+    def spec(self, loc: AxisLoc | None) -> PartitionSpec | None:
         return None
 
 
@@ -105,7 +116,7 @@ class ShardedLayout(Layout):
 
     def __init__(
         self,
-        mesh: Any,
+        mesh: Mesh | AbstractMesh,
         axes: tuple[str, ...],
         specs: dict | None = None,
         gather: _shards.Gather = GATHERS["chunk"],
@@ -118,13 +129,27 @@ class ShardedLayout(Layout):
         return ShardedLayout(self.mesh, self.axes, self.specs, gather)
 
     def loop(
-        self, split: Split, signature: Any, accum_dtype: Any, chunk: int, shards: list
+        self,
+        split: Split,
+        signature: Signature,
+        accum_dtype: np.dtype | None,
+        chunk: int,
+        shards: list,
     ) -> ChunkLoop:
         local = split.size // self.devices
         offset = lax.axis_index(self.axes) * local
         k = chunk // self.devices
-        once = self.gather.once
-        return ChunkLoop(split, signature, accum_dtype, local, k, offset, shards, self.axes, once)
+        return ChunkLoop(
+            split,
+            signature,
+            accum_dtype,
+            size=local,
+            chunk=k,
+            offset=offset,
+            shards=shards,
+            batch_axes=self.axes,
+            gathered=self.gather.once,
+        )
 
     def before_loop(self, values: list, placements: list) -> list:
         """Gathered once: the sharded ``values`` whole (None stays None)."""
@@ -135,7 +160,7 @@ class ShardedLayout(Layout):
             for x, p in zip(values, placements, strict=True)
         ]
 
-    def placement(self, v: Any, x: Any) -> _shards.Placement | str | None:
+    def placement(self, v: Var, x: Array | None) -> _shards.Placement | str | None:
         """From ``x``'s ``Explicit`` sharding, else from ``param_specs=`` (``detect``)."""
         sharding = _compat.explicit_sharding(x)
         spec = self.specs.get(v) if sharding is None else sharding.spec
@@ -156,24 +181,24 @@ class ShardedLayout(Layout):
         placed = [(v, self.placement(v, None)) for v in invariants]
         return sum(nbytes(v) for v, p in placed if isinstance(p, _shards.Placement))
 
-    def spec_of(self, placement: _shards.Placement | None, lead: int = 0) -> Any:
+    def spec_of(self, placement: _shards.Placement | None, lead: int = 0) -> PartitionSpec | None:
         return PartitionSpec() if placement is None else placement.spec(lead)
 
-    def map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
+    def map(self, fn: Callable, in_specs: object, out_specs: object) -> Callable:
         return jax.shard_map(
             fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
         )
 
-    def reduce(self, x: Any, placement: _shards.Placement | None = None) -> Any:
+    def reduce(self, x: MaybeArray, placement: _shards.Placement | None = None) -> MaybeArray:
         """``x`` summed over the devices of the serialized axis (those of the placement of
         the input whose cotangent it is excepted: its steps summed over them)."""
         axes = _shards.unreduced(placement, self.axes)
         return x if x is None or not axes else lax.psum(x, axes)
 
-    def maximum(self, x: Any) -> Any:
+    def maximum(self, x: Array) -> Array:
         return lax.pmax(x, self.axes)
 
-    def spec(self, loc: AxisLoc | None) -> Any:
+    def spec(self, loc: AxisLoc | None) -> PartitionSpec | None:
         if loc is None:
             return PartitionSpec()
         return PartitionSpec(*([None] * loc.dim), self.axes)
@@ -240,7 +265,7 @@ def detect(
     return layout
 
 
-def _invariant_specs(split: Split, inputs: list, given: list, mesh: Any) -> dict:
+def _invariant_specs(split: Split, inputs: list, given: list, mesh: Mesh | AbstractMesh) -> dict:
     """``{input variable: PartitionSpec}`` of the inputs without the axis that are sharded
     over ``Explicit`` axes or named by ``param_specs`` (``given``)."""
     specs = {
@@ -259,6 +284,6 @@ def _invariant_specs(split: Split, inputs: list, given: list, mesh: Any) -> dict
     return specs
 
 
-def _names(entry: Any) -> tuple[str, ...]:
+def _names(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
     """The mesh axes of one ``PartitionSpec`` entry (none for None)."""
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)

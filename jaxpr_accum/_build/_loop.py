@@ -8,7 +8,7 @@ input is sliced with ``dynamic_slice`` at its axis position. Inputs and outputs 
 groups of ``_signature``.
 
 - ``forward``: sums carried (16-bit floats in float32), other monoid partials stacked per
-  chunk, axis-carrying outputs stacked and put back in order, streamed sums accumulated
+  chunk, axis-carrying outputs stacked and put back in order (``_stack``), streamed sums accumulated
   online (``_stream``);
 - ``tangents`` (forward mode): each chunk under ``jax.jvp``, the tangents of its outputs
   accumulated as the values are (a streamed term's tangent rescaled by its final stabiliser).
@@ -24,19 +24,22 @@ so every output position is computed once, from the same values as unchunked.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxpr_accum import _compat, _stream
 from jaxpr_accum._analysis._split import BODY, Split
 from jaxpr_accum._base._dtypes import accumulator_dtype, has_float_dtype
-from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._build import _shards
+from jaxpr_accum._build._cells import Chunk, cells, eval_body, split_body
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
-from jaxpr_accum._engine._resize import cells, eval_body, shifted, split_body, take_chunk
+from jaxpr_accum._build._stack import stacked_outputs
+from jaxpr_accum._compat import Array
+from jaxpr_accum._engine._resize import shifted, take_chunk
 
 
 class ChunkOut(NamedTuple):
@@ -49,27 +52,7 @@ class ChunkOut(NamedTuple):
     stabs: list
 
 
-def unstack(ys: Any, loc: AxisLoc) -> Any:
-    """``[n, ..., k*m at loc.dim, ...]`` -> ``[..., n*k*m, ...]`` in chunk order."""
-    moved = jnp.moveaxis(ys, 0, loc.dim)
-    shape = list(moved.shape)
-    shape[loc.dim : loc.dim + 2] = [shape[loc.dim] * shape[loc.dim + 1]]
-    return moved.reshape(shape)
-
-
-def join(full: Any, rest: Any, loc: AxisLoc) -> Any:
-    """Put the scanned chunks (``full``: stacked ys, or None) and the remainder back in order."""
-    parts = ([] if full is None else [unstack(full, loc)]) + ([] if rest is None else [rest])
-    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=loc.dim)
-
-
-def per_chunk(full: Any, rest: Any) -> Any:
-    """One value per chunk: the scanned ones (or None) followed by the remainder's."""
-    parts = ([] if full is None else [full]) + ([] if rest is None else [rest[None]])
-    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
-
-
-def add_into(acc: list, xs: Sequence) -> list:
+def add_into(acc: list[Array], xs: Sequence[Array]) -> list[Array]:
     return [a + x.astype(a.dtype) for a, x in zip(acc, xs, strict=True)]
 
 
@@ -88,10 +71,11 @@ class ChunkLoop:
         self,
         split: Split,
         signature: Signature,
-        accum_dtype: Any,
+        accum_dtype: np.dtype | None,
+        *,
         size: int,
         chunk: int,
-        offset: Any,
+        offset: Array | int,
         shards: Sequence[_shards.Placement | None],
         batch_axes: tuple[str, ...] = (),
         gathered: bool = False,
@@ -105,25 +89,26 @@ class ChunkLoop:
         self.n_full, self.rem = divmod(size, chunk)
         self.cells = cells(split.analysis, offset, size, chunk)
         self.parts = split_body(split, signature, self.body_indices, self.cells)
-        self.emit = _stream.emitter(split.deferred)
 
     # -- one chunk ------------------------------------------------------------------------
-    def body(self, k: int, start: Any, inputs: Inputs) -> ChunkOut:
+    def body(self, k: int, start: Array | int, inputs: Inputs) -> ChunkOut:
         """The region's equations on chunk ``[start, start + k)`` (``inputs.chunked`` holds
-        the chunk's slices), in the cell of the row maps that holds it: per cell only the
-        equations whose rows depend on it, where the body splits so (``_resize.eval_body``)."""
+        the chunk's slices), in the cell of the row maps that holds it (``_cells``)."""
         sig, split = self.signature, self.split
         env = dict(zip((v for v, _ in sig.chunked), inputs.chunked, strict=True))
         invariants = dict(zip(sig.invariants, inputs.invariants, strict=True))
         # values reduced over the whole axis are deferred for streamed equations (``_stream``)
         known = env.keys() | invariants.keys()
         env.update((v, _stream.DEFERRED) for v in split.deferred if v not in known)
-        chunk = (k, shifted(start, self.offset), self.cells)
-        return eval_body(split, chunk, self.parts, env, invariants, self.special, self.chunk_out)
-
-    def special(self, idx: int) -> Any:
-        """How body equation ``idx`` is emitted instead of its rule (a streamed one), or None."""
-        return self.emit if idx in self.split.streamed else None
+        return eval_body(
+            split,
+            Chunk(k, shifted(start, self.offset), self.cells),
+            self.parts,
+            env,
+            invariants=invariants,
+            streamed=_stream.emitter(split.deferred),
+            finish=self.chunk_out,
+        )
 
     def chunk_out(self, env: dict) -> ChunkOut:
         sig, split = self.signature, self.split
@@ -136,7 +121,7 @@ class ChunkLoop:
             [t.stab for t in terms],
         )
 
-    def slices(self, chunked: Sequence, start: Any, k: int) -> list:
+    def slices(self, chunked: Sequence[Array | None], start: Array | int, k: int) -> list:
         """The chunk at ``start`` of length ``k`` of each chunked input (None stays None)."""
         return [
             None if x is None else take_chunk(x, loc, start, k)
@@ -147,11 +132,13 @@ class ChunkLoop:
         """The cotangents of the whole invariant inputs at ``indices``, back to the shards."""
         return _shards.scatter_all(cts, [self.shards[i] for i in indices], self.batch_axes, lead)
 
-    def chunk_inputs(self, inputs: Inputs, start: Any, k: int) -> Inputs:
+    def chunk_inputs(self, inputs: Inputs, start: Array | int, k: int) -> Inputs:
         invariants = _shards.gather_all(inputs.invariants, self.shards, start, self.gathered)
         return Inputs(invariants, self.slices(inputs.chunked, start, k))
 
-    def over_chunks(self, step: Callable, carry: Any, xs: Any = (), reads: Any = ()) -> tuple:
+    def over_chunks(
+        self, step: Callable, carry: object, xs: object = (), reads: object = ()
+    ) -> tuple:
         """Run ``step(carry, k, start, x) -> (carry, y)`` over every chunk of this shard.
 
         The full chunks run in a ``lax.scan`` (``x``: ``xs``'s leaves indexed by the chunk),
@@ -163,11 +150,11 @@ class ChunkLoop:
         if _compat.union_varying(carry, xs, reads):
             x0, kk = jax.tree_util.tree_map(lambda a: a[0], xs), k if n else self.rem
             carry = _compat.typed_carry(lambda c: step(c, kk, jnp.int32(0), x0)[0], carry)
-        scanned: Any = None
-        rest: Any = None
+        scanned: object = None
+        rest: object = None
         if n:
 
-            def scan_step(c: Any, index_and_x: tuple) -> tuple:
+            def scan_step(c: object, index_and_x: tuple) -> tuple:
                 index, x = index_and_x
                 return step(c, k, index * k, x)
 
@@ -177,21 +164,6 @@ class ChunkLoop:
             x = jax.tree_util.tree_map(lambda a: a[n], xs)
             carry, rest = step(carry, self.rem, n * k, x)
         return carry, scanned, rest
-
-    def stacked_outputs(
-        self, scanned: Any, rest: Any, n_partials: int, locs: Sequence[AxisLoc]
-    ) -> tuple[list, list]:
-        """``(partials, stacked)`` of the per-chunk ones, the stacked (at ``locs``) in order."""
-
-        def parts(group: int, j: int) -> tuple:
-            return (
-                None if scanned is None else scanned[group][j],
-                None if rest is None else rest[group][j],
-            )
-
-        partials = [per_chunk(*parts(0, j)) for j in range(n_partials)]
-        stacked = [join(*parts(1, j), loc) for j, loc in enumerate(locs)]  # type: ignore[call-arg]
-        return partials, stacked
 
     # -- accumulators --------------------------------------------------------------------
     def zero_sums(self) -> list:
@@ -223,28 +195,26 @@ class ChunkLoop:
     def forward(self, inputs: Inputs, checkpoint: bool = False) -> Outputs:
         """The region's outputs on this shard (sums in their accumulator dtypes)."""
 
-        def one(kk: int, start: Any, inputs: Inputs) -> ChunkOut:
+        def one(kk: int, start: Array | int, inputs: Inputs) -> ChunkOut:
             return self.body(kk, start, self.chunk_inputs(inputs, start, kk))
 
         if checkpoint:
             one = jax.checkpoint(one, static_argnums=(0,))
 
-        def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
+        def step(carry: tuple, kk: int, start: Array | int, _: object) -> tuple:
             out = one(kk, start, inputs)
             sums = add_into(carry[0], out.sums)
-            return (sums, self.add_streams(carry[1], out.parts, out.stabs)), (
-                out.partials,
-                out.stacked,
-            )
+            streams = self.add_streams(carry[1], out.parts, out.stabs)
+            return (sums, streams), (out.partials, out.stacked)
 
         (sums, (accs, stabs)), scanned, rest = self.over_chunks(
             step, (self.zero_sums(), self.zero_streams()), reads=inputs
         )
         n_partials = len(self.signature.partials)
-        partials, stacked = self.stacked_outputs(scanned, rest, n_partials, self.stacked_locs)
+        partials, stacked = stacked_outputs(scanned, rest, n_partials, self.stacked_locs)
         return Outputs(sums, partials, stacked, accs, self.signature.streams.exp_only(stabs))
 
-    def differentiable(self, chunk: Inputs, k: int, start: Any, needed: Inputs) -> tuple:
+    def differentiable(self, chunk: Inputs, k: int, start: Array | int, needed: Inputs) -> tuple:
         """``(f, primals)``: the chunk as a function of its inputs at indices ``needed``, those."""
 
         def f(d_inv: list, d_ch: list) -> ChunkOut:
@@ -272,7 +242,7 @@ class ChunkLoop:
         )
         flags = self.signature.differentiable()
 
-        def step(carry: tuple, kk: int, start: Any, _: Any) -> tuple:
+        def step(carry: tuple, kk: int, start: Array | int, _: object) -> tuple:
             chunk = self.chunk_inputs(inputs, start, kk)
             f, primals = self.differentiable(chunk, kk, start, needed)
             t_ch = self.slices(tangents.chunked, start, kk)
@@ -296,5 +266,5 @@ class ChunkLoop:
             step, (zero_sums, self.zero_streams()[0]), reads=(inputs, tangents, finals)
         )
         locs = [loc for loc, f in zip(self.stacked_locs, flags.stacked, strict=True) if f]
-        partials, stacked = self.stacked_outputs(scanned, rest, sum(flags.partials), locs)
+        partials, stacked = stacked_outputs(scanned, rest, sum(flags.partials), locs)
         return Outputs(sums, partials, stacked, accs, [])

@@ -21,10 +21,12 @@ region primitive."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
 
 import jax
+import numpy as np
+from jax.tree_util import PyTreeDef
 
 from jaxpr_accum import _compat, _stream
 from jaxpr_accum._analysis._split import BODY, Split
@@ -35,14 +37,17 @@ from jaxpr_accum._build._jacobians import jacobians, with_row_dim
 from jaxpr_accum._build._layout import Layout
 from jaxpr_accum._build._loop import ChunkLoop, wanted
 from jaxpr_accum._build._signature import Inputs, Outputs, Signature
+from jaxpr_accum._compat import Array, Aval, ClosedJaxpr
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._engine._tangents import reached_outputs
+
+T = TypeVar("T")
 
 
 class Region:
     """The region of ``split`` at ``chunk`` under ``layout`` (see the module docstring)."""
 
-    def __init__(self, split: Split, chunk: int, layout: Layout, accum_dtype: Any):
+    def __init__(self, split: Split, chunk: int, layout: Layout, accum_dtype: np.dtype | None):
         self.split, self.chunk, self.layout, self.accum_dtype = split, chunk, layout, accum_dtype
         self.signature = Signature.of(split)
         spec = layout.spec
@@ -54,7 +59,7 @@ class Region:
             [spec(None)] * sig.streams.n_terms,
             [spec(None)] * sig.streams.n_finals,
         )
-        self._jaxprs: dict = {}
+        self._jaxprs: dict[Hashable, tuple[ClosedJaxpr, PyTreeDef]] = {}
 
     def __repr__(self) -> str:
         return f"Region(axis={self.split.size}, chunk={self.chunk})"
@@ -67,10 +72,8 @@ class Region:
         """One device's outputs merged across devices: sums added (and cast back to their
         dtypes), streamed accumulators rescaled to the common stabiliser and added."""
         layout, streams = self.layout, self.signature.streams
-        sums = [
-            layout.reduce(s).astype(dtype)
-            for s, dtype in zip(out.sums, self.signature.sum_dtypes(), strict=True)
-        ]
+        dtypes = self.signature.sum_dtypes()
+        sums = [layout.reduce(s).astype(d) for s, d in zip(out.sums, dtypes, strict=True)]
         merged = [
             _stream.merge_devices(acc, s, factor, layout.reduce, layout.maximum)
             for acc, s, (_, factor) in zip(
@@ -113,9 +116,8 @@ class Region:
             )
             dtypes = [d for d, f in zip(sig.sum_dtypes(), flags.sums, strict=True) if f]
             sums = [layout.reduce(s).astype(d) for s, d in zip(out.sums, dtypes, strict=True)]
-            return Outputs(
-                sums, out.partials, out.stacked, [layout.reduce(a) for a in out.streams], []
-            )
+            streams = [layout.reduce(a) for a in out.streams]
+            return Outputs(sums, out.partials, out.stacked, streams, [])
 
         out_specs = Outputs(*(select(g, f) for g, f in zip(self.output_specs, flags, strict=True)))
         fn = layout.map(
@@ -207,7 +209,9 @@ class Region:
         sums, j_inv, j_ch = self._traced_once(key, fn, tuple(inputs), checked=True)
         return sums, inputs.placed(diff, j_inv, j_ch)
 
-    def _traced_once(self, key: Any, fn: Callable, args: tuple, checked: bool = False) -> Any:
+    def _traced_once(
+        self, key: Hashable, fn: Callable[..., T], args: tuple, checked: bool = False
+    ) -> T:
         """``fn(*args)``, traced once (``_jaxpr_at``) and replayed after: planning's
         validation and the call linearize the region alike, and the replay binds the traced
         equations instead of running the rules again. ``checked``: ``args`` are the region's
@@ -226,7 +230,9 @@ class Region:
             outs = jax.extend.core.jaxpr_as_fun(closed)(*leaves)
         return jax.tree.unflatten(out_tree, outs)
 
-    def _jaxpr_at(self, key: Any, fn: Callable, avals: Sequence[Any]) -> tuple[Any, Any]:
+    def _jaxpr_at(
+        self, key: Hashable, fn: Callable, avals: Sequence[Aval]
+    ) -> tuple[ClosedJaxpr, PyTreeDef]:
         """``(ClosedJaxpr, output tree)`` of ``fn`` at the flat input ``avals``, traced once per
         ``key``, avals and context mesh (the region's one cache of traced programs)."""
         full_key = (key, tuple(avals), _compat.context_mesh_key())
@@ -236,17 +242,16 @@ class Region:
         return self._jaxprs[full_key]
 
     # -- as a traced program -------------------------------------------------------------
-    def forward_jaxpr(self, avals: Sequence[Any], checkpoint: bool = False) -> Any:
+    def forward_jaxpr(self, avals: Sequence[Aval], checkpoint: bool = False) -> ClosedJaxpr:
         """The forward pass as a ``ClosedJaxpr`` at the flat input ``avals`` (cached per avals,
         context mesh and ``checkpoint``, as in ``forward``)."""
-        sig = self.signature
 
-        def flat_forward(*flat: Any) -> list:
-            return self.forward(sig.inputs(flat), checkpoint).flat()
+        def flat_forward(*flat: Array) -> list:
+            return self.forward(self.signature.inputs(flat), checkpoint).flat()
 
         return self._jaxpr_at(("forward", checkpoint), flat_forward, avals)[0]
 
-    def tangent_flags(self, avals: Sequence[Any], perturbed: Sequence[bool]) -> Outputs:
+    def tangent_flags(self, avals: Sequence[Aval], perturbed: Sequence[bool]) -> Outputs:
         """Per output, whether its tangent is nonzero when the flagged inputs are perturbed:
         differentiable, and reached from a perturbed input through differentiable equations
         (JAX's JVP of the forward pass with symbolic zeros). An output computed through
@@ -278,18 +283,18 @@ class Region:
         """The region's equations as written (on the whole axis), in program order."""
         return [self.split.jaxpr.eqns[i] for i in self.split.indices(BODY)]
 
-    def as_written(self, *flat: Any) -> list:
+    def as_written(self, *flat: Array) -> list:
         """The region's equations as written, on its whole inputs: its flat outputs, where
         it streams nothing (``tangent_flags``; ``_region_p``'s de-optimized run)."""
         env = dict(zip(self.signature.input_vars, flat, strict=True))
         _interpret.eval_eqns(self.split.jaxpr.eqns, env, indices=self.split.indices(BODY))
         return [_interpret.read(env, v) for v in self.signature.written_outputs]
 
-    def flat(self, pass_: Callable, **kw: Any) -> Callable:
+    def flat(self, pass_: Callable, **kw: object) -> Callable:
         """``pass_`` (a method taking ``Inputs``) as a function of the flat inputs returning
         the flat outputs."""
         return functools.partial(_flat_call, self, pass_, kw)
 
 
-def _flat_call(region: Region, pass_: Callable, kw: dict, *flat: Any) -> list:
+def _flat_call(region: Region, pass_: Callable, kw: dict, *flat: Array) -> list:
     return pass_(region, region.signature.inputs(flat), **kw).flat()

@@ -42,13 +42,14 @@ hand-written, and they are only used where the region's inputs are linearized di
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import jax
 
 from jaxpr_accum import _compat
 from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._signature import Inputs, Outputs
+from jaxpr_accum._compat import Array, Aval, ClosedJaxpr, Eqn, Params
 from jaxpr_accum._engine import _table
 
 #: A mode's linearization rule of the primitive: ``(region, is_vjp, nonzeros, primals,
@@ -102,21 +103,21 @@ def _used(values: list, used_outputs: tuple | None) -> list:
 
 
 def _checkpointed(region: Region) -> Callable:
-    def forward(*flat: Any) -> list:
+    def forward(*flat: Array) -> list:
         return region.forward(region.signature.inputs(flat), checkpoint=True).flat()
 
     return forward
 
 
-def _abstract_eval(*avals: Any, jaxpr: Any, **_: Any) -> tuple:
+def _abstract_eval(*avals: Aval, jaxpr: ClosedJaxpr, **_: object) -> tuple:
     return list(jaxpr.out_avals), jaxpr.effects
 
 
-def _impl(*flat: Any, jaxpr: Any, **_: Any) -> list:
+def _impl(*flat: Array, jaxpr: ClosedJaxpr, **_: object) -> list:
     return jax.extend.core.jaxpr_as_fun(jaxpr)(*flat)
 
 
-def _deoptimized(*flat: Any, region: Region, **_: Any) -> None:
+def _deoptimized(*flat: Array, region: Region, **_: object) -> None:
     """The region's equations as written, one by one (``jax_debug_nans``): the first that
     makes an invalid value raises JAX's error naming it, as in the original's de-optimized
     run."""
@@ -130,7 +131,7 @@ def _jvp(
     region: Region,
     linearizing: bool,
     used_outputs: tuple | None,
-    **_: Any,
+    **_: object,
 ) -> tuple:
     avals = [_compat.aval_of(p) for p in primals]
     perturbed = [not _compat.is_zero(t) for t in tangents]
@@ -152,7 +153,7 @@ def _jvp(
 def _of_perturbed(fun: Callable, primals: list, perturbed: list[bool]) -> Callable:
     """``fun`` as a function of its ``perturbed`` arguments, the others fixed at ``primals``."""
 
-    def partial(*dyn: Any) -> list:
+    def partial(*dyn: Array) -> list:
         it = iter(dyn)
         return fun(*(next(it) if d else p for p, d in zip(primals, perturbed, strict=True)))
 
@@ -166,14 +167,16 @@ def _primal_of_vjp(fun: Callable) -> Callable:
     return lambda *args: jax.vjp(fun, *args)[0]
 
 
-def _checkpointed_jaxpr(params: dict) -> Any:
+def _checkpointed_jaxpr(params: Params) -> ClosedJaxpr:
     """The equation's forward pass (its used outputs) with each chunk's body checkpointed."""
     closed = params["region"].forward_jaxpr(params["jaxpr"].in_avals, checkpoint=True)
     used = params["used_outputs"]
     return closed if used is None else _compat.dce(closed, used)
 
 
-def _batch(axis: Any, args: list, dims: list, *, region: Region, jaxpr: Any, **p: Any) -> tuple:
+def _batch(
+    axis: object, args: list, dims: list, *, region: Region, jaxpr: ClosedJaxpr, **p: object
+) -> tuple:
     # JAX batches the checkpointed loop's jaxpr: outputs no batched argument reaches stay
     # unbatched (dim None), as the original's do
     closed = _checkpointed_jaxpr({"region": region, "jaxpr": jaxpr, **p})
@@ -182,7 +185,7 @@ def _batch(axis: Any, args: list, dims: list, *, region: Region, jaxpr: Any, **p
     return outs, [0 if b else None for b in out_batched]
 
 
-def _dce(used: list[bool], eqn: Any) -> tuple[list[bool], Any]:
+def _dce(used: list[bool], eqn: Eqn) -> tuple[list[bool], Eqn | None]:
     if not any(used) and not _compat.has_effects(eqn):
         return [False] * len(eqn.invars), None
     if all(used):
@@ -200,13 +203,21 @@ def _dce(used: list[bool], eqn: Any) -> tuple[list[bool], Any]:
 
 
 def _linearize(
-    is_vjp: bool, nonzeros: list, *primals: Any, region: Region, mode: GradientMode, **p: Any
+    is_vjp: bool,
+    nonzeros: list,
+    *primals: Array,
+    region: Region,
+    mode: GradientMode,
+    linearizing: bool,
+    used_outputs: tuple | None,
+    **p: object,
 ) -> tuple:
-    if p["linearizing"] and region.split.custom_rule_in_body is not None:
+    if linearizing and region.split.custom_rule_in_body is not None:
         # reverse over reverse: the outer derivative of a custom rule's primal is that of the
         # primal its rule computes (a custom VJP's forward rule, a custom JVP's primal output),
         # as for the original; the mode's rule would pull back through the custom derivative
-        params = {"region": region, "mode": mode, **p}
+        params = {"region": region, "mode": mode, **p}  # in the equation's order:
+        params.update(linearizing=linearizing, used_outputs=used_outputs)  # after ``jaxpr``
         return _compat.linearize_from_jvp(region_p, is_vjp, nonzeros, primals, params)
 
     def outputs_of(flat: list) -> list:
@@ -215,14 +226,13 @@ def _linearize(
     outs, nz, res, linearized = mode.linearize(
         region, is_vjp, list(nonzeros), list(primals), outputs_of
     )
-    used = p["used_outputs"]
-    if used is None:
+    if used_outputs is None:
         return outs, nz, res, linearized
 
-    def linearized_used(residuals: list, *tangents: Any) -> list:
-        return _used(linearized(residuals, *tangents), used)
+    def linearized_used(residuals: list, *tangents: object) -> list:
+        return _used(linearized(residuals, *tangents), used_outputs)
 
-    return _used(outs, used), _used(nz, used), res, linearized_used
+    return _used(outs, used_outputs), _used(nz, used_outputs), res, linearized_used
 
 
 _compat.held_weakly_in_caches(Region)  # the region owns its plan: freed with its function

@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 from jax import lax
 from jax.sharding import PartitionSpec
+
+from jaxpr_accum._compat import Array
 
 
 class Placement(NamedTuple):
@@ -63,7 +65,7 @@ class Placement(NamedTuple):
         return sum(bool(axes) for axes in self.dims)
 
 
-def placement_of(spec: Any, shape: Sequence[int], mesh_shape: dict) -> Placement | str:
+def placement_of(spec: PartitionSpec, shape: Sequence[int], mesh_shape: dict) -> Placement | str:
     """The placement of an input of ``shape`` with ``spec`` on a mesh of ``mesh_shape``, or
     why it stays replicated (a dimension its shards do not divide: ``shard_map`` needs even
     shards, and padding would change the shapes every equation reading it computes with)."""
@@ -85,7 +87,7 @@ class Gather(NamedTuple):
 
 
 @jax.custom_jvp
-def tie(x: Any, counter: Any) -> Any:
+def tie(x: Array, counter: Array | int) -> Array:
     """``x``, made to depend on the loop ``counter`` (an optimization barrier of both)."""
     return lax.optimization_barrier((x, counter))[0]
 
@@ -95,12 +97,12 @@ def _tie_jvp(primals: tuple, tangents: tuple) -> tuple:
     return tie(*primals), tangents[0]
 
 
-def gather(x: Any, placement: Placement, counter: Any) -> Any:
+def gather(x: Array, placement: Placement, counter: Array | int) -> Array:
     """The whole input from this device's shard ``x``, gathered inside the loop step."""
     return whole(tie(x, counter), placement)
 
 
-def whole(x: Any, placement: Placement) -> Any:
+def whole(x: Array, placement: Placement) -> Array:
     """The whole input from this device's shard ``x`` (all-gathered where it is)."""
     for dim, axes in enumerate(placement.dims):
         if axes:
@@ -108,7 +110,7 @@ def whole(x: Any, placement: Placement) -> Any:
     return x
 
 
-def held(x: Any, placement: Placement | None, gathered: bool) -> tuple:
+def held(x: Array, placement: Placement | None, gathered: bool) -> tuple:
     """The shape of a device's accumulator of the cotangent of ``x`` (an invariant input as
     the loop reads it, whole where ``gathered`` before the loop): its shard's."""
     if placement is None or not gathered:
@@ -116,7 +118,7 @@ def held(x: Any, placement: Placement | None, gathered: bool) -> tuple:
     return tuple(n // math.prod(s) for n, s in zip(x.shape, placement.sizes, strict=True))
 
 
-def scatter(ct: Any, placement: Placement, batch_axes: Sequence[str], lead: int = 0) -> Any:
+def scatter(ct: Array, placement: Placement, batch_axes: Sequence[str], lead: int = 0) -> Array:
     """This device's shard of the whole cotangent ``ct`` (after ``lead`` leading
     dimensions), summed over ``batch_axes`` in the placement (module docstring)."""
     for dim, (axes, sizes) in enumerate(zip(placement.dims, placement.sizes, strict=True)):
@@ -137,7 +139,7 @@ def unreduced(placement: Placement | None, batch_axes: Sequence[str]) -> tuple[s
 
 
 def gather_all(
-    values: Sequence, placements: Sequence, counter: Any, gathered: bool = False
+    values: Sequence, placements: Sequence, counter: Array | int, gathered: bool = False
 ) -> list:
     """``values`` whole: the sharded ones gathered (``gather``; None stays None), unless
     ``gathered`` before the loop."""

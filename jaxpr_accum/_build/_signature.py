@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from jaxpr_accum import _compat
+from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Var
@@ -70,7 +71,7 @@ class Signature:
     streams: StreamLayout
 
     @classmethod
-    def of(cls, split: Any) -> Signature:
+    def of(cls, split: Split) -> Signature:
         return cls(
             tuple(split.invariants),
             tuple(split.chunked),

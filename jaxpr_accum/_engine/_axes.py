@@ -58,14 +58,16 @@ changes the program: it is read by the planner and the resizer.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar, cast
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._lattice import CONFLICT, AxisLoc, Conflict, canonical, fits, is_mapped
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
+from jaxpr_accum._compat import Atom, ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
 from jaxpr_accum._engine._table import passed_through, reduced_inside, refusal, rule_for
 from jaxpr_accum._engine._view import Context, Ctx, EqnKey, Ref, View, order, parent
+
+T = TypeVar("T")
 
 
 class Analysis:
@@ -83,26 +85,26 @@ class Analysis:
         self.hoists: dict[EqnKey, str] = {}
         self.reductions: dict[EqnKey, dict[int, str]] = {}
         self.eqns: dict[EqnKey, JaxprEqn] = {}
-        self.memo: dict[Any, Any] = {}
+        self.memo: dict[Hashable, object] = {}
         self._contexts: dict[Ctx, Context] = {}
         self._queue: deque[EqnKey] = deque()
         self._queued: set[EqnKey] = set()
 
     # -- reading -------------------------------------------------------------------------
-    def loc(self, ctx: Ctx, v: Any) -> AxisLoc | None:
+    def loc(self, ctx: Ctx, v: Atom) -> AxisLoc | None:
         """Where the axis sits in ``v``; None when unknown or conflicted."""
         if isinstance(v, Literal):
             return None
         return self.locs.get((ctx, v))
 
-    def fact(self, ctx: Ctx, v: Any) -> AxisLoc | Conflict | None:
+    def fact(self, ctx: Ctx, v: Atom) -> AxisLoc | Conflict | None:
         """The lattice value of ``v``: None (unknown), an ``AxisLoc``, or ``CONFLICT``."""
         if isinstance(v, Literal):
             return None
         ref = (ctx, v)
         return CONFLICT if ref in self.conflicts else self.locs.get(ref)
 
-    def conflicted(self, ctx: Ctx, v: Any) -> bool:
+    def conflicted(self, ctx: Ctx, v: Atom) -> bool:
         return not isinstance(v, Literal) and (ctx, v) in self.conflicts
 
     def touches(self, ctx: Ctx, eqn: JaxprEqn) -> bool:
@@ -113,7 +115,7 @@ class Analysis:
                 return True
         return any((ctx, v) in locs or (ctx, v) in conflicts for v in eqn.outvars)
 
-    def definition(self, ctx: Ctx, v: Any) -> JaxprEqn | None:
+    def definition(self, ctx: Ctx, v: Atom) -> JaxprEqn | None:
         """The equation of context ``ctx`` that defines ``v`` (None for inputs, literals)."""
         context = self._contexts.get(ctx)
         if context is None or isinstance(v, Literal):
@@ -123,14 +125,15 @@ class Analysis:
                 return context.eqns[idx]
         return None
 
-    def memoize(self, key: Any, build: Any) -> Any:
-        """Build per-equation data once (e.g. a custom rule's jaxpr) and share it."""
+    def memoize(self, key: Hashable, build: Callable[[], T]) -> T:
+        """Build per-equation data once (e.g. a custom rule's jaxpr) and share it (a key
+        names what it holds: each key is built by one ``build`` only)."""
         if key not in self.memo:
             self.memo[key] = build()
-        return self.memo[key]
+        return cast(T, self.memo[key])
 
     # -- writing -------------------------------------------------------------------------
-    def set(self, ctx: Ctx, v: Any, loc: AxisLoc | None, key: EqnKey) -> None:
+    def set(self, ctx: Ctx, v: Atom, loc: AxisLoc | None, key: EqnKey) -> None:
         """Join ``loc`` into ``v``'s fact; on a change, enqueue ``v``'s neighbours."""
         if loc is None or isinstance(v, _compat.DropVar):
             return
@@ -140,7 +143,7 @@ class Analysis:
         ref = (ctx, v)
         if ref in self.conflicts:
             return
-        shape = v.aval.shape
+        shape = _compat.shape_of(v)
         ok_dim = 0 <= loc.dim < len(shape)
         loc = canonical(loc, self.size, shape[loc.dim]) if ok_dim else loc
         bad = is_mapped(loc) and loc.outer > 1  # a row map of a middle factor: not modelled
@@ -188,10 +191,8 @@ class Analysis:
             self._enqueue(parent(ctx))
 
     def walk(self, jaxpr: Jaxpr | ClosedJaxpr, ctx: Ctx) -> None:
-        """Register ``jaxpr`` as context ``ctx``; the first time, enqueue what touches the axis.
-
-        Nothing is evaluated here: the fixpoint loop in ``run`` does the work.
-        """
+        """Register ``jaxpr`` as context ``ctx``; the first time, enqueue what touches the axis
+        (nothing is evaluated here: the fixpoint loop in ``run`` does the work)."""
         if ctx in self._contexts:
             return
         context = self._contexts[ctx] = Context(jaxpr)

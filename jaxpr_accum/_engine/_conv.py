@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import numpy as np
 from jax import lax
 
 from jaxpr_accum import _compat
+from jaxpr_accum._compat import Array, Eqn, Params
 from jaxpr_accum._engine import _interpret
 
 _conv_p = lax.conv_general_dilated_p
@@ -47,13 +47,16 @@ def _canonical_numbers(n: int) -> lax.ConvDimensionNumbers:
     )
 
 
-def _transpose(x: Any, perm: Sequence[int]) -> Any:
+def _transpose(x: Array, perm: Sequence[int]) -> Array:
     perm = tuple(int(p) for p in perm)
     return x if perm == tuple(range(len(perm))) else lax.transpose(x, perm)
 
 
-def canonical_conv(lhs: Any, rhs: Any, *, dimension_numbers: Any, **params: Any) -> Any:
+def canonical_conv(
+    lhs: Array, rhs: Array, *, dimension_numbers: lax.ConvDimensionNumbers, **rest: object
+) -> Array:
     """``conv_general_dilated`` (equation params) with the convolution itself canonical."""
+    params: Params = rest  # the equation's other params, as JAX types them
     lhs_spec, rhs_spec, out_spec = dimension_numbers
     n = len(lhs_spec) - 2
     out_perm = (out_spec[0], *out_spec[2:], out_spec[1])
@@ -89,15 +92,15 @@ def canonical_conv(lhs: Any, rhs: Any, *, dimension_numbers: Any, **params: Any)
     return _transpose(out, [int(i) for i in np.argsort(out_perm)])
 
 
-def is_conv(eqn: Any) -> bool:
+def is_conv(eqn: Eqn) -> bool:
     return eqn.primitive is _conv_p
 
 
-def is_float_conv(invals: Sequence[Any]) -> bool:
+def is_float_conv(invals: Sequence[Array]) -> bool:
     return all(jax.numpy.issubdtype(x.dtype, jax.numpy.floating) for x in invals)
 
 
-def _emit(idx: int, eqn: Any, invals: list) -> list:
+def _emit(idx: int, eqn: Eqn, invals: list[Array]) -> list[Array]:
     if is_conv(eqn) and is_float_conv(invals):
         with _compat.user_context(eqn):
             return [canonical_conv(*invals, **eqn.params)]
@@ -110,7 +113,7 @@ def canonicalize(fun: Callable, may_convolve: bool = True) -> Callable:
     if jax.default_backend() != "cpu" or not may_convolve:
         return fun
 
-    def wrapped(*args: Any) -> Any:
+    def wrapped(*args: object) -> object:
         flat, tree = jax.tree_util.tree_flatten(args)
         closed, out_shape = jax.make_jaxpr(
             lambda *f: fun(*jax.tree_util.tree_unflatten(tree, f)), return_shape=True

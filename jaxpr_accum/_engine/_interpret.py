@@ -17,10 +17,9 @@ for planning does not (``retrace``), so the planner reads the primitive itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from jaxpr_accum import _compat
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
+from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Jaxpr, JaxprEqn, Literal
 
 Emit = Callable[[int, JaxprEqn, list], list]
 
@@ -47,7 +46,7 @@ def retrace(idx: int, eqn: JaxprEqn, invals: list) -> list:
     return _compat.bind(eqn, invals, in_own_call=False)
 
 
-def read(env: dict, v: Any) -> Any:
+def read(env: dict, v: Atom) -> Array:
     return v.val if isinstance(v, Literal) else env[v]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped, window
-from jaxpr_accum._compat import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
+from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
 
 Ctx = tuple  # path of (equation index, sub-jaxpr path) pairs from the top-level jaxpr
 EqnKey = tuple  # (ctx, equation index)
@@ -60,6 +60,7 @@ class View:
 
     __slots__ = ("analysis", "ctx", "idx", "eqn")
 
+    # ``analysis``: the ``_axes.Analysis`` (which imports this module; rules hand it on as one)
     def __init__(self, analysis: Any, ctx: Ctx, idx: int, eqn: JaxprEqn):
         self.analysis, self.ctx, self.idx, self.eqn = analysis, ctx, idx, eqn
 
@@ -100,7 +101,7 @@ class View:
     def sub_ctx(self, path: tuple) -> Ctx:
         return self.ctx + ((self.idx, path),)
 
-    def link(self, a: tuple[Ctx, Any], b: tuple[Ctx, Any], shift: int = 0) -> None:
+    def link(self, a: tuple[Ctx, Atom], b: tuple[Ctx, Atom], shift: int = 0) -> None:
         """Values ``a`` and ``b`` are the same up to ``shift``: dim ``d`` of a is ``d+shift`` of b.
 
         A location that would fall off the front (``dim + shift < 0``) is a barrier. A link
@@ -131,6 +132,8 @@ class EqnResize:
 
     __slots__ = ("resizer", "ctx", "idx", "eqn")
 
+    # ``resizer``: the ``_resize.Resizer``, whose ``analysis`` is the ``_axes.Analysis`` (both
+    # import this module; rules hand it on as one)
     def __init__(self, resizer: Any, ctx: Ctx, idx: int, eqn: JaxprEqn):
         self.resizer, self.ctx, self.idx, self.eqn = resizer, ctx, idx, eqn
 
@@ -147,7 +150,7 @@ class EqnResize:
         return self.resizer.k
 
     @property
-    def start(self) -> Any:
+    def start(self) -> Any:  # ``Array | int``; rules pass it on as an ``Array`` (``shifted_rows``)
         return self.resizer.start
 
     @property
@@ -158,7 +161,7 @@ class EqnResize:
     def out_locs(self) -> list[AxisLoc | None]:
         return [self.analysis.loc(self.ctx, v) for v in self.eqn.outvars]
 
-    def chunk_shape(self, v: Any) -> tuple[int, ...]:
+    def chunk_shape(self, v: Atom) -> tuple[int, ...]:
         """The shape of ``v`` at chunk size."""
         shape = list(getattr(v.aval, "shape", ()))
         loc = self.analysis.loc(self.ctx, v)
@@ -171,9 +174,9 @@ class EqnResize:
         one: its window's)."""
         return loc.outer * self.window(loc)[1] * loc.inner
 
-    def window(self, loc: AxisLoc) -> tuple[Any, int]:
+    def window(self, loc: AxisLoc) -> tuple[Array | int, int]:
         """``(first row, rows)`` of the axis at ``loc`` in this chunk (``_lattice.window``)."""
         return window(loc, self.analysis.size, self.k, self.start, self.resizer.cell)
 
-    def eval(self, path: tuple, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Any]) -> list:
+    def eval(self, path: tuple, jaxpr: Jaxpr | ClosedJaxpr, args: Sequence[Array]) -> list[Array]:
         return self.resizer.eval_jaxpr(self.ctx + ((self.idx, path),), jaxpr, args)

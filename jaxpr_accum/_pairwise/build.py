@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from jax.typing import DTypeLike
+import numpy as np
 
 from jaxpr_accum._assembly._assemble import build as build_pass
 from jaxpr_accum._compat import Array
@@ -25,7 +25,7 @@ from jaxpr_accum._modes._decision import Decision
 from jaxpr_accum._pairwise.plan import TwoPass
 
 
-def build(two: TwoPass, decisions: Sequence[Decision], accum_dtype: DTypeLike | None) -> Callable:
+def build(two: TwoPass, decisions: Sequence[Decision], accum_dtype: np.dtype | None) -> Callable:
     """``run(*flat_inputs)`` for the whole program; ``decisions``: each pass's."""
     first = None if two.first is None else build_pass(decisions[0], accum_dtype)
     second = build_pass(decisions[-1], accum_dtype)

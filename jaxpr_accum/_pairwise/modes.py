@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from jax.typing import DTypeLike
+import numpy as np
 
 from jaxpr_accum._base._errors import stage
 from jaxpr_accum._build._layout import Layout
@@ -42,7 +42,7 @@ def choose_and_build(
     layout: Layout,
     diff: Sequence[int],
     *,
-    accum_dtype: DTypeLike | None,
+    accum_dtype: np.dtype | None,
 ) -> tuple[Callable, list[Decision]]:
     """``(run, each pass's decision)``."""
     with stage("choosing the gradient modes"):

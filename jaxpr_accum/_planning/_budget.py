@@ -34,7 +34,6 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.typing import DTypeLike
 
 from jaxpr_accum import _compat
 from jaxpr_accum._analysis._cost import format_bytes
@@ -152,7 +151,7 @@ class Request:
     inputs: list
     diff: list[int]
     wrt: str
-    accum_dtype: DTypeLike | None
+    accum_dtype: np.dtype | None
     auto: bool = False
 
 

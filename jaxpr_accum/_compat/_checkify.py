@@ -37,8 +37,8 @@ where the earlier check fires only in the remainder.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import jax
 
@@ -51,6 +51,23 @@ _CHECKIFY = "jax._src.checkify."
 #: chunks' copy of an equation and the remainder's
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _JAX = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
+
+
+class Frame(Protocol):
+    """A frame of a traceback as JAX records it (``jaxlib``'s ``Frame``)."""
+
+    @property
+    def file_name(self) -> str: ...
+
+    @property
+    def line_num(self) -> int: ...
+
+
+class Traceback(Protocol):
+    """A traceback as JAX records it (``jaxlib``'s ``Traceback``)."""
+
+    @property
+    def frames(self) -> Sequence[Frame]: ...
 
 
 def checks_through(
@@ -137,7 +154,7 @@ def _chunk_of(chunked: tuple, written: tuple) -> bool:
     )
 
 
-def _frames(traceback: Any, skipped: str = "") -> list | None:
+def _frames(traceback: Traceback | None, skipped: str = "") -> list | None:
     """The traceback's frames (file, line), those of files under ``skipped`` left out."""
     if traceback is None:
         return None

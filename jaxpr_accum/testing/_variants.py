@@ -5,11 +5,11 @@ runners."""
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, TypeAlias
 
 from jaxpr_accum import SerializedFunction
 
-Serialized = SerializedFunction[..., Any]  # what the test kit checks: any function's copy
+Serialized: TypeAlias = "SerializedFunction[..., Any]"  # what the test kit checks: any function
 
 # Copies of a SerializedFunction in other modes and at other chunk sizes, kept as long as
 # the function itself, so that repeated checks reuse their traces and compiled runners.

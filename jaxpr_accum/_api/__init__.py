@@ -15,12 +15,16 @@ decorator with arguments.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, overload
+from typing import TypeVar, overload
+
+from jax.typing import DTypeLike
 
 from jaxpr_accum._api._function import P, R, SerializedFunction
 from jaxpr_accum._base._settings import Settings
 
 __all__ = ["SerializedFunction", "serialize_axis"]
+
+T = TypeVar("T")
 
 
 @overload
@@ -31,12 +35,12 @@ def serialize_axis(
     memory: int | str | float | None = None,
     axis: int | None = 0,
     argnums: int | tuple[int, ...] | None = None,
-    in_axes: Any = None,
+    in_axes: object = None,
     size: int | None = None,
     grad: str = "auto",
-    accum_dtype: Any = None,
+    accum_dtype: DTypeLike | None = None,
     mesh_axis: str | tuple[str, ...] | None = None,
-    param_specs: Any = None,
+    param_specs: object = None,
     gather: str = "auto",
 ) -> SerializedFunction[P, R]: ...
 
@@ -49,12 +53,12 @@ def serialize_axis(
     memory: int | str | float | None = None,
     axis: int | None = 0,
     argnums: int | tuple[int, ...] | None = None,
-    in_axes: Any = None,
+    in_axes: object = None,
     size: int | None = None,
     grad: str = "auto",
-    accum_dtype: Any = None,
+    accum_dtype: DTypeLike | None = None,
     mesh_axis: str | tuple[str, ...] | None = None,
-    param_specs: Any = None,
+    param_specs: object = None,
     gather: str = "auto",
 ) -> Callable[[Callable[P, R]], SerializedFunction[P, R]]: ...
 
@@ -66,12 +70,12 @@ def serialize_axis(
     memory: int | str | float | None = None,
     axis: int | None = 0,
     argnums: int | tuple[int, ...] | None = None,
-    in_axes: Any = None,
+    in_axes: object = None,
     size: int | None = None,
     grad: str = "auto",
-    accum_dtype: Any = None,
+    accum_dtype: DTypeLike | None = None,
     mesh_axis: str | tuple[str, ...] | None = None,
-    param_specs: Any = None,
+    param_specs: object = None,
     gather: str = "auto",
 ) -> SerializedFunction[P, R] | Callable[[Callable[P, R]], SerializedFunction[P, R]]:
     """Run one axis of ``fun`` in chunks, with the same values and gradients.
@@ -166,7 +170,7 @@ def serialize_axis(
     return SerializedFunction(fun, settings)
 
 
-def _callable(fun: Any) -> Any:
+def _callable(fun: T) -> T:
     if not callable(fun):
         raise TypeError(
             f"`fun` must be callable, got {fun!r} ({type(fun).__name__}); pass `chunk` and "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, NoReturn, ParamSpec, TypeVar
+from typing import Generic, NoReturn, ParamSpec, TypeVar
 
 import jax
 
@@ -82,7 +82,7 @@ class SerializedFunction(Generic[P, R]):
         object.__setattr__(self, "_warned", set())  # the plan warnings given (each once)
         functools.update_wrapper(self, fun)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name in SETTING_NAMES or name in ("settings", "original"):
             raise AttributeError(
                 f"`{name}` of a SerializedFunction is read-only (its plans are cached); make "
@@ -141,7 +141,7 @@ class SerializedFunction(Generic[P, R]):
 
     @_compat.api_boundary
     def explain(
-        self, *args: Any, grad_argnums: int | Sequence[int] | None = None, **kwargs: Any
+        self, *args: object, grad_argnums: int | Sequence[int] | None = None, **kwargs: object
     ) -> Plan:
         """The plan for a call with these arguments, without running it.
 
@@ -222,7 +222,7 @@ class SerializedFunction(Generic[P, R]):
     @_compat.api_boundary
     def sweep(
         self,
-        *args: Any,
+        *args: object,
         chunks: int | Sequence[int] | None = None,
         grads: str | Sequence[str] = ("auto",),
         grad_argnums: int | Sequence[int] = 0,

@@ -31,7 +31,7 @@ class FirstCall:
     seconds: float
 
 
-def temp_bytes(f: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+def temp_bytes(f: Callable[..., object], *args: object, **kwargs: object) -> int:
     """XLA's temp bytes of ``f``'s gradient program at these arguments: what ``memory=`` bounds.
 
     The program is ``jax.jit(jax.value_and_grad(g))``, compiled (not run) at the arguments,
@@ -56,7 +56,7 @@ def temp_bytes(f: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
     leaves, tree = jax.tree.flatten((args, kwargs))
     arrays = [i for i, x in enumerate(leaves) if isinstance(x, (jax.Array, np.ndarray))]
 
-    def run(*xs: Any) -> list:
+    def run(*xs: object) -> list:
         full = list(leaves)
         for i, x in zip(arrays, xs, strict=True):
             full[i] = x
@@ -68,13 +68,13 @@ def temp_bytes(f: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
 
 
 def compile_value_and_grad(
-    f: Callable[..., Any], args: Sequence[Any], argnums: int | Sequence[int] = 0
-) -> Any:
+    f: Callable[..., object], args: Sequence[object], argnums: int | Sequence[int] = 0
+) -> jax.stages.Compiled:
     """AOT-compile ``jax.jit(jax.value_and_grad(f, argnums))`` at ``args`` (call with ``*args``)."""
     return jax.jit(jax.value_and_grad(f, argnums=argnums)).lower(*args).compile()
 
 
-def difference(got: Any, ref: Any) -> float:
+def difference(got: object, ref: object) -> float:
     """The largest per-leaf relative difference of ``got`` from ``ref`` (``inf`` where the trees
     differ in structure, shapes or dtypes)."""
     try:
@@ -93,7 +93,7 @@ class Program:
         self.dyn_args = [args[i] for i in dynamic]
 
     def scalar(self, f: Callable) -> Callable:
-        def g(*dyn: Any) -> Any:
+        def g(*dyn: object) -> jax.Array:
             full = list(self.args)
             for i, x in zip(self.dynamic, dyn, strict=True):
                 full[i] = x
@@ -101,15 +101,15 @@ class Program:
 
         return g
 
-    def compile(self, f: Callable) -> Any:
+    def compile(self, f: Callable) -> jax.stages.Compiled:
         return compile_value_and_grad(self.scalar(f), self.dyn_args, self.argnums)
 
-    def time(self, exe: Any) -> float:
+    def time(self, exe: jax.stages.Compiled) -> float:
         t0 = time.perf_counter()
         jax.block_until_ready(exe(*self.dyn_args))
         return time.perf_counter() - t0
 
-    def compile_and_check(self, f: Any, precision: str | None) -> FirstCall:
+    def compile_and_check(self, f: Callable, precision: str | None) -> FirstCall:
         """``f`` compiled and called once; off CPU with a ``precision``, the value and
         gradients are those of the program compiled again at that matmul precision."""
         exe = self.compile(f)

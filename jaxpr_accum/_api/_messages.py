@@ -6,14 +6,15 @@ where the region stacks values back to full size, else where the chunked axis is
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from jaxpr_accum._analysis import _arguments
+from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._base._errors import warn
+from jaxpr_accum._base._settings import Settings
 from jaxpr_accum._report._plan import Plan
 
 
-def with_hint(plan: Plan, settings: Any, call: _arguments.Call) -> Plan:
+def with_hint(plan: Plan, settings: Settings, call: _arguments.Call) -> Plan:
     """``plan``, its warning (where it is not expected to save memory) led by the ``argnums``
     hint where there is one. A plan that saves gets no hint: chunking arguments without the
     others' batch size (the keys of an attention, the vocabulary of an output layer) is what
@@ -24,7 +25,7 @@ def with_hint(plan: Plan, settings: Any, call: _arguments.Call) -> Plan:
     return dataclasses.replace(plan, warning=f"{hint}; and {plan.warning}")
 
 
-def caused_by(plan: Plan, split: Any) -> str:
+def caused_by(plan: Plan, split: Split) -> str:
     """What the warning is about, where the program says it: the stop (the primitive and the
     user's source line) of a region that stacks values back to full size there; else where
     the chunked axis is born (an argument, or the primitive and line that create it)."""
@@ -36,7 +37,7 @@ def caused_by(plan: Plan, split: Any) -> str:
     return f"; the region stops at {plan.stops[0]}{others}"
 
 
-def warn_once(warned: set[str], name: str, plan: Plan, split: Any) -> None:
+def warn_once(warned: set[str], name: str, plan: Plan, split: Split | None) -> None:
     """Issue ``plan``'s warning as ``name``'s, unless ``warned`` (the function's) has it, and
     only where the call planned a non-empty axis (``split``)."""
     warning = plan.warning

@@ -6,12 +6,11 @@ argument and what it takes."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from jaxpr_accum._base._settings import GRAD_MODES, as_index
 
 
-def check_chunks(chunks: Any, axis_size: int) -> list[int]:
+def check_chunks(chunks: object, axis_size: int) -> list[int]:
     """The chunks to measure, ascending: ``chunks``, or powers of two up to the axis size and
     the axis size itself."""
     if chunks is None:
@@ -33,7 +32,7 @@ def check_chunks(chunks: Any, axis_size: int) -> list[int]:
     return sorted(set(out))
 
 
-def check_grads(grads: Any) -> list[str]:
+def check_grads(grads: object) -> list[str]:
     items = [grads] if isinstance(grads, str) else grads
     if not isinstance(items, Iterable):
         raise TypeError(f"`grads` must be a sequence of gradient modes, got {grads!r}")
@@ -49,7 +48,7 @@ def check_grads(grads: Any) -> list[str]:
     return out
 
 
-def check_grad_argnums(grad_argnums: Any, args: tuple) -> tuple[int, ...]:
+def check_grad_argnums(grad_argnums: object, args: tuple) -> tuple[int, ...]:
     """``grad_argnums`` (``jax.grad``'s ``argnums``) checked against ``args``, as a tuple of
     non-negative indices."""
     nums = grad_argnums if isinstance(grad_argnums, (tuple, list)) else (grad_argnums,)

@@ -27,7 +27,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 
@@ -36,7 +36,30 @@ from jaxpr_accum._api._measure import FirstCall, Program, difference
 from jaxpr_accum._api._method_args import check_chunks, check_grad_argnums, check_grads
 from jaxpr_accum._base._dtypes import is_array
 from jaxpr_accum._base._errors import PlanWarning
+from jaxpr_accum._base._settings import Settings
 from jaxpr_accum._planning._budget import temp_bytes_of
+from jaxpr_accum._report._plan import Plan
+
+if TYPE_CHECKING:  # imported when drawn
+    from matplotlib.figure import Figure
+
+
+class Swept(Protocol):
+    """What a sweep reads of a ``SerializedFunction`` (``_function``, which imports this
+    module): its original, its settings, its plan, and a copy with other settings."""
+
+    def __init__(self, fun: Callable, settings: Settings) -> None: ...
+
+    @property
+    def original(self) -> Callable: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def explain(self, *args: object) -> Plan: ...
+
+    @property
+    def __call__(self) -> Callable[..., object]: ...  # callable as the original (ParamSpec)
 
 
 @dataclasses.dataclass
@@ -74,7 +97,7 @@ class Sweep:
     def _repr_html_(self) -> str:
         return _sweep_view.html(self)
 
-    def plot(self, path: str | None = None) -> Any:
+    def plot(self, path: str | None = None) -> Figure:
         """Draw temp memory and time against the chunk, one line per mode (original: dashed).
 
         Args:
@@ -95,7 +118,7 @@ class Sweep:
 # -- arguments ---------------------------------------------------------------------------------
 
 
-def _has_arrays(x: Any) -> bool:
+def _has_arrays(x: object) -> bool:
     return any(is_array(leaf) for leaf in jax.tree.leaves(x))
 
 
@@ -103,12 +126,12 @@ def _has_arrays(x: Any) -> bool:
 
 
 def measure_sweep(
-    sf: Any,
+    sf: Swept,
     args: tuple,
     *,
-    chunks: Any = None,
-    grads: Any = ("auto",),
-    grad_argnums: Any = 0,
+    chunks: object = None,
+    grads: object = ("auto",),
+    grad_argnums: object = 0,
     repeats: int = 3,
     progress: bool | None = None,
     time_budget_s: float | None = None,
@@ -161,7 +184,13 @@ class _Checked:
 
 
 def _check_call(
-    args: tuple, *, chunks: Any, grads: Any, grad_argnums: Any, repeats: Any, progress: Any
+    args: tuple,
+    *,
+    chunks: object,
+    grads: object,
+    grad_argnums: object,
+    repeats: object,
+    progress: object,
 ) -> _Checked:
     """The sweep's arguments checked before anything is traced."""
     if isinstance(repeats, bool) or not isinstance(repeats, int):
@@ -234,7 +263,7 @@ def _row(chunk: int | None, grad: str | None) -> dict[str, Any]:
     ) | {"chunk": chunk, "grad": grad, "mode": None, "axis": None, "warning": None, "error": None}
 
 
-def _axis(plan: Any) -> str:
+def _axis(plan: Plan) -> str:
     return f"size {plan.axis_size} born at {plan.born}"
 
 

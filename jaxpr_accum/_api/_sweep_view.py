@@ -1,6 +1,7 @@
 """How a ``Sweep`` shows: its text table, its HTML table and its matplotlib figure.
 
-The functions take the ``Sweep`` (``_sweep``); this module imports nothing of it.
+The functions take the ``Sweep`` (``_sweep``, as a ``Table``); this module imports nothing of
+it.
 """
 
 from __future__ import annotations
@@ -8,14 +9,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxpr_accum._analysis._cost import format_bytes
 from jaxpr_accum._base._install import install_hint
 from jaxpr_accum._report import _html
 
+if TYPE_CHECKING:  # imported when drawn
+    from matplotlib.figure import Figure
 
-def text(sweep: Any) -> str:
+
+class Table(Protocol):
+    """What the views read of a ``Sweep``: its rows (dicts of mixed values) and header."""
+
+    rows: list[dict[str, Any]]
+    name: str
+    axis_size: int
+    grad_argnums: tuple[int, ...]
+    repeats: int
+
+
+def text(sweep: Table) -> str:
     """The sweep as a table, one line per row, then the notes."""
     head = (
         f"jaxpr_accum sweep of {sweep.name}: axis of size {sweep.axis_size}, "
@@ -35,7 +49,7 @@ def text(sweep: Any) -> str:
     return "\n".join(lines + notes(sweep))
 
 
-def notes(sweep: Any) -> list[str]:
+def notes(sweep: Table) -> list[str]:
     """The notes under the table, the same in text and HTML: rows without numbers, rows whose
     plan chunks another axis than ``sf``'s, the plans' warnings."""
     out = [f"{label(r)}: {r['error']}" for r in sweep.rows if r["error"]]
@@ -49,7 +63,7 @@ def notes(sweep: Any) -> list[str]:
     return out
 
 
-def html(sweep: Any) -> str:
+def html(sweep: Table) -> str:
     """The sweep as an HTML table (for notebooks), then the notes and the plans' warnings."""
 
     def row(cells: Sequence[str], tag: str = "td") -> str:
@@ -70,7 +84,7 @@ def html(sweep: Any) -> str:
     )
 
 
-def plot(sweep: Any, path: str | None = None) -> Any:
+def plot(sweep: Table, path: str | None = None) -> Figure:
     """``Sweep.plot``: memory and time panels on an Agg canvas (files and memory, never a
     window); time on a log scale where it spreads over more than 10x. matplotlib is imported
     here, so the package does not need it otherwise."""
@@ -118,7 +132,7 @@ def plot(sweep: Any, path: str | None = None) -> Any:
     return fig
 
 
-def _two_and_five(v: float, _: Any) -> str:
+def _two_and_five(v: float, _: object) -> str:
     """Minor tick labels of a log axis at 2 and 5 times a power of ten only (not 3, 4, 6...)."""
     lead = v / 10 ** math.floor(math.log10(v)) if v > 0 else 0
     return f"{v:g}" if round(lead, 6) in (2, 5) else ""

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from jaxpr_accum._base._dtypes import has_key_dtype, is_array, real_dtype
 
@@ -28,7 +29,7 @@ Tolerance = float | Mapping[Any, float] | None
 # -- Leaves ----------------------------------------------------------------------------------------
 
 
-def _default_rtol(dtype: Any) -> float:
+def _default_rtol(dtype: DTypeLike) -> float:
     real = real_dtype(dtype)
     if real == jnp.dtype(jnp.float64):
         return _F64_RTOL
@@ -37,17 +38,17 @@ def _default_rtol(dtype: Any) -> float:
     return _F16_RTOL  # bfloat16, float16 and narrower
 
 
-def _rtol_for(dtype: Any, rtol: Tolerance) -> float:
+def _rtol_for(dtype: DTypeLike, rtol: Tolerance) -> float:
     """``rtol`` for a leaf of ``dtype``: a float applies to every dtype; a mapping from
     dtypes to floats overrides the defaults for the dtypes it names."""
     if rtol is None:
         return _default_rtol(dtype)
     if isinstance(rtol, Mapping):
-        dtype = jnp.dtype(dtype)
+        found = jnp.dtype(dtype)
         for key, value in rtol.items():
-            if jnp.dtype(key) == dtype:
+            if jnp.dtype(key) == found:
                 return float(value)
-        return _default_rtol(dtype)
+        return _default_rtol(found)
     return float(rtol)
 
 
@@ -92,7 +93,7 @@ class Mismatch:
         return "\n  ".join([head, *self.lines, *extra])
 
 
-def as_64_bit(x: Any) -> np.ndarray:
+def as_64_bit(x: jax.typing.ArrayLike) -> np.ndarray:
     """``x`` as a NumPy array of float64 (complex128 when complex), to compare exactly."""
     a = np.asarray(x)
     if jnp.issubdtype(a.dtype, jnp.complexfloating):
@@ -106,8 +107,8 @@ class _Compared(NamedTuple):
 
 
 def compare_trees(
-    got: Any,
-    ref: Any,
+    got: object,
+    ref: object,
     rtol: Tolerance,
     label: Callable[[tuple], str],
     noise: Sequence[float] | None = None,
@@ -140,7 +141,9 @@ class _Float(NamedTuple):
 
 
 def compare_leaves(
-    pairs: list[tuple[str, Any, Any]], rtol: Tolerance, noise: Sequence[float] | None = None
+    pairs: Sequence[tuple[str, object, object]],
+    rtol: Tolerance,
+    noise: Sequence[float] | None = None,
 ) -> _Compared:
     """``pairs``: ``(name, got, ref)`` for each leaf of one tree (the scale floor is shared).
 
@@ -246,7 +249,7 @@ def _float_mismatch(
     return Mismatch(leaf.where, lines)
 
 
-def tree_difference(got: Any, ref: Any) -> Difference:
+def tree_difference(got: object, ref: object) -> Difference:
     """The largest difference between two pytrees of arrays, by the per-leaf rule.
 
     Args:
@@ -265,7 +268,9 @@ def tree_difference(got: Any, ref: Any) -> Difference:
     return compared.diff
 
 
-def assert_tree_close(got: Any, ref: Any, *, rtol: Tolerance = None, what: str = "output") -> None:
+def assert_tree_close(
+    got: object, ref: object, *, rtol: Tolerance = None, what: str = "output"
+) -> None:
     """Assert that ``got`` matches ``ref`` by the per-leaf rule (see the module docstring).
 
     Args:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 
@@ -100,7 +101,9 @@ def fits(loc: AxisLoc, size: int, length: int) -> bool:
     return loc.skip == 0 and loc.outer * n * loc.inner == length
 
 
-def window(loc: AxisLoc, size: int, k: int, start: Any, cell: Any = None) -> tuple[Any, int]:
+def window(
+    loc: AxisLoc, size: int, k: int, start: int | jax.Array, cell: tuple[int, int] | None = None
+) -> tuple[int | jax.Array, int]:
     """``(first row, rows)`` of the value at ``loc`` that chunk ``[start, start + k)`` computes,
     in the value's own row order (rows of the axis; ``inner`` not applied): the chunk clamped
     into the value's positions, ``min(k, span)`` rows, after its ``skip`` dead ones. The whole
@@ -146,7 +149,7 @@ def join(a: Fact, b: Fact) -> Fact:
     return CONFLICT
 
 
-def not_a_block(loc: Any) -> bool:
+def not_a_block(loc: AxisLoc | None) -> bool:
     """Whether a chunk of a value at ``loc`` is not its block of rows ``[start, start + k)``
     (a middle factor, or a row-mapped axis whose windows may overlap): never stacked or
     streamed."""

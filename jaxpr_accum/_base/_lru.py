@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from collections.abc import Hashable
 from typing import Any
 
 
@@ -13,13 +14,13 @@ class LRU(collections.OrderedDict):
         super().__init__()
         self.size = size
 
-    def get(self, key: Any, default: Any = None) -> Any:
+    def get(self, key: Hashable, default: object = None) -> Any:  # the values: its user's
         if key not in self:
             return default
         self.move_to_end(key)
         return self[key]
 
-    def put(self, key: Any, value: Any) -> None:
+    def put(self, key: Hashable, value: object) -> None:
         self[key] = value
         self.move_to_end(key)
         while len(self) > self.size:

@@ -21,15 +21,17 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from types import ModuleType
+from typing import Generic, TypeVar
 
 import jax
 
 F = TypeVar("F")
 
 
-def _nnx() -> Any:
-    return sys.modules.get("flax.nnx")
+def _nnx() -> ModuleType:
+    """``flax.nnx``, imported already where an argument holds one of its graph nodes."""
+    return sys.modules["flax.nnx"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,25 +45,24 @@ class NnxCall(Generic[F]):
 
 
 def has_graph_nodes(args: tuple, kwargs: dict) -> bool:
-    nnx = _nnx()
+    nnx = sys.modules.get("flax.nnx")  # not imported: no argument can be an NNX object
     if nnx is None:
         return False
     is_node = nnx.graph.is_graph_node
     return any(is_node(x) for x in jax.tree_util.tree_leaves((args, kwargs), is_leaf=is_node))
 
 
-def _split(value: Any) -> tuple[Any, Any]:
+def _split(value: object) -> tuple[object, object]:
     """``(graphdef, state)`` if ``value`` holds a graph node, else ``(None, value)``."""
-    nnx = _nnx()
     if not has_graph_nodes((value,), {}):
         return None, value
-    return nnx.split(value)
+    return _nnx().split(value)
 
 
 def purify(fun: Callable) -> Callable:
     """``pure(*states, _defs=..., **kw_states) -> (out, new_states, new_kw_states)``."""
 
-    def pure(*states: Any, _defs: _Static, **kw_states: Any) -> tuple:
+    def pure(*states: object, _defs: _Static, **kw_states: object) -> tuple:
         nnx = _nnx()
         arg_defs, kw_items = _defs.value
         kw_defs = dict(kw_items)
@@ -87,7 +88,7 @@ def purify(fun: Callable) -> Callable:
     return pure
 
 
-def _changed(new: Any, old_leaves: list) -> Any:
+def _changed(new: object, old_leaves: list) -> object:
     """The leaves of the state ``new`` that the call changed (None where a leaf is still the
     one it was given, in ``old_leaves``): only those come back to be written, so that a module
     the caller does not differentiate is not written with the caller's tracers (NNX forbids
@@ -108,7 +109,7 @@ jax.tree_util.register_pytree_node(
 )
 
 
-def _written(node: Any, state: Any) -> Any:
+def _written(node: object, state: object) -> object:
     """The state to write into ``node``: ``state`` itself, or its changed leaves over the
     node's current ones."""
     if not isinstance(state, _Changed):
@@ -140,7 +141,7 @@ def write_back(args: tuple, kwargs: dict, new_states: list, new_kw: dict) -> Non
             nnx.update(kwargs[k], _written(kwargs[k], s))
 
 
-def _any_change(state: Any) -> bool:
+def _any_change(state: object) -> bool:
     """Whether ``state`` (from the pure call) has anything to write back."""
     if isinstance(state, _Changed):
         return any(leaf is not None for leaf in state)

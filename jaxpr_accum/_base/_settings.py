@@ -17,7 +17,7 @@ import dataclasses
 import math
 import operator
 import re
-from typing import Any
+from typing import SupportsIndex
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +39,7 @@ _MEMORY_HELP = (
 _MEMORY_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
-def check_memory(memory: Any) -> int | float:
+def check_memory(memory: object) -> int | float:
     """``memory`` as bytes (``int``) or a fraction of the device's limit (``float``)."""
     if isinstance(memory, bool):
         raise TypeError(f"`memory` must be {_MEMORY_HELP}; got {memory!r}")
@@ -71,16 +71,18 @@ def check_memory(memory: Any) -> int | float:
     raise TypeError(f"`memory` must be {_MEMORY_HELP}; got {memory!r} ({type(memory).__name__})")
 
 
-def as_index(value: Any) -> int | None:
+def as_index(value: object) -> int | None:
     """``operator.index(value)``, or None where ``value`` is no integer: a float, and also a
     floating or non-scalar array, whose ``__index__`` exists and raises NumPy's message."""
+    if not isinstance(value, SupportsIndex):
+        return None
     try:
         return operator.index(value)
     except TypeError:
         return None
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
+def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, jax.core.Tracer):
         raise TypeError(
             f"`{name}` must be a concrete integer, known when the function is decorated; got a "
@@ -89,10 +91,9 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     index = None if isinstance(value, bool) else as_index(value)
     if index is None:
         raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__})")
-    value = index
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {value}")
-    return value
+    if index < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {index}")
+    return index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,59 +106,58 @@ class Settings:
     argnums: tuple[int, ...] | None = None
     size: int | None = None
     grad: str = "auto"
-    accum_dtype: Any = None
+    accum_dtype: np.dtype | None = None
     mesh_axis: tuple[str, ...] | None = None
     memory: int | float | None = None  # bytes, or a fraction of the device's memory limit
-    in_axes: Any = None  # as ``jax.vmap``'s: a prefix of the positional arguments
-    param_specs: Any = None  # ``PartitionSpec``s: a prefix of the positional arguments
+    in_axes: object = None  # as ``jax.vmap``'s: a prefix of the positional arguments
+    param_specs: object = None  # ``PartitionSpec``s: a prefix of the positional arguments
     gather: str = "auto"  # sharded parameters: per chunk, once before the loop, or by memory
 
     @classmethod
     def validated(
         cls,
         *,
-        chunk: Any = None,
-        memory: Any = None,
-        axis: Any = 0,
-        argnums: Any = None,
-        size: Any = None,
-        grad: Any = "auto",
-        accum_dtype: Any = None,
-        mesh_axis: Any = None,
-        in_axes: Any = None,
-        param_specs: Any = None,
-        gather: Any = "auto",
+        chunk: object = None,
+        memory: object = None,
+        axis: object = 0,
+        argnums: object = None,
+        size: object = None,
+        grad: object = "auto",
+        accum_dtype: jax.typing.DTypeLike | None = None,
+        mesh_axis: object = None,
+        in_axes: object = None,
+        param_specs: object = None,
+        gather: object = "auto",
     ) -> Settings:
+        """The arguments of ``serialize_axis`` as the user passed them, checked."""
         if (chunk is None) == (memory is None):
             raise ValueError(
                 "pass exactly one of `chunk` (positions per step, an int >= 1) and `memory` "
                 f"(a budget: {_MEMORY_HELP}); got "
                 + ("neither" if chunk is None else f"both (chunk={chunk!r}, memory={memory!r})")
             )
-        if chunk is not None:
-            chunk = _check_int("chunk", chunk, 1)
-        else:
-            memory = check_memory(memory)
-        if axis is not None:
-            axis = _check_int("axis", axis, -(2**31))
+        steps = None if chunk is None else _check_int("chunk", chunk, 1)
+        budget = check_memory(memory) if chunk is None else None
+        dim = None if axis is None else _check_int("axis", axis, -(2**31))
+        nums: tuple[int, ...] | None = None
         if argnums is not None:
-            nums = (argnums,) if not isinstance(argnums, (tuple, list)) else tuple(argnums)
-            if not nums:
+            given = tuple(argnums) if isinstance(argnums, (tuple, list)) else (argnums,)
+            if not given:
                 raise ValueError("`argnums` must name at least one argument")
-            argnums = tuple(_check_int("argnums", a, -(2**31)) for a in nums)
-            if len(set(argnums)) < len(argnums):
-                raise ValueError(f"`argnums` {argnums} names an argument twice: name each once")
-            if axis is None:
+            nums = tuple(_check_int("argnums", a, -(2**31)) for a in given)
+            if len(set(nums)) < len(nums):
+                raise ValueError(f"`argnums` {nums} names an argument twice: name each once")
+            if dim is None:
                 raise ValueError(
                     "`axis=None` needs automatic selection; with `argnums` pass an int"
                 )
-        size = None if size is None else _check_int("size", size, 1)
-        if argnums is not None and size is not None:
+        length = None if size is None else _check_int("size", size, 1)
+        if nums is not None and length is not None:
             raise ValueError("pass either `argnums` or `size`, not both")
-        _check_choice("grad", grad, GRAD_MODES)
-        _check_choice("gather", gather, GATHER_MODES)
-        if accum_dtype is not None:
-            accum_dtype = _check_accum_dtype(accum_dtype)
+        mode = _check_choice("grad", grad, GRAD_MODES)
+        gathered = _check_choice("gather", gather, GATHER_MODES)
+        accum = None if accum_dtype is None else _check_accum_dtype(accum_dtype)
+        mesh_axes = None
         if mesh_axis is not None:
             axes = (mesh_axis,) if isinstance(mesh_axis, str) else mesh_axis
             if not (
@@ -166,13 +166,13 @@ class Settings:
                 raise TypeError(
                     f"`mesh_axis` must be a mesh axis name or a tuple of names, got {mesh_axis!r}"
                 )
-            mesh_axis = tuple(axes)
+            mesh_axes = tuple(axes)
         if in_axes is not None:
-            in_axes = _check_in_axes(in_axes, argnums, size)
+            in_axes = _check_in_axes(in_axes, nums, length)
         if param_specs is not None:
             _check_param_specs(param_specs)
-        fields = (chunk, axis, argnums, size, grad, accum_dtype, mesh_axis, memory, in_axes)
-        return cls(*fields, param_specs, gather)
+        fields = (steps, dim, nums, length, mode, accum, mesh_axes, budget, in_axes)
+        return cls(*fields, param_specs, gathered)
 
     def at(self, chunk: int, grad: str, axis_size: int) -> Settings:
         """These settings at another (checked) chunk and mode, as a sweep copies them. An
@@ -183,12 +183,13 @@ class Settings:
         return dataclasses.replace(self, chunk=chunk, grad=grad, memory=None, size=size)
 
 
-def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"`{name}` must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+    return value
 
 
-def _check_accum_dtype(accum_dtype: Any) -> Any:
+def _check_accum_dtype(accum_dtype: jax.typing.DTypeLike) -> np.dtype:
     try:
         dtype = jnp.dtype(accum_dtype)
     except TypeError as e:
@@ -204,7 +205,7 @@ def _check_accum_dtype(accum_dtype: Any) -> Any:
     return dtype
 
 
-def _check_in_axes(in_axes: Any, argnums: Any, size: Any) -> Any:
+def _check_in_axes(in_axes: object, argnums: tuple[int, ...] | None, size: int | None) -> object:
     """``in_axes`` as ``jax.vmap`` takes it: an int, ``None``, or a pytree prefix of the
     positional arguments with an int or ``None`` per leaf; at least one int."""
     if argnums is not None or size is not None:
@@ -221,7 +222,7 @@ def _check_in_axes(in_axes: Any, argnums: Any, size: Any) -> Any:
     return in_axes
 
 
-def _check_param_specs(param_specs: Any) -> None:
+def _check_param_specs(param_specs: object) -> None:
     """``param_specs`` as ``jax.jit``'s ``in_shardings`` with specs: a ``PartitionSpec`` or
     ``None`` per leaf of a pytree prefix of the positional arguments."""
     leaves = jax.tree_util.tree_leaves(param_specs, is_leaf=lambda x: x is None)

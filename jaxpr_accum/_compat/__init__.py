@@ -148,7 +148,7 @@ def inherit_source(eqn: JaxprEqn, outer: JaxprEqn | None) -> JaxprEqn:
     Equations traced inside a ``jit`` only know JAX-internal frames; the user's line is the
     one of the enclosing call, so that is used where the equation has no user frame.
     """
-    if outer is None or _user_frame(eqn) is not None:
+    if outer is None or _user_line(eqn) is not None:
         return eqn
     source_info = eqn.source_info.replace(traceback=outer.source_info.traceback)
     return eqn.replace(source_info=source_info)
@@ -156,14 +156,16 @@ def inherit_source(eqn: JaxprEqn, outer: JaxprEqn | None) -> JaxprEqn:
 
 def source_line(eqn: JaxprEqn) -> str:
     """The user's source line of ``eqn`` as ``file:line (function)``, or ``<unknown>``."""
-    frame = _user_frame(eqn)
+    line = _user_line(eqn)
+    return "<unknown>" if line is None else line
+
+
+def _user_line(eqn: JaxprEqn) -> str | None:
+    """``file:line (function)`` of the user's frame of ``eqn``, or None if it has none."""
+    frame = _jax("jax._src.source_info_util.user_frame")(eqn.source_info.traceback)
     if frame is None:
-        return "<unknown>"
+        return None
     return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
-
-
-def _user_frame(eqn: JaxprEqn) -> Any:
-    return _jax("jax._src.source_info_util.user_frame")(eqn.source_info.traceback)
 
 
 def open_closed(j: Jaxpr | ClosedJaxpr) -> tuple[Jaxpr, list]:
@@ -206,7 +208,7 @@ def constvars_to_invars(closed: ClosedJaxpr) -> tuple[Jaxpr, list]:
     return convert(closed.jaxpr), list(closed.consts)
 
 
-def flatten_in_axes(in_axes: Any, args: tuple) -> list:
+def flatten_in_axes(in_axes: object, args: tuple) -> list:
     """``in_axes`` (``jax.vmap``'s prefix semantics) broadcast to one entry per leaf of
     ``args``; a ``ValueError`` that shows both trees when it is not a prefix."""
     flatten_axes = _jax("jax._src.api_util.flatten_axes")
@@ -219,23 +221,29 @@ def jax_version() -> str:
     return jax.__version__
 
 
-def shape_of(v: Any) -> tuple[int, ...]:
+def _shaped(v: Atom) -> ShapedArray:
+    """A jaxpr variable's aval, which is a ``ShapedArray`` (an array's: the rewriter handles
+    no other values)."""
+    return cast(ShapedArray, v.aval)
+
+
+def shape_of(v: Atom) -> tuple[int, ...]:
     """The shape of a jaxpr variable (its aval is a ``ShapedArray``)."""
-    return tuple(v.aval.shape)
+    return tuple(_shaped(v).shape)
 
 
-def dtype_of(v: Any) -> np.dtype:
+def dtype_of(v: Atom) -> np.dtype:
     """The dtype of a jaxpr variable (its aval is a ``ShapedArray``)."""
-    return np.dtype(v.aval.dtype)
+    return np.dtype(_shaped(v).dtype)
 
 
-def aval_dtype(v: Any) -> Any:
+def aval_dtype(v: Atom) -> jax.typing.DTypeLike:
     """The dtype of a jaxpr variable as JAX records it (for a key, an extended dtype, which
     ``np.dtype`` cannot hold)."""
-    return v.aval.dtype
+    return _shaped(v).dtype
 
 
-def gather_fill_value(eqn: JaxprEqn) -> Any:
+def gather_fill_value(eqn: JaxprEqn) -> jax.typing.ArrayLike:
     """The value a ``fill``-mode gather returns for an out-of-range index (JAX's defaults
     where the parameter is None)."""
     fill = eqn.params.get("fill_value")
@@ -255,5 +263,5 @@ def is_pure(eqn: JaxprEqn) -> bool:
     return not eqn.effects and not any(True for _ in sub_jaxprs(eqn.params))
 
 
-def new_var(aval: Any) -> Var:
+def new_var(aval: Aval) -> Var:
     return Var(aval)

@@ -35,7 +35,7 @@ import functools
 import importlib
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, SupportsInt
 
 import jax
 import numpy as np
@@ -43,6 +43,25 @@ import numpy as np
 from jaxpr_accum._compat._lookup import internal
 
 _CHECKIFY = "jax._src.checkify"
+
+
+class ErrorKind(Protocol):
+    """JAX's ``ErrorEffect``, as read here: the kind of a checkify error (its exception's
+    type and its payload's shapes)."""
+
+    @property
+    def error_type(self) -> type: ...
+
+    @property
+    def shape_dtypes(self) -> tuple[jax.ShapeDtypeStruct, ...]: ...
+
+
+class CheckException(Protocol):
+    """JAX's ``JaxException``, as read here: a check's exception and its kind."""
+
+    def get_effect_type(self) -> ErrorKind: ...
+
+
 #: a serial number per loop checkified: the key of its error's empty marker slot
 _LOOPS = itertools.count(1)
 #: the first rank of the package's own operations' sites
@@ -83,19 +102,19 @@ def site_effect() -> type:
     class SiteEffect(error_effect):  # type: ignore[misc]
         rank: int = 0
 
-        def __lt__(self, other: Any) -> bool:  # ``Error``'s dicts are flattened sorted
+        def __lt__(self, other: ErrorKind) -> bool:  # ``Error``'s dicts are flattened sorted
             return _sort_key(self) < _sort_key(other)
 
     return SiteEffect
 
 
-def _sort_key(effect: Any) -> tuple:
+def _sort_key(effect: ErrorKind) -> tuple:
     shapes = tuple((sd.shape, str(sd.dtype)) for sd in effect.shape_dtypes)
     return str(effect.error_type), shapes, getattr(effect, "rank", -1)
 
 
 @contextlib.contextmanager
-def per_site(site_of: Callable[[Any], Any]) -> Iterator[Sites]:
+def per_site(site_of: Callable[[CheckException], tuple[bool, object]]) -> Iterator[Sites]:
     """JAX's ``assert_func`` and ``update_error`` keeping one slot per check site (the
     module's docstring), met in one loop: ``site_of(exception)`` is ``(the package's own
     operation, site)`` of a check made by ``assert_func``."""
@@ -103,7 +122,7 @@ def per_site(site_of: Callable[[Any], Any]) -> Iterator[Sites]:
     jax_assert, jax_update, effect_type = module.assert_func, module.update_error, site_effect()
     sites = Sites()
 
-    def assert_func(error: Any, pred: Any, new_error: Any) -> Any:
+    def assert_func(error: object, pred: object, new_error: CheckException) -> object:
         own, site = site_of(new_error)
         rank, code = sites.site(repr(site), module.next_code, last=own)
         payload, tree = jax.tree_util.tree_flatten(new_error)
@@ -111,12 +130,18 @@ def per_site(site_of: Callable[[Any], Any]) -> Iterator[Sites]:
         effect = effect_type(kind.error_type, kind.shape_dtypes, rank)
         return jax_update(error, pred, code, {code: tree}, payload, effect)
 
-    def update_error(error: Any, pred: Any, code: Any, *rest: Any) -> Any:
-        *others, kind = rest
+    def update_error(  # JAX's signature, positional as JAX calls it
+        error: object,
+        pred: object,
+        code: SupportsInt,
+        metadata: object,
+        payload: object,
+        kind: ErrorKind,
+    ) -> object:
         if not isinstance(kind, effect_type):  # a user's check: its code names the site
             rank, _ = sites.site(f"check {int(code)}", lambda: int(code))
             kind = effect_type(kind.error_type, kind.shape_dtypes, rank)
-        return jax_update(error, pred, code, *others, kind)
+        return jax_update(error, pred, code, metadata, payload, kind)
 
     module.assert_func, module.update_error = assert_func, update_error
     try:
@@ -125,7 +150,7 @@ def per_site(site_of: Callable[[Any], Any]) -> Iterator[Sites]:
         module.assert_func, module.update_error = jax_assert, jax_update
 
 
-def in_program_order(error: Any, per_site_error: Any, sites: Sites) -> Any:
+def in_program_order(error: object, per_site_error: Any, sites: Sites) -> object:
     """``error`` updated with the slots of ``per_site_error`` in the order of their ranks,
     each under a fresh code (the module's docstring)."""
     module: Any = importlib.import_module(_CHECKIFY)

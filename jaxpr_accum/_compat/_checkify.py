@@ -37,13 +37,14 @@ where the earlier check fires only in the remainder.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import jax
 
 from jaxpr_accum._compat._check_sites import in_program_order, per_site
 from jaxpr_accum._compat._lookup import internal
+from jaxpr_accum._compat._types import ClosedJaxpr, Jaxpr, Params, Primitive
 
 _CHECKIFY = "jax._src.checkify."
 #: the package's own files: where the loop is emitted from, which differs between the full
@@ -52,8 +53,27 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _JAX = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
 
 
+class Frame(Protocol):
+    """A frame of a traceback as JAX records it (``jaxlib``'s ``Frame``)."""
+
+    @property
+    def file_name(self) -> str: ...
+
+    @property
+    def line_num(self) -> int: ...
+
+
+class Traceback(Protocol):
+    """A traceback as JAX records it (``jaxlib``'s ``Traceback``)."""
+
+    @property
+    def frames(self) -> Sequence[Frame]: ...
+
+
 def checks_through(
-    p: Any, loop_of: Callable[[dict], Any], written_of: Callable[[dict], list]
+    p: Primitive,
+    loop_of: Callable[[Params], ClosedJaxpr],
+    written_of: Callable[[Params], list],
 ) -> None:
     """Register ``p``'s checkify rule: its ``loop_of(params)`` (a ``ClosedJaxpr`` of the same
     inputs and outputs as the equation) checkified, where a check can fire inside it; an
@@ -61,7 +81,7 @@ def checks_through(
     equations ``written_of(params)``."""
     checkify_jaxpr = internal(_CHECKIFY + "checkify_jaxpr")
 
-    def rule(error: Any, enabled_errors: Any, *args: Any, **params: Any) -> tuple:
+    def rule(error: object, enabled_errors: object, *args: object, **params: object) -> tuple:
         loop = loop_of(params)
         if _over_devices(loop):  # JAX's shard_map rule, with an error per device
             if not _error_effects(loop, enabled_errors, error, args):
@@ -78,7 +98,7 @@ def checks_through(
     internal(_CHECKIFY + "error_checks")[p] = rule
 
 
-def _over_devices(loop: Any) -> bool:
+def _over_devices(loop: ClosedJaxpr) -> bool:
     """Whether the loop runs under the layout's ``shard_map`` (a sharded layout): there each
     device carries its own error, which JAX's rule for ``shard_map`` combines, and the slots
     of ``_check_sites`` do not pass through it."""
@@ -99,7 +119,7 @@ def _site_of(new_error: Any) -> tuple[bool, tuple]:
     return own, (*kind, getattr(new_error, "fmt_string", None), at)
 
 
-def _shapes_as_written(checked: Any, written: list) -> Any:
+def _shapes_as_written(checked: Any, written: list) -> object:
     """``checked`` with each out-of-bounds error raised inside the loop naming the operand's
     shape as written (``(12, 3)``), not the chunk's (``(4, 3)``): the equation of ``written``
     with the same primitive and source whose operand's shape is the chunk's but for longer
@@ -134,7 +154,7 @@ def _chunk_of(chunked: tuple, written: tuple) -> bool:
     )
 
 
-def _frames(traceback: Any, skipped: str = "") -> list | None:
+def _frames(traceback: Traceback | None, skipped: str = "") -> list | None:
     """The traceback's frames (file, line), those of files under ``skipped`` left out."""
     if traceback is None:
         return None
@@ -142,7 +162,7 @@ def _frames(traceback: Any, skipped: str = "") -> list | None:
     return [fr for fr in frames if not (skipped and fr[0].startswith(skipped))]
 
 
-def _error_effects(closed: Any, enabled_errors: Any, error: Any, args: tuple) -> set:
+def _error_effects(closed: ClosedJaxpr, enabled_errors: object, error: object, args: tuple) -> set:
     """The kinds of error that ``closed``, checkified with ``enabled_errors``, can report."""
     err_vals, err_tree = jax.tree_util.tree_flatten(error)
     avals = [jax.typeof(x) for x in (*err_vals, *args)]
@@ -162,7 +182,9 @@ def _checkpoint_keeping_constants() -> None:
         internal(pe + "convert_constvars_jaxpr"),
     )
 
-    def rule(error: Any, enabled_errors: Any, *args: Any, jaxpr: Any, **params: Any) -> Any:
+    def rule(
+        error: object, enabled_errors: object, *args: object, jaxpr: Jaxpr, **params: object
+    ) -> object:
         err_vals, err_tree = jax.tree_util.tree_flatten(error)
         avals = [jax.typeof(x) for x in (*err_vals, *args)]
         to_checked = internal(_CHECKIFY + "jaxpr_to_checkify_jaxpr")

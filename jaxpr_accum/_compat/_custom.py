@@ -5,7 +5,7 @@ read through ``param``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import cast
 
 import jax
 import numpy as np
@@ -14,9 +14,10 @@ from jax.extend.core import ClosedJaxpr, JaxprEqn, jaxpr_as_fun
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._lookup import param as _param
 from jaxpr_accum._compat._lookup import primitive
+from jaxpr_accum._compat._types import Atom, Aval, Params, ShapedArray
 
 
-def _is_cotangent(x: Any) -> bool:
+def _is_cotangent(x: object) -> bool:
     """An output of a backward rule that is a cotangent it computed: a concrete or traced
     array. Not a symbolic zero, None, nor a NumPy scalar: a constant, which a rule linear in
     its cotangents can only return as a zero."""
@@ -70,13 +71,13 @@ def custom_vjp_parts(eqn: JaxprEqn) -> tuple[Callable, Callable]:
         _, res_tree, input_fwds = out_trees()
         return ClosedJaxpr(jaxpr, consts), [res_tree.num_leaves, list(input_fwds)]
 
-    def bwd(*args: Any) -> list:
+    def bwd(*args: object) -> list:
         return list(bwd_fun.call_wrapped(*args))
 
     return fwd_jaxpr_of, bwd
 
 
-def cotangent_aval(aval: Any) -> Any:
+def cotangent_aval(aval: ShapedArray) -> Aval | jax.ShapeDtypeStruct:
     """The cotangent type of a primal: its tangent type for inexact dtypes (inside
     ``shard_map``, varying over the manual axes the primal varies over), ``float0``
     otherwise."""
@@ -85,7 +86,9 @@ def cotangent_aval(aval: Any) -> Any:
     return jax.ShapeDtypeStruct(aval.shape, jax.dtypes.float0)
 
 
-def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJaxpr, list[bool]]:
+def trace_custom_vjp_bwd(
+    bwd: Callable, avals: Sequence[Aval | jax.ShapeDtypeStruct]
+) -> tuple[ClosedJaxpr, list[bool]]:
     """A custom VJP's backward rule as a jaxpr at the given (full-size) argument types
     (abstract values, with their varying manual axes inside ``shard_map``: the rule's
     outputs are checked against the primal's).
@@ -95,7 +98,7 @@ def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJax
     """
     returned: list[bool] = []
 
-    def arrays_only(*args: Any) -> list:
+    def arrays_only(*args: object) -> list:
         outs = bwd(*args)
         returned[:] = [_is_cotangent(x) for x in outs]
         return [x for x in outs if _is_cotangent(x)]
@@ -105,7 +108,7 @@ def trace_custom_vjp_bwd(bwd: Callable, avals: Sequence[Any]) -> tuple[ClosedJax
 
 def custom_vjp_backward(
     eqn: JaxprEqn, fwd: ClosedJaxpr, input_fwds: Sequence[int | None], bwd: Callable
-) -> tuple[ClosedJaxpr, list[bool], list[Any]]:
+) -> tuple[ClosedJaxpr, list[bool], list[Atom | int]]:
     """A custom VJP call's backward rule traced at the call's shapes
     (``trace_custom_vjp_bwd``, from its forward rule ``fwd`` of ``custom_vjp_parts``), and
     where each residual it takes comes from: a variable (or literal) the forward rule
@@ -113,12 +116,14 @@ def custom_vjp_backward(
     computed = iter(fwd.jaxpr.outvars)  # the residuals the rule computes come first
     sources = [next(computed) if f is None else f for f in input_fwds]
     res = [eqn.invars[s].aval if isinstance(s, int) else s.aval for s in sources]
-    cts = [cotangent_aval(v.aval) for v in eqn.outvars]
+    cts = [cotangent_aval(cast(ShapedArray, v.aval)) for v in eqn.outvars]  # arrays
     jaxpr, returned = trace_custom_vjp_bwd(bwd, [*res, *cts])
     return jaxpr, returned, sources
 
 
-def rebind_keeping_constants(eqn: JaxprEqn, invals: Sequence[Any], params: dict) -> Any:
+def rebind_keeping_constants(
+    eqn: JaxprEqn, invals: Sequence[object], params: Params
+) -> tuple[Params, list] | None:
     """``(bind params, operands)`` of a ``custom_vjp_call`` re-emitted with its concrete
     operands (constants: a traced argument is a tracer) closed over by its function, so that
     the retrace hoists them as the new call's constants (``num_consts``), which no rule
@@ -143,14 +148,14 @@ def rebind_keeping_constants(eqn: JaxprEqn, invals: Sequence[Any], params: dict)
     consts = [x for x, f in zip(invals, fixed, strict=True) if f]
     arg_index = {i: sum(not f for f in fixed[:i]) for i, f in enumerate(fixed) if not f}
 
-    def merged(args: Sequence[Any], const: Any = None) -> list:
+    def merged(args: Sequence[object], const: bool | None = None) -> list:
         it_c, it_a = iter(consts), iter(args)
         return [(next(it_c) if const is None else const) if f else next(it_a) for f in fixed]
 
-    def fun(*args: Any) -> Any:
+    def fun(*args: object) -> list:
         return jaxpr_as_fun(call)(*merged(args))
 
-    def fwd(*interleaved: Any) -> list:  # (value, nonzero) pairs of the traced operands
+    def fwd(*interleaved: object) -> list:  # (value, nonzero) pairs of the traced operands
         vals, nonzeros = interleaved[::2], interleaved[1::2]
         jaxpr, fwd_consts = thunk.call_wrapped(*merged(nonzeros, False)[nc:])
         operands = merged(vals)
@@ -170,7 +175,7 @@ def rebind_keeping_constants(eqn: JaxprEqn, invals: Sequence[Any], params: dict)
             [None if f is None or fixed[f] else arg_index[f] for f in input_fwds],
         )
 
-    def bwd_args(*args: Any) -> list:  # the cotangents of the traced operands
+    def bwd_args(*args: object) -> list:  # the cotangents of the traced operands
         return [ct for ct, f in zip(bwd.call_wrapped(*args), fixed[nc:], strict=True) if not f]
 
     subfuns = (
@@ -213,7 +218,7 @@ def rules_close_over_tracers(eqn: JaxprEqn) -> bool:
 _CLOSED_OVER_DIFFERENTIATED = "jax._src.interpreters.ad.CustomVJPException"
 
 
-def _any_tracer(values: Sequence[Any]) -> bool:
+def _any_tracer(values: Sequence[object]) -> bool:
     return any(isinstance(x, _jax("jax.core.Tracer")) for x in values)
 
 

@@ -17,6 +17,7 @@ from jaxpr_accum._compat._custom import is_custom_vjp_call, rebind_keeping_const
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._random import called_only
 from jaxpr_accum._compat._region import varying_axes
+from jaxpr_accum._compat._types import Array, Params
 
 
 @contextlib.contextmanager
@@ -47,7 +48,7 @@ def _fit_shardings(params: dict[str, Any]) -> dict[str, Any]:
     return params if fitted is None else fitted
 
 
-def _fit_pvary(invals: Sequence[Any], params: dict[str, Any]) -> Any:
+def _fit_pvary(invals: Sequence[object], params: Params) -> Params | None:
     """A recorded ``pvary``'s axes less those its operand already varies over (the fused
     mode differentiates replicated inputs as varying, ``_jacobians``); None: nothing left to
     cast, the operand passes through."""
@@ -57,7 +58,7 @@ def _fit_pvary(invals: Sequence[Any], params: dict[str, Any]) -> Any:
 
 def bind(
     eqn: JaxprEqn,
-    invals: Sequence[Any],
+    invals: Sequence[object],
     params: dict[str, Any] | None = None,
     *,
     in_own_call: bool = True,
@@ -77,7 +78,7 @@ def bind(
     if kept is not None:  # a custom VJP's closed-over constants stay its constants
         bind_params, invals = kept
 
-    def emit(*xs: Any) -> Any:
+    def emit(*xs: object) -> Array | Sequence[Array]:
         with user_context(eqn):
             return eqn.primitive.bind(*xs, **bind_params)
 

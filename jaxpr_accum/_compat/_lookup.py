@@ -20,6 +20,7 @@ from typing import Any
 import jax
 
 from jaxpr_accum._base._errors import PlanWarning, warn
+from jaxpr_accum._compat._types import Eqn, Primitive
 
 TESTED = ("0.9", "0.10")  # the series of JAX that CI tests
 _TESTED_TEXT = " and ".join(f"{v}.x" for v in TESTED)
@@ -97,7 +98,7 @@ def internal(path: str) -> Any:
         raise MissingInternal(path) from None
 
 
-def param(eqn: Any, key: str) -> Any:
+def param(eqn: Eqn, key: str) -> Any:
     """``eqn.params[key]``; ``MissingInternal`` where the installed JAX's parameter layout of
     that primitive has no ``key``."""
     try:
@@ -107,13 +108,13 @@ def param(eqn: Any, key: str) -> Any:
 
 
 @functools.cache
-def _primitives_by_name() -> dict[str, Any]:
+def _primitives_by_name() -> dict[str, Primitive]:
     """Every primitive of the installed JAX by name: the public ``jax.extend.core.primitives``
     first, then (the one name fallback) the ``*_p`` objects of JAX's private modules for the
     few it does not export (``tile``, ``optimization_barrier``, ``random_wrap``, ...)."""
-    from jax.extend.core import Primitive, primitives
+    from jax.extend.core import primitives
 
-    index: dict[str, Any] = {}
+    index: dict[str, Primitive] = {}
     for value in vars(primitives).values():
         if isinstance(value, Primitive):
             index.setdefault(value.name, value)
@@ -126,7 +127,7 @@ def _primitives_by_name() -> dict[str, Any]:
     return index
 
 
-def primitive(name: str) -> Any:
+def primitive(name: str) -> Primitive | None:
     """JAX's primitive object named ``name``, or None if the installed JAX has none."""
     return _primitives_by_name().get(name)
 
@@ -136,7 +137,7 @@ def primitive(name: str) -> Any:
 ABSENT: set[str] = set()
 
 
-def table_primitive(name: str) -> Any:
+def table_primitive(name: str) -> Primitive | None:
     """The primitive named ``name`` in one of the package's own tables, or None, recorded in
     ``ABSENT``, if the installed JAX has none (see the module docstring; a user's unknown
     name, ``register_rule``'s, is an error instead)."""
@@ -146,7 +147,7 @@ def table_primitive(name: str) -> Any:
     return found
 
 
-def primitives(names: str) -> frozenset:
+def primitives(names: str) -> frozenset[Primitive]:
     """The primitive objects for whitespace-separated ``names``, a table of the package's own
     (see ``table_primitive``: a name the installed JAX lacks is skipped)."""
     found = (table_primitive(name) for name in names.split())

@@ -4,16 +4,26 @@ the primitives JAX binds only inside a jitted function of its own (``called_only
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import jax
 import numpy as np
 
 from jaxpr_accum._compat._lookup import MissingInternal
 from jaxpr_accum._compat._lookup import internal as _jax
+from jaxpr_accum._compat._types import Array, Primitive
 
 
-def counter_draw_refusal(key_dtype: Any) -> str | None:
+class KeyImpl(Protocol):
+    """A PRNG implementation (JAX's ``PRNGImpl``), as far as the package reads it."""
+
+    @property
+    def name(self) -> str: ...
+
+    def __hash__(self) -> int: ...  # ``wrap_key_data`` takes it as a hashable spec
+
+
+def counter_draw_refusal(key_dtype: object) -> str | None:
     """Why draws with this key type do not follow the partitionable-threefry counter layout
     (``threefry_counter_bits``), or None if they do."""
     name = key_impl_name(key_dtype)
@@ -25,14 +35,15 @@ def counter_draw_refusal(key_dtype: Any) -> str | None:
     return None
 
 
-def threefry_counter_bits(key: Any, counters: tuple[Any, Any]) -> tuple[Any, Any]:
+def threefry_counter_bits(key: Array, counters: tuple[Array, Array]) -> tuple[Array, Array]:
     """The two 32-bit threefry words JAX's partitionable ``random_bits`` computes for the
     elements whose 64-bit row-major counters are ``(hi, lo)``."""
     k1, k2 = (x for x in jax.random.key_data(key))
-    return tuple(_jax("jax.extend.random.threefry2x32_p").bind(k1, k2, *counters))
+    hi, lo = _jax("jax.extend.random.threefry2x32_p").bind(k1, k2, *counters)
+    return hi, lo
 
 
-def threefry_finish_bits(bits1: Any, bits2: Any, bit_width: int) -> Any:
+def threefry_finish_bits(bits1: Array, bits2: Array, bit_width: int) -> Array:
     """The draw from the two words, as ``_threefry_random_bits_partitionable`` finishes it."""
     dtype = np.dtype(f"uint{bit_width}")
     if bit_width == 64:
@@ -44,19 +55,19 @@ def threefry_finish_bits(bits1: Any, bits2: Any, bit_width: int) -> Any:
     return jax.lax.convert_element_type(bits1 ^ bits2, dtype)
 
 
-def key_impl(dtype: Any) -> Any:
+def key_impl(dtype: object) -> KeyImpl:
     """The PRNG implementation behind a key dtype."""
-    try:
-        return dtype._impl
-    except AttributeError:
-        raise MissingInternal("the `_impl` attribute of PRNG key dtypes") from None
+    impl = getattr(dtype, "_impl", None)
+    if impl is None:
+        raise MissingInternal("the `_impl` attribute of PRNG key dtypes")
+    return impl
 
 
-def key_impl_name(dtype: Any) -> str:
+def key_impl_name(dtype: object) -> str:
     return key_impl(dtype).name
 
 
-def called_only(prim: Any) -> bool:
+def called_only(prim: Primitive) -> bool:
     """Whether JAX binds ``prim`` only inside a jitted function of its own, whose call
     boundary the original's compiled program keeps: ``random_gamma``, bound by the jitted
     ``jax.random._gamma`` (gamma, beta, dirichlet, t, ball, ...). XLA:CPU compiles its

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.extend.core
 import numpy as np
 
 from jaxpr_accum._compat._lookup import internal
+from jaxpr_accum._compat._types import Array, Aval, ClosedJaxpr, Eqn, Primitive
+
+_T = TypeVar("_T")
 
 # -- the region primitives ---------------------------------------------------------------
 # JAX's rule tables for a primitive of our own (``_region_p``, ``_remat``). The linearization
@@ -35,7 +38,7 @@ def define_primitive(
     linearize: Callable | None = None,
     dce: Callable | None = None,
     deoptimized: Callable | None = None,
-) -> Any:
+) -> Primitive:
     """A multiple-results primitive: ``abstract_eval(*avals, **params) -> (avals, effects)``,
     ``impl(*args, **params) -> outs`` (lowered through JAX, so any traceable function),
     ``jvp(primals, tangents, **params)``, ``batch(axis, args, dims, **params) -> (outs,
@@ -50,7 +53,7 @@ def define_primitive(
     p.multiple_results = True
     apply_primitive = internal("jax._src.dispatch.apply_primitive")
 
-    def eager(*args: Any, **params: Any) -> Any:
+    def eager(*args: object, **params: object) -> object:
         try:
             return apply_primitive(p, *args, **params)
         except FloatingPointError:  # raised only under jax_debug_nans / jax_debug_infs
@@ -86,7 +89,7 @@ def debug_checks_on() -> bool:
     return bool(flags.jax_debug_nans or flags.jax_debug_infs)
 
 
-def checked_call(closed: Any, args: Sequence[Any], as_written: Callable) -> list:
+def checked_call(closed: ClosedJaxpr, args: Sequence[object], as_written: Callable) -> list:
     """``closed`` applied to ``args`` as one equation whose eager run, where
     ``jax_debug_nans`` / ``jax_debug_infs`` finds an invalid value in its outputs, runs
     ``as_written(*args)`` (the program's equations one by one) so that JAX's error names the
@@ -97,21 +100,20 @@ def checked_call(closed: Any, args: Sequence[Any], as_written: Callable) -> list
 
 
 @functools.cache
-def _checked_p() -> Any:
-    def impl(*args: Any, jaxpr: Any, **_: Any) -> list:
+def _checked_p() -> Primitive:
+    def impl(*args: object, jaxpr: ClosedJaxpr, **_: object) -> list:
         return jax.extend.core.jaxpr_as_fun(jaxpr)(*args)
 
-    def jvp(primals: list, tangents: list, **params: Any) -> tuple:
-        # the values from the equation itself, so that they stay checked once linearized
-        # (the JVP's own are partially evaluated into plain equations); the tangents from
-        # JAX's JVP of the program
-        outs = p.bind(*primals, **params)
+    def jvp(primals: list, tangents: list, *, jaxpr: ClosedJaxpr, **params: object) -> tuple:
+        # the values from the equation itself, so that they stay checked once linearized (the
+        # JVP's own are partially evaluated into plain equations); tangents: JAX's JVP of it
+        outs = p.bind(*primals, jaxpr=jaxpr, **params)
         tangents = [instantiate(t) for t in tangents]
-        fun = jax.extend.core.jaxpr_as_fun(params["jaxpr"])
+        fun = jax.extend.core.jaxpr_as_fun(jaxpr)
         _, dots = jax.jvp(fun, tuple(primals), tuple(tangents))
         return list(outs), list(dots)
 
-    def batch(axis: Any, args: list, dims: list, *, jaxpr: Any, **_: Any) -> tuple:
+    def batch(axis: object, args: list, dims: list, *, jaxpr: ClosedJaxpr, **_: object) -> tuple:
         batched, out_batched = batch_jaxpr(jaxpr, axis, dims)
         outs = jax.extend.core.jaxpr_as_fun(batched)(*args)
         return outs, [0 if b else None for b in out_batched]
@@ -135,11 +137,11 @@ def held_weakly_in_caches(cls: type) -> None:
     internal("jax._src.util.weakref_cache_key_types").add(cls)
 
 
-def _batcher(p: Any, rule: Callable) -> Callable:
+def _batcher(p: Primitive, rule: Callable) -> Callable:
     """``rule`` as JAX's batching table calls it (for every argument dims, under any
     ``jax.vmap``): where no argument is batched, the primitive itself, unbatched."""
 
-    def batch(axis: Any, args: list, dims: list, **params: Any) -> tuple:
+    def batch(axis: object, args: list, dims: list, **params: object) -> tuple:
         if all(d is None for d in dims):
             outs = p.bind(*args, **params)
             return outs, [None] * len(outs)
@@ -148,7 +150,9 @@ def _batcher(p: Any, rule: Callable) -> Callable:
     return batch
 
 
-def batch_jaxpr(closed: Any, axis: Any, dims: Sequence[int | None]) -> tuple[Any, list[bool]]:
+def batch_jaxpr(
+    closed: ClosedJaxpr, axis: object, dims: Sequence[int | None]
+) -> tuple[ClosedJaxpr, list[bool]]:
     """``(the closed jaxpr batched over the vmapped axis at the input dims, which outputs are
     batched)``: an output is batched (at dimension 0) only where a batched input reaches it,
     so what does not depend on the vmapped arguments (an ordered callback's operand, say)
@@ -159,29 +163,31 @@ def batch_jaxpr(closed: Any, axis: Any, dims: Sequence[int | None]) -> tuple[Any
     return batched, list(out_batched)
 
 
-def has_effects(eqn: Any) -> bool:
+def has_effects(eqn: Eqn) -> bool:
     """Whether the equation has effects that dead-code elimination must keep."""
     return internal("jax._src.interpreters.partial_eval.has_effects")(eqn)
 
 
-def linearize_from_jvp(p: Any, is_vjp: bool, nonzeros: list, primals: Any, params: dict) -> Any:
+def linearize_from_jvp(
+    p: Primitive, is_vjp: bool, nonzeros: list, primals: tuple, params: dict
+) -> tuple:
     """JAX's own linearization of the primitive ``p`` (through its JVP rule), for a
     linearization rule that declines."""
     rule = internal("jax._src.interpreters.ad.fallback_linearize_rule")
     return rule(p, is_vjp, nonzeros, *primals, **params)
 
 
-def is_zero(t: Any) -> bool:
+def is_zero(t: object) -> bool:
     """A symbolic zero tangent or cotangent (``ad.Zero``)."""
     return type(t) is internal("jax._src.interpreters.ad.Zero")
 
 
-def zero_tangent(aval: Any) -> Any:
+def zero_tangent(aval: Aval) -> object:
     """The symbolic zero tangent of a primal of type ``aval``."""
     return internal("jax._src.interpreters.ad.Zero")(aval.to_tangent_aval())
 
 
-def nonzero_tangents(closed: Any, nonzeros: Any) -> list[bool]:
+def nonzero_tangents(closed: ClosedJaxpr, nonzeros: Sequence[bool]) -> list[bool]:
     """Which outputs of the closed jaxpr have a nonzero tangent when the inputs flagged in
     ``nonzeros`` do, as JAX's own JVP of it finds with symbolic zeros: an output computed only
     through ``stop_gradient``, integers or unperturbed inputs has none (traced, never run)."""
@@ -189,17 +195,17 @@ def nonzero_tangents(closed: Any, nonzeros: Any) -> list[bool]:
     return list(jvp_jaxpr(closed, tuple(nonzeros), False)[1])
 
 
-def instantiate(t: Any) -> Any:
+def instantiate(t: object) -> Array:
     """A tangent as an array (symbolic zeros made concrete, ``float0`` for integers)."""
     return internal("jax._src.interpreters.ad.instantiate_zeros")(t)
 
 
-def is_undefined_primal(x: Any) -> bool:
+def is_undefined_primal(x: object) -> bool:
     """A linear input in a transpose rule (its cotangent is wanted)."""
     return internal("jax._src.interpreters.ad.is_undefined_primal")(x)
 
 
-def varying_axes(x: Any) -> frozenset:
+def varying_axes(x: object) -> frozenset:
     """The manual mesh axes ``x`` (an array, a tracer or an abstract value) varies over
     inside ``shard_map`` (empty elsewhere)."""
     aval = x if isinstance(x, internal("jax.core.ShapedArray")) else jax.typeof(x)
@@ -209,25 +215,25 @@ def varying_axes(x: Any) -> frozenset:
     return frozenset(getattr(aval, "vma", ()))  # jax 0.9
 
 
-def vary(tree: Any, axes: frozenset) -> Any:
+def vary(tree: _T, axes: frozenset) -> _T:
     """``tree``'s arrays made to vary over ``axes`` too (a no-op cast, ``pvary``), so that a
     loop carry initialised with constants has the type its updates will have."""
 
-    def cast(x: Any) -> Any:
+    def cast(x: Array) -> Array:
         missing = axes - varying_axes(x)
         return internal("jax._src.core.pvary")(x, tuple(sorted(missing))) if missing else x
 
     return jax.tree_util.tree_map(cast, tree)
 
 
-def typed_carry(update: Callable, carry: Any) -> Any:
+def typed_carry(update: Callable[[_T], object], carry: _T) -> _T:
     """A loop's initial ``carry`` with each leaf made to vary over the manual axes that
     ``update(carry)`` makes it vary over: the least fixed point, found by tracing ``update``
     abstractly (it only grows, so it ends within one round per axis). Not every axis the loop
     reads: the cotangent of a replicated input is summed over the mesh inside the update (the
     transpose of its implicit ``pvary``) and stays replicated."""
 
-    def is_axes(x: Any) -> bool:
+    def is_axes(x: object) -> bool:
         return isinstance(x, frozenset)
 
     while True:
@@ -240,13 +246,13 @@ def typed_carry(update: Callable, carry: Any) -> Any:
         carry = jax.tree_util.tree_map(vary, carry, grown, is_leaf=is_axes)
 
 
-def union_varying(*trees: Any) -> frozenset:
+def union_varying(*trees: object) -> frozenset:
     """Every manual mesh axis that some array of ``trees`` varies over."""
     leaves = jax.tree_util.tree_leaves(trees)
     return frozenset().union(*(varying_axes(x) for x in leaves)) if leaves else frozenset()
 
 
-def trace_aval(x: Any) -> Any:
+def trace_aval(x: jax.typing.ArrayLike) -> Aval | jax.ShapeDtypeStruct:
     """What to trace a function at for the argument ``x``: its shape, dtype and weak type;
     inside ``shard_map``, a tracer's own abstract value (with the manual axes it varies
     over). Shardings of explicit meshes are left out: the program is traced as written,
@@ -259,20 +265,19 @@ def trace_aval(x: Any) -> Any:
     return jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x))
 
 
-def abstract_like(x: Any) -> Any:
+def abstract_like(x: jax.typing.ArrayLike) -> Aval | jax.typing.ArrayLike:
     """What to evaluate abstractly at for the input ``x``, as the real call will see it: a
     concrete array itself (its sharding included), a tracer's own abstract value (weak type,
     sharding and varying manual axes included)."""
     return jax.typeof(x) if isinstance(x, internal("jax.core.Tracer")) else x
 
 
-def aval_of(x: Any) -> Any:
-    """The abstract value of an array or tracer (with its varying manual axes inside
-    ``shard_map``)."""
+def aval_of(x: jax.typing.ArrayLike) -> Aval:
+    """The abstract value of an array or tracer (its varying manual axes in ``shard_map``)."""
     return jax.typeof(x)
 
 
-def differentiated(x: Any) -> bool | None:
+def differentiated(x: object) -> bool | None:
     """Whether the innermost transformation tracing ``x`` is automatic differentiation with
     a nonzero tangent for it (``jax.grad``, ``jax.vjp``, ``jax.jvp``; looking through
     ``jax.vmap``): True or False; None when ``x`` is traced by no differentiation (a plain

@@ -4,7 +4,6 @@ them a plan depends on (its cache key)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import numpy as np
@@ -12,14 +11,14 @@ import numpy as np
 from jaxpr_accum._compat._lookup import internal as _jax
 
 
-def _device_ids(mesh: Any) -> tuple:
+def _device_ids(mesh: object) -> tuple:
     """A concrete mesh's device ids in mesh order (``()`` for an abstract mesh)."""
     if not isinstance(mesh, jax.sharding.Mesh) or mesh.empty:
         return ()
     return tuple(np.asarray(mesh.device_ids).ravel().tolist())
 
 
-def placement_key(x: Any) -> tuple:
+def placement_key(x: object) -> tuple:
     """What of a value's placement a plan depends on: its ``NamedSharding``'s mesh, with the
     concrete device order (a plan's ``shard_map`` is bound to it), and its spec."""
     sharding = named_sharding(x)
@@ -38,7 +37,7 @@ def context_mesh_key() -> tuple:
     )
 
 
-def named_sharding(x: Any) -> Any:
+def named_sharding(x: object) -> jax.sharding.NamedSharding | None:
     """The ``NamedSharding`` of a value (concrete, or traced in explicit-sharding mode), or None."""
     traced = isinstance(x, _jax("jax.core.Tracer"))
     sharding = jax.typeof(x).sharding if traced else getattr(x, "sharding", None)
@@ -47,17 +46,19 @@ def named_sharding(x: Any) -> Any:
     return None
 
 
-def explicit_axes(mesh: Any, names: Sequence[str]) -> bool:
+def explicit_axes(
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, names: Sequence[str]
+) -> bool:
     """Whether all of ``names`` are ``Explicit`` axes of ``mesh`` (shardings in the avals)."""
     types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
     return all(types.get(n) == jax.sharding.AxisType.Explicit for n in names)
 
 
-def _spec_axes(spec: Any) -> tuple[str, ...]:
+def _spec_axes(spec: jax.sharding.PartitionSpec) -> tuple[str, ...]:
     return tuple(a for e in spec if e is not None for a in ((e,) if isinstance(e, str) else e))
 
 
-def explicit_sharding(x: Any) -> Any:
+def explicit_sharding(x: object) -> jax.sharding.NamedSharding | None:
     """A value's ``NamedSharding`` where it shards it over ``Explicit`` mesh axes only (seen
     alike eagerly and under ``jit``), else None."""
     sharding = named_sharding(x)
@@ -66,7 +67,7 @@ def explicit_sharding(x: Any) -> Any:
     return sharding if explicit_axes(sharding.mesh, _spec_axes(sharding.spec)) else None
 
 
-def explicit_spec(aval: Any) -> Any:
+def explicit_spec(aval: object) -> jax.sharding.PartitionSpec | None:
     """The ``PartitionSpec`` of an aval sharded over ``Explicit`` mesh axes only, else None."""
     sharding = getattr(aval, "sharding", None)
     if not isinstance(sharding, jax.sharding.NamedSharding) or not sharding.mesh.axis_names:

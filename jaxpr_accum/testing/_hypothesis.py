@@ -9,11 +9,13 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.tree_util import PyTreeDef
 
 from jaxpr_accum._base._compare import Tolerance, as_64_bit
 from jaxpr_accum._base._dtypes import has_key_dtype, is_array, real_dtype
@@ -21,7 +23,11 @@ from jaxpr_accum._base._install import install_hint
 from jaxpr_accum._base._settings import GRAD_MODES
 from jaxpr_accum.testing._oracle import assert_as_called, assert_in_contexts, check_is_serialized
 from jaxpr_accum.testing._runner import Reference, argument_label
-from jaxpr_accum.testing._variants import variant_of
+from jaxpr_accum.testing._variants import Serialized, variant_of
+
+if TYPE_CHECKING:  # imported when first used
+    from hypothesis.strategies import SearchStrategy
+T = TypeVar("T")  # a pytree: the example's
 
 MODES = tuple(m for m in GRAD_MODES if m != "auto")
 """Every gradient mode that ``check`` tries by default: those that run, ``("remat",
@@ -30,7 +36,7 @@ MODES = tuple(m for m in GRAD_MODES if m != "auto")
 # -- Hypothesis ------------------------------------------------------------------------------------
 
 
-def _hypothesis() -> Any:
+def _hypothesis() -> ModuleType:
     try:
         import hypothesis
         import hypothesis.strategies  # noqa: F401
@@ -40,8 +46,7 @@ def _hypothesis() -> Any:
     return hypothesis
 
 
-#: Multipliers of each floating leaf's typical size that the strategies draw from; the first
-#: is where Hypothesis shrinks to.
+#: Multipliers of a floating leaf's typical size that the strategies draw (the first: shrunk to)
 MAGNITUDES = (1.0, 1e-3, 1e3, 1e-1, 10.0)
 _MAGNITUDES_16BIT = (1.0, 1e-2, 1e2, 1e-1, 10.0)
 
@@ -58,7 +63,7 @@ class _LeafSpec:
     like: Any = None  # the example leaf (its sharding and array type are kept)
 
     @classmethod
-    def of(cls, x: Any) -> _LeafSpec:
+    def of(cls, x: Any) -> _LeafSpec:  # a leaf: its array attributes read where it is one
         if not is_array(x):
             return cls("static", like=x)
         shape, dtype = tuple(x.shape), x.dtype
@@ -81,7 +86,7 @@ class _LeafSpec:
         lo, hi = (a.min(), a.max()) if a.size else (0, 0)
         return cls("int", shape, dtype, lo=lo, hi=hi, like=x)
 
-    def build(self, rng: np.random.RandomState, magnitude: float) -> Any:
+    def build(self, rng: np.random.RandomState, magnitude: float) -> object:
         if self.kind == "static":
             return self.like
         if self.kind == "float":
@@ -111,15 +116,15 @@ class _LeafSpec:
         return value
 
 
-class _Recipe:
+class _Recipe(Generic[T]):
     """A drawn input: a seed and one magnitude per floating leaf. Small, so that a
     counterexample prints in a line; ``build()`` makes the arrays."""
 
-    def __init__(self, specs: list, treedef: Any, labels: list, seed: int, mags: tuple):
+    def __init__(self, specs: list, treedef: PyTreeDef, labels: list, seed: int, mags: tuple):
         self.specs, self.treedef, self.labels = specs, treedef, labels
         self.seed, self.magnitudes = seed, mags
 
-    def build(self) -> Any:
+    def build(self) -> T:  # a pytree like the example's
         it = iter(self.magnitudes)
         leaves = []
         for i, spec in enumerate(self.specs):
@@ -138,7 +143,7 @@ class _Recipe:
         )
 
 
-def _recipes(args: Any, label: Callable[[tuple], str] | None = None) -> Any:
+def _recipes(args: T, label: Callable[[tuple], str] | None = None) -> SearchStrategy[_Recipe[T]]:
     st = _hypothesis().strategies
     label = label or (lambda path: jax.tree_util.keystr(path) or "<root>")
     items, treedef = jax.tree_util.tree_flatten_with_path(args)
@@ -153,14 +158,14 @@ def _recipes(args: Any, label: Callable[[tuple], str] | None = None) -> Any:
     ]
 
     @st.composite
-    def recipes(draw: Callable) -> _Recipe:  # composite: a counterexample prints its repr
+    def recipes(draw: Callable) -> _Recipe[T]:  # composite: a counterexample prints its repr
         seed = draw(st.integers(0, 2**31 - 1))
         return _Recipe(specs, treedef, labels, seed, draw(st.tuples(*mags)))
 
     return recipes()
 
 
-def arrays_like(args: Any) -> Any:
+def arrays_like(args: T) -> SearchStrategy[T]:
     """A Hypothesis strategy of pytrees with the structure, shapes and dtypes of ``args``.
 
     Floats: normal, at the example leaf's root mean square times ``1e-3`` to ``1e3``
@@ -180,7 +185,7 @@ def arrays_like(args: Any) -> Any:
     return _recipes(args).map(lambda r: r.build())
 
 
-def chunk_sizes(n: int) -> Any:
+def chunk_sizes(n: int) -> SearchStrategy[int]:
     """A Hypothesis strategy of chunk sizes for an axis of length ``n``, shrinking towards 1.
 
     Args:
@@ -209,7 +214,7 @@ def chunk_sizes(n: int) -> Any:
     return st.one_of(*options)
 
 
-def _shards(sf: Any, args: Any) -> int:
+def _shards(sf: Serialized, args: object) -> int:
     """How many devices the serialized axis is split over (chunks are multiples of it)."""
     axes = getattr(sf, "mesh_axis", None)
     if not axes:
@@ -229,13 +234,13 @@ def _shards(sf: Any, args: Any) -> int:
 
 
 def check(
-    sf: Any,
-    *args: Any,
+    sf: Serialized,
+    *args: object,
     max_examples: int = 8,
     modes: Iterable[str] = MODES,
     rtol: Tolerance = None,
     vmap: bool = True,
-    **kwargs: Any,
+    **kwargs: Any,  # the function's, passed to ``explain`` too (whose own is ``grad_argnums``)
 ) -> None:
     """Check ``sf`` against ``sf.original`` on inputs and chunk sizes drawn by Hypothesis.
 
@@ -288,7 +293,7 @@ def check(
         max_examples=max_examples, deadline=None, phases=phases, suppress_health_check=slow
     )
     @hypothesis.given(inputs=_recipes((args, kwargs), argument_label), chunk=chunks)
-    def jaxpr_accum_check(inputs: _Recipe, chunk: int) -> None:
+    def jaxpr_accum_check(inputs: _Recipe[tuple[tuple, dict]], chunk: int) -> None:
         drawn_args, drawn_kwargs = inputs.build()
         run(tuple(drawn_args), dict(drawn_kwargs), chunk)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +22,7 @@ from jaxpr_accum._base._dtypes import is_float_array, real_dtype
 from jaxpr_accum._engine import _interpret
 
 
-def _jitter(x: Any, seed: Any, site: int) -> Any:
+def _jitter(x: _compat.Array, seed: _compat.Array, site: int) -> _compat.Array:
     """``x`` times ``1 +- eps`` elementwise, the signs a hash of the position, ``seed`` and
     ``site``: one rounding error, as a different order of operations would make."""
     if not is_float_array(x) or not np.size(x):
@@ -38,8 +37,8 @@ def _jitter(x: Any, seed: Any, site: int) -> Any:
     return x * (1 + jnp.asarray(jnp.finfo(real).eps, real) * sign)
 
 
-def with_rounding_noise(call: Callable, seed: Any) -> Callable:
-    def noisy(diff: list, dyn: list) -> Any:
+def with_rounding_noise(call: Callable, seed: _compat.Array) -> Callable:
+    def noisy(diff: list, dyn: list) -> object:
         closed, shapes = jax.make_jaxpr(call, return_shape=True)(diff, dyn)
         closed = _trace.inline_calls(closed)
         jaxpr = closed.jaxpr
@@ -50,7 +49,7 @@ def with_rounding_noise(call: Callable, seed: Any) -> Callable:
                 dependent.update(eqn.outvars)
         sites = itertools.count(1)
 
-        def emit(idx: int, eqn: Any, invals: list) -> list:
+        def emit(idx: int, eqn: _compat.Eqn, invals: list) -> list:
             outs = _interpret.bind(idx, eqn, invals)
             if any(v in dependent for v in eqn.outvars):
                 return [_jitter(o, seed, next(sites)) for o in outs]

@@ -18,11 +18,11 @@ from jaxpr_accum._base._compare import (
 )
 from jaxpr_accum._base._errors import PlanWarning
 from jaxpr_accum.testing._runner import Reference, argument_label, compiled_runner
-from jaxpr_accum.testing._variants import is_variant_copy, variant_of
-from jaxpr_accum.testing._vmap import contexts
+from jaxpr_accum.testing._variants import Serialized, is_variant_copy, variant_of
+from jaxpr_accum.testing._vmap import Vmapped, contexts
 
 
-def _plan_line(sf: Any, args: tuple, kwargs: dict) -> str:
+def _plan_line(sf: Serialized | Vmapped, args: tuple, kwargs: dict) -> str:
     try:
         plan = sf.explain(*args, **kwargs)
     except Exception as e:  # the comparison failed; say so even if the plan cannot be shown
@@ -34,7 +34,7 @@ def _plan_line(sf: Any, args: tuple, kwargs: dict) -> str:
     )
 
 
-def check_is_serialized(sf: Any) -> None:
+def check_is_serialized(sf: object) -> None:
     """Raise a ``TypeError`` unless ``sf`` is a ``SerializedFunction`` (or one alike)."""
     if not (hasattr(sf, "original") and hasattr(sf, "explain") and callable(sf)):
         raise TypeError(
@@ -44,7 +44,7 @@ def check_is_serialized(sf: Any) -> None:
 
 
 def assert_as_called(
-    sf: Any,
+    sf: Serialized | Vmapped,
     args: tuple,
     kwargs: dict,
     rtol: Tolerance,
@@ -90,7 +90,7 @@ def assert_as_called(
 
 
 def assert_in_contexts(
-    sf: Any, args: tuple, kwargs: dict, rtol: Tolerance, ref: Reference | None = None
+    sf: Serialized, args: tuple, kwargs: dict, rtol: Tolerance, ref: Reference | None = None
 ) -> None:
     """``assert_as_called`` as called, then under each ``jax.vmap`` context (``_vmap``)."""
     assert_as_called(sf, args, kwargs, rtol, ref)
@@ -106,13 +106,13 @@ def assert_in_contexts(
 
 
 def assert_matches_original(
-    sf: Any,
-    *args: Any,
+    sf: Serialized,
+    *args: object,
     rtol: Tolerance = None,
     modes: Iterable[str] | None = None,
     chunks: Iterable[int] | None = None,
     vmap: bool = True,
-    **kwargs: Any,
+    **kwargs: Any,  # the function's, passed to ``explain`` too (whose own is ``grad_argnums``)
 ) -> None:
     """Assert that ``sf(*args, **kwargs)`` and its derivatives equal ``sf.original``'s.
 

@@ -29,7 +29,7 @@ def argument_label(path: Sequence[Any]) -> str:
 class _Split(NamedTuple):
     """The arguments ``(args, kwargs)`` as differentiated, passed-through and static leaves."""
 
-    treedef: Any
+    treedef: jax.tree_util.PyTreeDef
     kinds: tuple[str, ...]  # "diff" (floating array), "dyn" (other array), "static"
     diff: list
     dyn: list
@@ -61,7 +61,7 @@ def _rebuild(s: _Split, diff: list, dyn: list) -> tuple[tuple, dict]:
     return jax.tree_util.tree_unflatten(s.treedef, [next(it[k]) for k in s.kinds])
 
 
-def _cotangent(out: Any, seed: int) -> Any:
+def _cotangent(out: object, seed: int) -> object:
     """1 for a single scalar float output (the gradient), else a random normal cotangent per
     float leaf; float0 zeros for the other leaves. Only shapes and dtypes of ``out`` are read,
     so this runs on tracers: the cotangent is a constant of the compiled program."""
@@ -74,7 +74,7 @@ def _cotangent(out: Any, seed: int) -> Any:
     )
     rng = np.random.RandomState(seed)
 
-    def make(leaf: Any) -> Any:
+    def make(leaf: jax.Array) -> jax.Array | np.ndarray:
         shape = jnp.shape(leaf)
         if has_key_dtype(leaf) or not jnp.issubdtype(leaf.dtype, jnp.inexact):
             return np.zeros(shape, dtype=jax.dtypes.float0)
@@ -96,7 +96,7 @@ def _compiler_options() -> dict | None:
     return None
 
 
-def _arrays_only(tree: Any) -> Any:
+def _arrays_only(tree: object) -> object:
     return jax.tree.map(lambda x: x if is_array(x) else None, tree)
 
 
@@ -127,12 +127,12 @@ def compiled_runner(
         _RUNNERS.move_to_end(key)
         return cached
 
-    def call(diff: list, dyn: list) -> tuple[Any, Any]:
+    def call(diff: list, dyn: list) -> tuple[object, object]:
         args, kwargs = _rebuild(s, diff, dyn)
         out = fun(*args, **kwargs)
         return out, (_arrays_only((args, kwargs)) if s.stateful else None)
 
-    def run(diff: list, dyn: list, noise_seed: Any = None) -> tuple:
+    def run(diff: list, dyn: list, noise_seed: jax.Array | None = None) -> tuple:
         f = call if noise_seed is None else with_rounding_noise(call, noise_seed)
         plain = f(diff, dyn)[0] if primal else None
         out, pullback, state = jax.vjp(lambda d: f(d, dyn), diff, has_aux=True)
@@ -175,7 +175,7 @@ class Reference:
         return self._noise
 
 
-def _noise(ref: Any, moved: list) -> list[float]:
+def _noise(ref: object, moved: list) -> list[float]:
     """Per leaf of ``ref``: the largest ``|moved - ref|`` over the runs in ``moved``."""
     leaves = jax.tree.leaves(ref)
     noise = [0.0] * len(leaves)

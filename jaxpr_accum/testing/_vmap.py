@@ -25,30 +25,30 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxpr_accum import Plan
 from jaxpr_accum._base._dtypes import has_key_dtype, is_array, is_float_array
+from jaxpr_accum.testing._variants import Serialized
 
 
-def _second_copy(x: Any) -> Any:
-    """A different value of the same kind: floats moved, the rest repeated."""
-    if is_float_array(x) and not has_key_dtype(x):
-        return x * 0.75 + jnp.asarray(0.125, x.dtype)
-    return x
-
-
-def _stack(x: Any) -> Any:
-    return jnp.stack([x, _second_copy(x)]) if is_array(x) else x
+def _stack(x: Any) -> object:
+    """An array leaf stacked with a different copy of itself (floats moved, the rest
+    repeated); any other leaf as it is. ``x``: a leaf, read as an array where it is one."""
+    if not is_array(x):
+        return x
+    moved = is_float_array(x) and not has_key_dtype(x)
+    return jnp.stack([x, x * 0.75 + jnp.asarray(0.125, x.dtype) if moved else x])
 
 
 def _vmapped(fun: Callable, batched: tuple[bool, ...]) -> Callable:
     """``fun`` with ``jax.vmap`` over the positional arguments flagged in ``batched`` (array
     leaves only; other leaves closed over, static)."""
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: object, **kwargs: object) -> object:
         leaves, treedef = jax.tree_util.tree_flatten(args)
         owners = [i for i, a in enumerate(args) for _ in jax.tree_util.tree_leaves(a)]
         arrays = [j for j, leaf in enumerate(leaves) if is_array(leaf)]
 
-        def inner(*xs: Any) -> Any:
+        def inner(*xs: object) -> object:
             full = list(leaves)
             for j, x in zip(arrays, xs, strict=True):
                 full[j] = x
@@ -63,16 +63,16 @@ def _vmapped(fun: Callable, batched: tuple[bool, ...]) -> Callable:
 class Vmapped:
     """``sf`` under ``jax.vmap`` over the positional arguments flagged in ``batched``."""
 
-    def __init__(self, sf: Any, batched: tuple[bool, ...], what: str):
+    def __init__(self, sf: Serialized, batched: tuple[bool, ...], what: str):
         self.sf, self.batched, self.what = sf, batched, what
         self.original = _vmapped_original(sf.original, batched)
         self._call = _vmapped(sf, batched)
         self.grad, self.chunk = sf.grad, sf.chunk
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> object:
         return self._call(*args, **kwargs)
 
-    def explain(self, *args: Any, **kwargs: Any) -> Any:
+    def explain(self, *args: object, **kwargs: Any) -> Plan:  # ``sf.explain``'s keywords too
         first = [
             jax.tree.map(lambda x: x[0] if is_array(x) else x, a) if b else a
             for a, b in zip(args, self.batched, strict=True)
@@ -92,7 +92,7 @@ _CACHE: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 _ORIGINALS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
 
-def _entries(cache: weakref.WeakKeyDictionary, owner: Any) -> dict:
+def _entries(cache: weakref.WeakKeyDictionary, owner: object) -> dict:
     """``owner``'s entries in ``cache``; a fresh dict where ``owner`` is not weakly
     referenceable (nothing is then reused)."""
     try:
@@ -108,7 +108,7 @@ def _vmapped_original(original: Callable, batched: tuple[bool, ...]) -> Callable
     return cache[batched]
 
 
-def _chunked_positions(sf: Any, args: tuple) -> set[int]:
+def _chunked_positions(sf: Serialized, args: tuple) -> set[int]:
     n = len(args)
     if sf.argnums is not None:
         return {a % n for a in sf.argnums}
@@ -122,7 +122,7 @@ def _chunked_positions(sf: Any, args: tuple) -> set[int]:
     return {i for i, a in enumerate(args) if any(map(is_array, jax.tree.leaves(a)))}
 
 
-def contexts(sf: Any, args: tuple) -> list[Vmapped]:
+def contexts(sf: Serialized, args: tuple) -> list[Vmapped]:
     """The ``jax.vmap`` contexts to check ``sf`` in, for positional ``args``."""
     chunked = _chunked_positions(sf, args)
     if not chunked:

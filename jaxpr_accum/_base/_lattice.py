@@ -31,7 +31,7 @@ window holds the part's rows of the result's window, ``_rules/rows``); a value n
 row maps is copied per reader (``_fanout``) or stops the region. Where every boundary of every
 row map is a multiple of the chunk,
 each chunk lies in one *cell* between them, and the values whose positions miss it are computed
-on no rows (``_resize.by_cell``): the chunk does the work of its own part only.
+on no rows (``_build._cells.by_cell``): the chunk does the work of its own part only.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def window(
     into the value's positions, ``min(k, span)`` rows, after its ``skip`` dead ones. The whole
     axis: the chunk itself.
     ``cell``: positions ``[a, b)`` known to hold the chunk, which every row map of the program
-    holds or misses whole (``_resize.by_cell``); a value that misses it has no rows."""
+    holds or misses whole (``_build._cells.by_cell``); a value that misses it has no rows."""
     if not is_mapped(loc):
         return start, k
     n = positions(loc, size)

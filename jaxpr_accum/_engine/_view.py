@@ -150,7 +150,7 @@ class EqnResize:
         return self.resizer.k
 
     @property
-    def start(self) -> Any:  # ``Array | int``; rules pass it on as an ``Array`` (``shifted_rows``)
+    def start(self) -> Array | int:
         return self.resizer.start
 
     @property

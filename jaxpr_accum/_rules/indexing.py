@@ -119,7 +119,7 @@ def widened(indices: Array) -> Array:
     return lax.convert_element_type(indices, jnp.int32)
 
 
-def shifted_rows(indices: Array, component: int, offset: Array) -> Array:
+def shifted_rows(indices: Array, component: int, offset: Array | int) -> Array:
     """The index vectors ``indices`` (``widened``) with component ``component`` less
     ``offset``: the rows of the whole axis as the rows of the chunk that starts there."""
     indices = widened(indices)

@@ -1,9 +1,11 @@
 """Fail-safe: no internal error of this library reaches a user whose original function runs.
 
-A plan is made in *attempts*, from the widest to the narrowest: the plan as chosen, the same
-without streamed normalisers, the same with ``native`` gradients (JAX differentiates the chunk
-loop itself), and finally the original function, unchunked. Each attempt plans, builds, and
-*validates*: it traces the built program's forward pass and its reverse-mode backward pass
+A plan is made in *attempts* (``_planner.Planner.attempts``), from the widest to the
+narrowest: the plan as chosen (in two passes where the program pairs the axis with itself;
+elsewhere that attempt answers ``DoesNotApply`` and the next takes its name), in one pass, the
+same without streamed normalisers, the same with ``native`` gradients (JAX differentiates the
+chunk loop itself), and finally the original function, unchunked. Each attempt plans, builds,
+and *validates*: it traces the built program's forward pass and its reverse-mode backward pass
 abstractly (``jax.eval_shape`` of a VJP), so that a failure that would only surface when
 ``jax.grad`` transposes the region is found now, not in the middle of the user's training
 step. The program is traced under ``jax.jit``, as the call runs it: JAX's caches (keyed by the

@@ -4,7 +4,7 @@ With ``argnums``, position ``axis`` of every array leaf of those arguments is se
 split is made. Otherwise each dimension of an input or intermediate value (at position
 ``axis``, or any with ``axis=None``) whose size qualifies (equal to ``size``; else longer than
 ``chunk``) starts an analysis; values already reached by an earlier candidate are skipped.
-Each split is a ``Candidate`` at the chunk (``_cost``); the usable one that saves the most
+Each split is a ``Candidate`` at the chunk (``_estimate``); the usable one that saves the most
 (``Candidate.net_saving``: the bytes its chunking keeps per chunk instead of at full size,
 less the stacked outputs and the accumulators the loop adds) is chosen (ties: the larger
 axis, then the one born first); ``explain`` lists the others. No usable candidate is a

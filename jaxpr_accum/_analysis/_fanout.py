@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
 
 from jaxpr_accum import _compat
 from jaxpr_accum._analysis._input_slices import root_of, through_roots
@@ -219,7 +218,7 @@ def _copy_for_readers(jaxpr: Jaxpr, analysis: Analysis, targets: list[Var]) -> J
         # from upstream, a value its cone shares with another path): a private copy
         for i, j in slots[1:] if len(slots) > 1 else slots:
             # the copy reads the inputs through roots of its own (any rows of an input)
-            renamed: dict[Any, Var] = {}
+            renamed: dict[Var, Var] = {}
             for x in inputs:
                 copies.append(root_of(x, eqns[producer[v]]))
                 renamed[x] = copies[-1].outvars[0]

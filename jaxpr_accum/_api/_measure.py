@@ -26,7 +26,7 @@ class FirstCall:
     ``compiled`` program (None: it failed), the ``out`` of its first call (value and
     gradients), and that call's ``seconds``."""
 
-    compiled: Any
+    compiled: jax.stages.Compiled | None
     out: Any
     seconds: float
 

@@ -12,7 +12,7 @@ groups of ``_signature``.
   online (``_stream``);
 - ``tangents`` (forward mode): each chunk under ``jax.jvp``, the tangents of its outputs
   accumulated as the values are (a streamed term's tangent rescaled by its final stabiliser).
-  The backward passes are in ``_backward`` (remat) and ``_fused`` (Jacobian rows).
+  The backward passes are in ``_backward`` (remat) and ``_jacobians`` (fused).
   A sharded invariant input (``shards``) is held as this device's shard and gathered in each
   step (``chunk_inputs``) or, ``gathered``, enters whole; the backward passes scatter its
   cotangent back to the shard in the step, into a shard-sized accumulator (``_shards``).

@@ -9,11 +9,15 @@ rules with sub-jaxprs link and register them; ``EqnResize`` is what a rule's ``r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jaxpr_accum import _compat
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped, window
 from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Var, open_jaxpr
+
+if TYPE_CHECKING:  # a cycle of types only: both import this module
+    from jaxpr_accum._engine._axes import Analysis
+    from jaxpr_accum._engine._resize import Resizer
 
 Ctx = tuple  # path of (equation index, sub-jaxpr path) pairs from the top-level jaxpr
 EqnKey = tuple  # (ctx, equation index)
@@ -60,8 +64,7 @@ class View:
 
     __slots__ = ("analysis", "ctx", "idx", "eqn")
 
-    # ``analysis``: the ``_axes.Analysis`` (which imports this module; rules hand it on as one)
-    def __init__(self, analysis: Any, ctx: Ctx, idx: int, eqn: JaxprEqn):
+    def __init__(self, analysis: Analysis, ctx: Ctx, idx: int, eqn: JaxprEqn):
         self.analysis, self.ctx, self.idx, self.eqn = analysis, ctx, idx, eqn
 
     @property
@@ -132,13 +135,11 @@ class EqnResize:
 
     __slots__ = ("resizer", "ctx", "idx", "eqn")
 
-    # ``resizer``: the ``_resize.Resizer``, whose ``analysis`` is the ``_axes.Analysis`` (both
-    # import this module; rules hand it on as one)
-    def __init__(self, resizer: Any, ctx: Ctx, idx: int, eqn: JaxprEqn):
+    def __init__(self, resizer: Resizer, ctx: Ctx, idx: int, eqn: JaxprEqn):
         self.resizer, self.ctx, self.idx, self.eqn = resizer, ctx, idx, eqn
 
     @property
-    def analysis(self) -> Any:
+    def analysis(self) -> Analysis:
         return self.resizer.analysis
 
     @property

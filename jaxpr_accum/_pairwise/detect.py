@@ -48,7 +48,7 @@ from jaxpr_accum import _compat
 from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._analysis._stages import variables
 from jaxpr_accum._base._lattice import AxisLoc, is_mapped
-from jaxpr_accum._compat import Jaxpr, JaxprEqn, Var
+from jaxpr_accum._compat import Jaxpr, JaxprEqn, Primitive, Var
 from jaxpr_accum._engine._axes import Analysis
 from jaxpr_accum._engine._table import rule_for
 from jaxpr_accum._pairwise import permute
@@ -67,7 +67,7 @@ def _layout_primitives() -> frozenset:
 
 
 @functools.cache
-def dot_general() -> object:
+def dot_general() -> Primitive | None:
     return _compat.primitive("dot_general")
 
 

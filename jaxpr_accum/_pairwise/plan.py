@@ -35,6 +35,7 @@ from jaxpr_accum import _compat
 from jaxpr_accum._analysis._cost import format_bytes
 from jaxpr_accum._analysis._estimate import Candidate
 from jaxpr_accum._analysis._split import make_split
+from jaxpr_accum._analysis._stages import Stop
 from jaxpr_accum._compat import Jaxpr, Var
 from jaxpr_accum._engine._axes import Analysis
 from jaxpr_accum._pairwise import constants, detect, reads, rewrite
@@ -76,7 +77,7 @@ class TwoPass:
         )
 
     @property
-    def stops(self) -> tuple:
+    def stops(self) -> tuple[Stop, ...]:
         """Where either pass stopped (``_stages.Stop``), pass 1's first."""
         return tuple(stop for c in self.passes for stop in c.split.stops)
 

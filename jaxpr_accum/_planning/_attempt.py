@@ -13,6 +13,7 @@ import jax
 
 from jaxpr_accum._analysis import _trace
 from jaxpr_accum._analysis._split import Split
+from jaxpr_accum._analysis._stages import Stop
 from jaxpr_accum._assembly._assemble import run_as_written
 from jaxpr_accum._modes._mode import Mode
 from jaxpr_accum._planning import _worth
@@ -43,7 +44,7 @@ class Built:
     run: Callable
     plan: Plan
     estimate: _worth.Estimate
-    stops: tuple | None = None
+    stops: tuple[Stop, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Fail-safe: no internal error of this library reaches a user whose original function runs.
 
-A plan is made in *attempts*, from the widest to the narrowest: the plan as chosen, the same
-without streamed normalisers, the same with ``native`` gradients (JAX differentiates the chunk
-loop itself), and finally the original function, unchunked. Each attempt plans, builds, and
-*validates*: it traces the built program's forward pass and its reverse-mode backward pass
+A plan is made in *attempts* (``_planner.Planner.attempts``), from the widest to the
+narrowest: the plan as chosen (in two passes where the program pairs the axis with itself;
+elsewhere that attempt answers ``DoesNotApply`` and the next takes its name), in one pass, the
+same without streamed normalisers, the same with ``native`` gradients (JAX differentiates the
+chunk loop itself), and finally the original function, unchunked. Each attempt plans, builds,
+and *validates*: it traces the built program's forward pass and its reverse-mode backward pass
 abstractly (``jax.eval_shape`` of a VJP), so that a failure that would only surface when
 ``jax.grad`` transposes the region is found now, not in the middle of the user's training
 step. The program is traced under ``jax.jit``, as the call runs it: JAX's caches (keyed by the
@@ -34,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import jax
 import numpy as np
@@ -43,6 +45,7 @@ from jaxpr_accum import _compat
 from jaxpr_accum._base._dtypes import has_float_dtype
 from jaxpr_accum._base._errors import ArgumentError, SerializeError, stage, stage_of, warn
 from jaxpr_accum._compat import Array
+from jaxpr_accum._planning._attempt import Attempt
 
 STRICT_VARIABLE = "JAXPR_ACCUM_STRICT"
 T = TypeVar("T")
@@ -59,13 +62,6 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__} while {where}" + (f": {first[:300]}" if first else "")
 
 
-class Named(Protocol):
-    """An attempt, as ``first_that_works`` sees it: ``what`` it tries."""
-
-    @property
-    def what(self) -> str: ...
-
-
 @dataclasses.dataclass(frozen=True)
 class DoesNotApply:
     """An attempt's answer where it has nothing to try (the two-pass plan of a program that
@@ -74,11 +70,10 @@ class DoesNotApply:
     why: str
 
 
-A = TypeVar("A", bound=Named)
-
-
 def first_that_works(
-    attempts: Sequence[A], run: Callable[[A], T | DoesNotApply], unchunked: Callable[[str], T]
+    attempts: Sequence[Attempt],
+    run: Callable[[Attempt], T | DoesNotApply],
+    unchunked: Callable[[str], T],
 ) -> T:
     """``run(attempt)`` for the first of ``attempts`` that does not raise an internal error
     and applies; ``unchunked(why)`` when none does. An attempt that does not apply

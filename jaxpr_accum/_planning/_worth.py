@@ -29,22 +29,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TypeAlias
 
 from jaxpr_accum._analysis._cost import MARGIN, format_bytes
+from jaxpr_accum._analysis._estimate import Candidate
+from jaxpr_accum._analysis._stages import Stop
 from jaxpr_accum._modes._mode import AUTO, Mode
+from jaxpr_accum._pairwise.plan import TwoPass
 
 FORCE_HINT = "; pass grad='remat' (or 'fused' / 'native') to run the chunked loop anyway"
 
 
-class Estimate(Protocol):
-    """What is weighed: a ``_estimate.Candidate``, or the two passes of ``_pairwise.TwoPass``."""
-
-    def warning(self) -> str | None: ...
-
-    def builds_no_loop(self) -> bool: ...
-
-    def no_saving_is_certain(self) -> bool: ...
+#: What is weighed: a ``_estimate.Candidate``, or the two passes of ``_pairwise.TwoPass``.
+Estimate: TypeAlias = Candidate | TwoPass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +81,7 @@ def as_written_instead(
 
 def for_paired(
     why: str | None,
-    stops: Sequence[object],
+    stops: Sequence[Stop],
     requested: Mode,
     programs: Programs,
 ) -> str | None:

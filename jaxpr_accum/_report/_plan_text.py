@@ -11,6 +11,8 @@ import collections
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from jaxpr_accum._analysis._stages import Stop
+
 
 class PlanStop(str):
     """One place where a region stopped, as readable text (```prim` at file:line: why``),
@@ -38,7 +40,7 @@ class CandidateAxis(NamedTuple):
     chosen: bool
 
 
-def once_each(stops: Sequence[object]) -> list[PlanStop]:
+def once_each(stops: Sequence[Stop]) -> list[PlanStop]:
     """``stops`` listed once each, in program order, with a count where one repeats: a
     program unrolled over the axis (``jax.debug.print`` in a ``vmap``-ped function is one
     callback per row) stops at N equations of the same primitive, source line and reason."""

@@ -86,7 +86,7 @@ def test_generous_budget_is_one_chunk_after_one_compile(compiles):
     assert compiles[0] == 2  # the search's one, and the original's, for explain
     ((_, prepared),) = sf._plans.cache.items()
     assert prepared.plan.budget.original is None  # explain reports it, the cache is unchanged
-    assert sf.explain(*ARGS).budget.original == prepared.measured["original"]
+    assert sf.explain(*ARGS).budget.original == sf._plans.original_bytes[prepared]
     assert compiles[0] == 2  # measured once per signature
 
 

@@ -238,4 +238,6 @@ def test_prepared_is_frozen_and_explain_changes_no_cached_plan():
     ((_, prepared),) = sf._plans.cache.items()
     with pytest.raises(dataclasses.FrozenInstanceError):
         prepared.plan = first
+    fields = [getattr(prepared, f.name) for f in dataclasses.fields(prepared)]
+    assert not any(isinstance(v, (list, set, dict)) for v in fields)  # nothing to change inside
     assert sf.explain(W, X) is prepared.plan is first

@@ -328,7 +328,8 @@ PLANNING = (
     "_planning/_planner", "_analysis/_candidates", "_analysis/_cost", "_modes/_choice",
     "_modes/_decision", "_planning/_budget", "_planning/_chunk_search", "_assembly/_assemble",
     "_planning/_worth", "_report/_plan", "_planning/_fallback", "_pairwise/modes",
-    "_pairwise/build", "_pairwise/report",
+    "_pairwise/build", "_pairwise/report", "_planning/_attempt", "_planning/_gather",
+    "_pairwise/plan",
 )  # fmt: skip
 #: The report surface: the API (``_api/``), the plan's report text and its HTML view.
 REPORT_SURFACE = (

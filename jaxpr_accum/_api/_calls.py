@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from jaxpr_accum._analysis import _arguments, _trace
 from jaxpr_accum._api import _messages
@@ -29,6 +30,11 @@ class CallPlans:
         self.original, self.settings = original, settings
         self.cache = LRU(CACHE_SIZE)
         self.planner = Planner(settings)
+        # What the calls record of each (frozen) plan, dropped with it: the kinds of call it
+        # was compiled for (``_fallback.ready``), and the original's temp bytes ``explain``
+        # measured (once per signature).
+        self.compiled_for: WeakKeyDictionary[Prepared, set[bool]] = WeakKeyDictionary()
+        self.original_bytes: WeakKeyDictionary[Prepared, int] = WeakKeyDictionary()
 
     def prepare(
         self, args: tuple, kwargs: dict, grad_argnums: tuple[int, ...] | None = None

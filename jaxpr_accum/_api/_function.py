@@ -127,7 +127,10 @@ class SerializedFunction(Generic[P, R]):
         original = functools.partial(run_as_written, prepared.traced.jaxpr)
         try:  # the library's stages of the call, before anything of the user's runs
             compiles = prepared.staged and _fallback.ready(
-                prepared.jitted, inputs, prepared.ready, original
+                prepared.jitted,
+                inputs,
+                self._plans.compiled_for.setdefault(prepared, set()),
+                original,
             )
         except Exception as error:
             if prepared.as_written or _fallback.strict():
@@ -185,11 +188,12 @@ class SerializedFunction(Generic[P, R]):
         budget = prepared.plan.budget
         if budget is None:
             return prepared.plan
-        if "original" not in prepared.measured:  # compiled once per signature, when asked
+        originals = self._plans.original_bytes
+        if prepared not in originals:  # compiled once per signature, when asked
             traced = prepared.traced
             floats = traced.float_arguments(inputs)
-            prepared.measured["original"] = _budget.original_memory(traced.jaxpr, inputs, floats)
-        budget = dataclasses.replace(budget, original=prepared.measured["original"])
+            originals[prepared] = _budget.original_memory(traced.jaxpr, inputs, floats)
+        budget = dataclasses.replace(budget, original=originals[prepared])
         return dataclasses.replace(prepared.plan, budget=budget)
 
     @_compat.api_boundary

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
 
-from jaxpr_accum._base._dtypes import has_key_dtype, is_array, real_dtype
+from jaxpr_accum._base._dtypes import has_float_dtype, has_key_dtype, is_array, real_dtype
 
 _F64_RTOL, _F32_RTOL, _F16_RTOL = 1e-10, 2e-4, 2e-2
 _FLOOR = 1e-3  # a leaf's scale is at least this share of the largest leaf's
@@ -199,7 +199,7 @@ def _check_leaf(where: str, g: Any, r: Any, leaf_noise: float) -> Mismatch | _Fl
         return None
     if has_key_dtype(r):
         g, r = jax.random.key_data(g), jax.random.key_data(r)
-    if not jnp.issubdtype(r.dtype, jnp.inexact):
+    if not has_float_dtype(r):
         g_np, r_np = np.asarray(g), np.asarray(r)
         if not np.array_equal(g_np, r_np):
             bad = tuple(np.argwhere(g_np != r_np)[0]) if g_np.ndim else ()

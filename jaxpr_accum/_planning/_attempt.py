@@ -47,16 +47,16 @@ class Built:
     stops: tuple[Stop, ...] | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Prepared:
     """One call signature's trace, plan and runnable program: the chunked one, or the
     function as written (``as_written``: not expected to save memory, ``_worth``; or no plan
     at all, ``split`` None, after internal errors, ``_fallback``, which has warned). Not
     ``staged``: the trace cannot be differentiated (``Traced.unstageable``), the call runs the
     user's function itself. Made by ``of``; never changed: a new plan is a new ``Prepared``
-    (``dataclasses.replace``), sharing the compiled program. ``ready`` (the kinds of call
-    compiled for, ``_fallback.ready``) and ``measured`` (the original's temp bytes, measured
-    when ``explain`` asks) record what was compiled and measured, once per signature."""
+    (``dataclasses.replace``), sharing the compiled program. What the calls of a signature
+    record of it (the kinds of call compiled for, the original's memory ``explain`` measured)
+    is kept beside it, keyed by it (``_api._calls.CallPlans``)."""
 
     traced: _trace.Traced
     split: Split | None
@@ -64,8 +64,6 @@ class Prepared:
     run: Callable
     jitted: jax.stages.Wrapped
     as_written: bool = False
-    ready: set[bool] = dataclasses.field(default_factory=set)
-    measured: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(

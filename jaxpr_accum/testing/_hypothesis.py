@@ -18,7 +18,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxpr_accum._base._compare import Tolerance, as_64_bit
-from jaxpr_accum._base._dtypes import has_key_dtype, is_array, real_dtype
+from jaxpr_accum._base._dtypes import has_float_dtype, has_key_dtype, is_array, real_dtype
 from jaxpr_accum._base._install import install_hint
 from jaxpr_accum._base._settings import GRAD_MODES
 from jaxpr_accum.testing._oracle import assert_as_called, assert_in_contexts, check_is_serialized
@@ -69,7 +69,7 @@ class _LeafSpec:
         shape, dtype = tuple(x.shape), x.dtype
         if has_key_dtype(x):
             return cls("key", shape, dtype, like=x)
-        if jnp.issubdtype(dtype, jnp.inexact):
+        if has_float_dtype(dtype):
             a = as_64_bit(x)
             finite = a[np.isfinite(a)] if a.size else a
             rms = float(np.sqrt(np.mean(np.abs(finite) ** 2))) if finite.size else 0.0

@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxpr_accum._base import _nnx
 from jaxpr_accum._base._compare import as_64_bit, path_label
-from jaxpr_accum._base._dtypes import has_key_dtype, is_array, is_float_array
+from jaxpr_accum._base._dtypes import is_array, is_float_array
 from jaxpr_accum.testing._noise import with_rounding_noise
 
 
@@ -66,17 +66,12 @@ def _cotangent(out: object, seed: int) -> object:
     float leaf; float0 zeros for the other leaves. Only shapes and dtypes of ``out`` are read,
     so this runs on tracers: the cotangent is a constant of the compiled program."""
     leaves = jax.tree.leaves(out)
-    single = (
-        len(leaves) == 1
-        and jnp.shape(leaves[0]) == ()
-        and not has_key_dtype(leaves[0])
-        and jnp.issubdtype(leaves[0].dtype, jnp.inexact)
-    )
+    single = len(leaves) == 1 and jnp.shape(leaves[0]) == () and is_float_array(leaves[0])
     rng = np.random.RandomState(seed)
 
     def make(leaf: jax.Array) -> jax.Array | np.ndarray:
         shape = jnp.shape(leaf)
-        if has_key_dtype(leaf) or not jnp.issubdtype(leaf.dtype, jnp.inexact):
+        if not is_float_array(leaf):
             return np.zeros(shape, dtype=jax.dtypes.float0)
         if single:
             return jnp.ones((), leaf.dtype)

@@ -54,6 +54,17 @@ class Programs:
     original: Callable
     measure: Callable[[Callable], int | None]
 
+    def shortfall(self) -> str | None:
+        """Where ``run`` is measured to save less than ``MARGIN`` of the function as written:
+        the two figures, as a phrase; else (or where either is not measurable) None."""
+        chunked, written = self.measure(self.run), self.measure(self.original)
+        if chunked is None or written is None or chunked < (1 - MARGIN) * written:
+            return None
+        return (
+            f"this plan saves less than {MARGIN:.0%} of the memory: measured "
+            f"{format_bytes(chunked)} chunked against {format_bytes(written)} as written"
+        )
+
 
 def as_written_instead(
     candidate: Estimate,
@@ -94,13 +105,11 @@ def for_paired(
         return f"{why} (the plan stops at {where})" if stops else why
     if not stops or requested is not AUTO:
         return None
-    chunked, written = programs.measure(programs.run), programs.measure(programs.original)
-    if chunked is None or written is None or chunked < (1 - MARGIN) * written:
-        return None
+    short = programs.shortfall()
     return (
-        f"this plan saves less than {MARGIN:.0%} of the memory: measured "
-        f"{format_bytes(chunked)} chunked against {format_bytes(written)} as written, as it "
-        f"stops at {where}; the function runs as written{FORCE_HINT}"
+        None
+        if short is None
+        else f"{short}, as it stops at {where}; the function runs as written{FORCE_HINT}"
     )
 
 
@@ -111,10 +120,4 @@ def for_advised(advice: str, programs: Programs) -> str | None:
     mode runs the loop with the warning."""
     if not advice:
         return None
-    chunked, written = programs.measure(programs.run), programs.measure(programs.original)
-    if chunked is None or written is None or chunked < (1 - MARGIN) * written:
-        return None
-    return (
-        f"this plan saves less than {MARGIN:.0%} of the memory: measured "
-        f"{format_bytes(chunked)} chunked against {format_bytes(written)} as written"
-    )
+    return programs.shortfall()

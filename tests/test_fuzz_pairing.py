@@ -34,6 +34,12 @@ FOUND = [
     pairing.PairingProgram(
         "halves, broadcast", "rbf", "none", "kernel-weighted rows", True, True, 16, 9
     ),
+    # the never-worse check measured its chunked program outside ``jax.jit`` (0.88 of the
+    # original) where the call compiles it under ``jax.jit`` (1.00): it now measures the
+    # program as the call runs it
+    pairing.PairingProgram(
+        "sorted columns", "rbf", "rolled diag set", "mean", False, False, 48, 9270
+    ),
 ]
 
 

@@ -37,14 +37,22 @@ class Attempt:
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-    """An attempt's program ``run`` and its ``plan``; ``estimate``: what ``_worth`` weighs
-    (a ``Candidate``, or the ``TwoPass``); ``stops``: where the plan of a program that pairs
-    the axis with itself stops (None: it pairs nothing)."""
+    """An attempt's program ``run``, as the call runs it (``jitted``: under ``jax.jit``, so
+    what is measured is what the call compiles), and its ``plan``; ``estimate``: what
+    ``_worth`` weighs (a ``Candidate``, or the ``TwoPass``); ``stops``: where the plan of a
+    program that pairs the axis with itself stops (None: it pairs nothing)."""
 
     run: Callable
+    jitted: jax.stages.Wrapped
     plan: Plan
     estimate: _worth.Estimate
     stops: tuple[Stop, ...] | None = None
+
+    @classmethod
+    def of(
+        cls, run: Callable, plan: Plan, estimate: _worth.Estimate, stops: tuple | None = None
+    ) -> Built:
+        return cls(run, jax.jit(run), plan, estimate, stops)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -73,9 +81,11 @@ class Prepared:
         plan: Plan,
         *,
         as_written: bool = False,
-        run: Callable | None = None,
+        built: Built | None = None,
     ) -> Prepared:
-        run = run if run is not None else functools.partial(run_as_written, traced.jaxpr)
+        if built is not None:
+            return cls(traced, split, plan, built.run, built.jitted, as_written)
+        run = functools.partial(run_as_written, traced.jaxpr)
         return cls(traced, split, plan, run, jax.jit(run), as_written)
 
     @classmethod

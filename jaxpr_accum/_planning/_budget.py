@@ -176,7 +176,7 @@ def choose_chunk(
 
         def measure(c: int, choice: Decision = choice) -> int:
             run = build(at(c), request.accum_dtype)
-            m = temp_bytes(run, request.inputs, request.diff)
+            m = temp_bytes(jax.jit(run), request.inputs, request.diff)  # as the call runs it
             tried.append(Trial(grad=choice.mode.name, chunk=c * devices, measured=m))
             return m
 

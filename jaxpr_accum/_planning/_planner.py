@@ -163,7 +163,7 @@ class Planner:
             two, attempt.requested, layout, call.measure.diff, accum_dtype=self.settings.accum_dtype
         )
         plan = _pairwise.plan_of(two, decisions, call.names)
-        return self._weigh(call, attempt, chosen, Built(run, plan, two, two.stops))
+        return self._weigh(call, attempt, chosen, Built.of(run, plan, two, two.stops))
 
     def _one_pass(self, call: Planning, attempt: Attempt) -> Prepared:
         """Axis, the decision (mode and chunk: fixed, or the budget's), build; then
@@ -172,16 +172,16 @@ class Planner:
         decision = self._chunk(call, chosen, attempt.requested)
         with stage("building"):
             run = build(decision, self.settings.accum_dtype)
-        if decision.budget is not None:  # the search compiled this program: never again
-            call.measure.record(run, decision.budget.measured)
         usable = [decision.candidate if c is chosen else c for c in usable]
-        plan = Plan.from_decision(decision, usable)
-        stops, sharded = None, isinstance(decision.layout, _layout.ShardedLayout)
+        built = Built.of(run, Plan.from_decision(decision, usable), decision.candidate)
+        if decision.budget is not None:  # the search compiled this program: never again
+            call.measure.record(built.jitted, decision.budget.measured)
+        sharded = isinstance(decision.layout, _layout.ShardedLayout)
         if attempt.weighs_pairs and decision.budget is None and not sharded:  # one pass taken
             two = call.pairing(chosen, attempt.streamed)
-            paired = two is not None and two.net_saving <= chosen.net_saving
-            stops = chosen.split.stops if paired else None
-        return self._weigh(call, attempt, chosen, Built(run, plan, decision.candidate, stops))
+            if two is not None and two.net_saving <= chosen.net_saving:
+                built = dataclasses.replace(built, stops=chosen.split.stops)
+        return self._weigh(call, attempt, chosen, built)
 
     def _layout(self, call: Planning, chosen: Candidate, chunk: int) -> _layout.Layout:
         mesh_axis, gather = self.settings.mesh_axis, self.settings.gather
@@ -208,7 +208,7 @@ class Planner:
         with stage("tracing the forward and backward passes"):
             _fallback.validate(run, call.inputs, original, call.measure.diff)
         with stage("weighing the plan against the function as written"):
-            programs = _worth.Programs(run, original, call.measure)
+            programs = _worth.Programs(built.jitted, original, call.measure)
             why = _worth.as_written_instead(built.estimate, requested, programs)
             if built.stops is not None:
                 why = _worth.for_paired(why, built.stops, requested, programs)
@@ -224,7 +224,7 @@ class Planner:
             return Prepared.of(traced, chosen.split, plan, as_written=True)
         if built.estimate.warning() is not None and requested is AUTO:
             plan = dataclasses.replace(plan, warning=None)  # measured to save after all
-        return Prepared.of(traced, chosen.split, plan, run=run)
+        return Prepared.of(traced, chosen.split, plan, built=built)
 
     def _fit_budget(self, call: Planning, first: Decision, requested: Mode) -> Decision:
         """The decision for ``memory=`` (``first``: ``requested``'s at the whole axis): the search

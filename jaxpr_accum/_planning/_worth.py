@@ -54,12 +54,18 @@ class Programs:
     original: Callable
     measure: Callable[[Callable], int | None]
 
+    def measured(self) -> tuple[int, int] | None:
+        """``(run's figure, the original's)``; None where either is not measurable."""
+        chunked, written = self.measure(self.run), self.measure(self.original)
+        return None if chunked is None or written is None else (chunked, written)
+
     def shortfall(self) -> str | None:
         """Where ``run`` is measured to save less than ``MARGIN`` of the function as written:
         the two figures, as a phrase; else (or where either is not measurable) None."""
-        chunked, written = self.measure(self.run), self.measure(self.original)
-        if chunked is None or written is None or chunked < (1 - MARGIN) * written:
+        figures = self.measured()
+        if figures is None or figures[0] < (1 - MARGIN) * figures[1]:
             return None
+        chunked, written = figures
         return (
             f"this plan saves less than {MARGIN:.0%} of the memory: measured "
             f"{format_bytes(chunked)} chunked against {format_bytes(written)} as written"
@@ -79,8 +85,9 @@ def as_written_instead(
     if warning is None or requested is not AUTO:
         return None
     if not candidate.no_saving_is_certain():
-        chunked, written = programs.measure(programs.run), programs.measure(programs.original)
-        if chunked is not None and written is not None:  # else the estimate decides
+        figures = programs.measured()
+        if figures is not None:  # else the estimate decides
+            chunked, written = figures
             if chunked < (1 - MARGIN) * written:
                 return None
             return (

@@ -50,7 +50,11 @@ class Built:
 
     @classmethod
     def of(
-        cls, run: Callable, plan: Plan, estimate: _worth.Estimate, stops: tuple | None = None
+        cls,
+        run: Callable,
+        plan: Plan,
+        estimate: _worth.Estimate,
+        stops: tuple[Stop, ...] | None = None,
     ) -> Built:
         return cls(run, jax.jit(run), plan, estimate, stops)
 
@@ -75,22 +79,17 @@ class Prepared:
 
     @classmethod
     def of(
-        cls,
-        traced: _trace.Traced,
-        split: Split | None,
-        plan: Plan,
-        *,
-        as_written: bool = False,
-        built: Built | None = None,
+        cls, traced: _trace.Traced, split: Split | None, plan: Plan, built: Built | None = None
     ) -> Prepared:
+        """The ``built`` program; without one, the function as written (``as_written``)."""
         if built is not None:
-            return cls(traced, split, plan, built.run, built.jitted, as_written)
+            return cls(traced, split, plan, built.run, built.jitted)
         run = functools.partial(run_as_written, traced.jaxpr)
-        return cls(traced, split, plan, run, jax.jit(run), as_written)
+        return cls(traced, split, plan, run, jax.jit(run), as_written=True)
 
     @classmethod
     def unchunked(cls, traced: _trace.Traced, why: str) -> Prepared:
-        return cls.of(traced, None, Plan.unchunked(why), as_written=True)
+        return cls.of(traced, None, Plan.unchunked(why))
 
     @property
     def staged(self) -> bool:

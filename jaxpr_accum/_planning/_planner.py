@@ -221,10 +221,10 @@ class Planner:
             plan = dataclasses.replace(
                 plan, grad="none", grad_reason=why, warning=why, runs_as_written=True
             )
-            return Prepared.of(traced, chosen.split, plan, as_written=True)
+            return Prepared.of(traced, chosen.split, plan)
         if built.estimate.warning() is not None and requested is AUTO:
             plan = dataclasses.replace(plan, warning=None)  # measured to save after all
-        return Prepared.of(traced, chosen.split, plan, built=built)
+        return Prepared.of(traced, chosen.split, plan, built)
 
     def _fit_budget(self, call: Planning, first: Decision, requested: Mode) -> Decision:
         """The decision for ``memory=`` (``first``: ``requested``'s at the whole axis): the search

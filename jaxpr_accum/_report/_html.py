@@ -78,14 +78,10 @@ def plan_html(plan: Plan) -> str:
     if plan.between:
         total = sum(n for _, n in plan.between)
         rows.append(("stacked between the passes", f"{format_bytes(total)} in all"))
-    body = "".join(f"<tr>{cell(k, 'th')}{cell(v)}</tr>" for k, v in rows)
-    note = "" if plan.warning is None else f"<div {_NOTE}>note: {escape(plan.warning)}</div>"
     head = "pass 1: the per-example part" if two else "the pairs by rows"
     return "".join(
         [
-            "<div><strong>jaxpr_accum plan: the program pairs the axis with itself</strong>",
-            note,
-            f"<table {TABLE}>{body}</table>",
+            _opening("jaxpr_accum plan: the program pairs the axis with itself", plan, rows),
             items("pairs the axis with itself at", plan.pairs),
             items(
                 "stacked by pass 1 for pass 2",
@@ -125,15 +121,11 @@ def _one_plan(plan: Plan, title: str, pass_: int = 1) -> str:
     if plan.stacked:
         total = sum(n for _, n in plan.stacked)
         rows.append(("stacked outputs", f"{len(plan.stacked)}, {format_bytes(total)} in all"))
-    body = "".join(f"<tr>{cell(k, 'th')}{cell(v)}</tr>" for k, v in rows)
-    note = "" if plan.warning is None else f"<div {_NOTE}>note: {escape(plan.warning)}</div>"
     others, left_out = other_candidates(plan.candidates)
     stops = [s for s in plan.stops if getattr(s, "pass_", 1) == pass_]  # a plain string: 1
     return "".join(
         [
-            f"<div><strong>{escape(title)}</strong>",
-            note,
-            f"<table {TABLE}>{body}</table>",
+            _opening(title, plan, rows),
             items("the region stopped at", stops),
             items("reduced at", plan.reduced_at),
             items("streamed normalisers", plan.streamed),
@@ -147,3 +139,11 @@ def _one_plan(plan: Plan, title: str, pass_: int = 1) -> str:
             "</div>",
         ]
     )
+
+
+def _opening(title: str, plan: Plan, rows: list[tuple[str, str]]) -> str:
+    """A plan's view opened: the ``title``, the plan's warning as a note and ``rows`` as a
+    table, in a ``<div>`` that the caller closes after its lists."""
+    body = "".join(f"<tr>{cell(k, 'th')}{cell(v)}</tr>" for k, v in rows)
+    note = "" if plan.warning is None else f"<div {_NOTE}>note: {escape(plan.warning)}</div>"
+    return f"<div><strong>{escape(title)}</strong>{note}<table {TABLE}>{body}</table>"

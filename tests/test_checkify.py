@@ -71,6 +71,63 @@ def order_program(w, x):
     return jnp.mean((h + looked_up[:, None]) ** 2)
 
 
+def kinds_program(w, x):
+    """Two kinds of error: a NaN from ``log`` in row 9 only (the remainder), then an
+    out-of-bounds lookup in every negative row; the original reports the NaN (its check runs
+    on every row first), though the lookup fires in an earlier chunk."""
+    h = jnp.tanh(x @ w) + jnp.log(x[:, :1] + 9.5)
+    idx = jnp.where(x[:, 0] < 0, 100 + jnp.arange(x.shape[0]), 0)
+    return jnp.mean((h + jnp.take(w[0], idx, mode=None)[:, None]) ** 2)
+
+
+def row_program(w, x):
+    """An out-of-bounds lookup along each row of a chunked operand: the report names the
+    operand's shape as written, (10, 3), not the chunk's."""
+    h = jnp.tanh(x @ w)
+    idx = jnp.where(x[:, :1] < 0, 7, 0)
+    return jnp.mean((h + jnp.take_along_axis(h, idx, axis=1, mode=None)) ** 2)
+
+
+def after_program(w, x):
+    """A NaN only in the backward pass (the derivative of ``sqrt`` at 0), then one after the
+    region in the forward pass: the original reports the forward pass's ``log``, though
+    fused finds the backward pass's NaN first (it computes the gradient with the value)."""
+    h = jnp.where(x[:, :1] < 0, 0.0, x @ w)
+    return jnp.log(jnp.mean(jnp.sqrt(h * h)) - 100.0)
+
+
+def derivative_program(w, x):
+    """``sqrt`` at 0, whose derivative divides by zero in the original's forward pass, then
+    a NaN from ``log`` (row 9): the original reports the division, which remat and native
+    make when the backward pass recomputes the chunk."""
+    h = jnp.where(x[:, :1] < 0, 0.0, x @ w)
+    return jnp.mean((jnp.sqrt(h * h) + jnp.log(x[:, :1] + 9.5)) ** 2)
+
+
+@jax.custom_vjp
+def _index_in_backward(h, bad):
+    return h
+
+
+def _index_forward(h, bad):
+    return h, bad
+
+
+def _index_backward(bad, ct):
+    idx = jnp.where(bad, 100 + jnp.arange(bad.shape[0])[:, None], 0)
+    return ct + jnp.take(jnp.ones(3), idx, mode=None), None
+
+
+_index_in_backward.defvjp(_index_forward, _index_backward)
+
+
+def backward_index_program(w, x):
+    """A custom VJP whose backward rule alone looks up out of bounds in the negative rows:
+    the first row is reported (JAX's transpose of native's loop visits the chunks from the
+    last), and the error names the line of the call."""
+    return jnp.mean(_index_in_backward(jnp.tanh(x @ w), x[:, :1] < 0) ** 2)
+
+
 PROGRAMS = {
     "index": index_program,
     "div": div_program,
@@ -78,6 +135,11 @@ PROGRAMS = {
     "user": user_program,
     "backward": backward_program,
     "order": order_program,
+    "kinds": kinds_program,
+    "row": row_program,
+    "after": after_program,
+    "derivative": derivative_program,
+    "backward_index": backward_index_program,
 }
 ERRORS = {
     "user": checkify.user_checks,
@@ -166,6 +228,65 @@ def test_the_order_case_can_fail():
     expected = report(order_program, "forward", checkify.index_checks, (9, 2), jit=True)
     assert expected and "index 109 " in expected
     assert "index 202 " in report(order_program, "forward", checkify.index_checks, (2,), True)
+
+
+#: the chunk loops that JAX derives from the region's passes, or that native emits, which
+#: JAX's checkify interprets equation by equation: ``grad="native"``'s, ``jax.jvp``'s and
+#: ``jax.vmap``'s loops inside ``checkify``, fused's forward that computes the gradient, and
+#: a backward pass
+DERIVED_LOOPS = [
+    ("native", "forward"),
+    ("remat", "jvp"),
+    ("auto", "vmap_inside"),
+    ("fused", "value_and_grad"),
+    ("native", "grad"),
+]
+
+
+#: (program, error set, mode, how): every derived loop with two checks of one kind and of two kinds;
+#: the chunked operand's shape where the original runs (JAX's checkify of the original
+#: raises under a derivative of ``take_along_axis``); the first in the default tier
+DERIVED_CASES = [
+    (program, "all", mode, how)
+    for mode, how in DERIVED_LOOPS
+    for program in ("order", "kinds", "row")
+    if not (program == "row" and how in ("grad", "value_and_grad"))
+] + [  # the order of the forward and the backward pass (``after``: NaNs only, since under
+    # all_checks the derivative of ``sqrt`` divides by zero first, in the forward pass)
+    ("after", "nan", "fused", "value_and_grad"),
+    ("after", "nan", "auto", "grad"),
+    ("derivative", "all", "remat", "grad"),
+    ("derivative", "all", "native", "value_and_grad"),
+    ("backward_index", "all", "native", "grad"),
+    ("backward_index", "all", "remat", "value_and_grad"),
+]
+
+
+@pytest.mark.parametrize(
+    "program, errors, mode, how",
+    DERIVED_CASES[:1] + [pytest.param(*c, marks=pytest.mark.slow) for c in DERIVED_CASES[1:]],
+)
+def test_derived_loops_report_as_the_original(program, errors, mode, how):
+    """Of two checks that fire, the first in the program is reported, with its first erroring
+    row (``order``: one kind; ``kinds``: the earlier kind fires only in the remainder; the
+    forward pass's before the backward pass's: ``after``, ``derivative``); an out-of-bounds
+    index into a chunked operand names its shape as written (``row``)."""
+    check_case(program, errors, mode, how, "both", True)
+
+
+def test_the_derived_cases_can_fail():
+    """``kinds`` reports the NaN of the remainder, not the lookup of the earlier chunk;
+    ``row`` names the shape (10, 3); ``after`` the forward pass's ``log``, ``derivative``
+    the division, ``backward_index`` row 2."""
+    expected = report(kinds_program, "forward", checkify.all_checks, (9, 2), jit=True)
+    assert expected and expected.startswith("nan generated by primitive: log")
+    assert "(10, 3)" in report(row_program, "forward", checkify.index_checks, (9, 2), True)
+    after = report(after_program, "grad", checkify.nan_checks, (9, 2), True)
+    assert after and after.startswith("nan generated by primitive: log")
+    derivative = report(derivative_program, "grad", checkify.all_checks, (9, 2), True)
+    assert derivative == "division by zero"
+    index = report(backward_index_program, "grad", checkify.index_checks, (9, 2), True)
+    assert index and "index 102 " in index
 
 
 def test_the_comparison_can_fail():

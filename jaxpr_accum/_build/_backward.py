@@ -131,7 +131,8 @@ class _Pullback:
             out = f(a, b)
             return [out[g][j] for g, j in present], out.stabs
 
-        _, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)  # type: ignore[var-annotated]
+        with _compat.recomputed():  # under ``checkify``: checks the original's forward makes
+            _, pullback, stabs = jax.vjp(picked, *primals, has_aux=True)  # type: ignore[var-annotated]
         ct_stacked = [
             None if ct is None else take_chunk(ct, loc, start, kk)
             for ct, loc in zip(cts.stacked, loop.stacked_locs, strict=True)

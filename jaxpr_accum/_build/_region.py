@@ -20,7 +20,6 @@ region primitive."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
@@ -60,6 +59,8 @@ class Region:
             [spec(None)] * sig.streams.n_finals,
         )
         self._jaxprs: dict[Hashable, tuple[ClosedJaxpr, PyTreeDef]] = {}
+        #: every pass's name scope: ``checkify`` keeps an error per check site in its loops
+        self.scope = _compat.loop_scope(self)
 
     def __repr__(self) -> str:
         return f"Region(axis={self.split.size}, chunk={self.chunk})"
@@ -67,6 +68,10 @@ class Region:
     def loop(self, shards: list) -> ChunkLoop:
         """This device's chunk loop (inside the layout's mapped function; ``Layout.enter``)."""
         return self.layout.loop(self.split, self.signature, self.accum_dtype, self.chunk, shards)
+
+    def _mapped(self, local: Callable, in_specs: object, out_specs: object) -> Callable:
+        """``local`` mapped over the layout's devices, traced in the region's ``scope``."""
+        return _compat.traced_in(self.scope, self.layout.map(local, in_specs, out_specs))
 
     def _merged(self, out: Outputs) -> Outputs:
         """One device's outputs merged across devices: sums added (and cast back to their
@@ -93,7 +98,7 @@ class Region:
             inv = self.layout.before_loop(inv, placements)
             return self._merged(self.loop(placements).forward(Inputs(inv, ch), checkpoint))
 
-        fn = self.layout.map(local, tuple(in_specs), self.output_specs)
+        fn = self._mapped(local, tuple(in_specs), self.output_specs)
         return Outputs(*fn(*inputs))
 
     def tangents(self, inputs: Inputs, tangents: Inputs, finals: Sequence) -> Outputs:
@@ -120,7 +125,7 @@ class Region:
             return Outputs(sums, out.partials, out.stacked, streams, [])
 
         out_specs = Outputs(*(select(g, f) for g, f in zip(self.output_specs, flags, strict=True)))
-        fn = layout.map(
+        fn = self._mapped(
             local,
             (
                 *in_specs,
@@ -160,7 +165,7 @@ class Region:
         given_specs = Outputs(
             *(pick(g, p) for g, p in zip(self.output_specs, present, strict=True))
         )
-        fn = layout.map(
+        fn = self._mapped(
             local,
             (*in_specs, given_specs, [spec(None)] * sig.streams.n_finals),
             (
@@ -196,7 +201,7 @@ class Region:
                 [jac.chunked[i] for i in diff.chunked],
             )
 
-        fn = layout.map(
+        fn = self._mapped(
             local,
             tuple(in_specs),
             (
@@ -289,12 +294,3 @@ class Region:
         env = dict(zip(self.signature.input_vars, flat, strict=True))
         _interpret.eval_eqns(self.split.jaxpr.eqns, env, indices=self.split.indices(BODY))
         return [_interpret.read(env, v) for v in self.signature.written_outputs]
-
-    def flat(self, pass_: Callable, **kw: object) -> Callable:
-        """``pass_`` (a method taking ``Inputs``) as a function of the flat inputs returning
-        the flat outputs."""
-        return functools.partial(_flat_call, self, pass_, kw)
-
-
-def _flat_call(region: Region, pass_: Callable, kw: dict, *flat: Array) -> list:
-    return pass_(region, region.signature.inputs(flat), **kw).flat()

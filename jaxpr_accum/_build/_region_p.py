@@ -27,7 +27,8 @@ those only). Its rules:
   runs as in the original, f12); with no argument batched, the primitive itself;
 - **checkify** (``jax.experimental.checkify``, ``_compat.checks_through``): where a check
   of the enabled error set can fire inside the region, its checkpointed forward pass,
-  checkified by JAX's rules, so the error is carried through the chunks in order;
+  checkified (the error carried through the chunks in order, one slot per check site, as
+  for every pass of the region: ``Region.scope``);
 - **dead-code elimination** (``jax.jit``, ``jax.vjp``, ``pe.dce_jaxpr``): the equation keeps
   the used outputs only, its forward jaxpr is pruned to them (so the unused ones are not
   computed); its inputs all stay (the region's signature has them all) and so do its effects.
@@ -246,9 +247,7 @@ region_p = _compat.define_primitive(
     dce=_dce,
     deoptimized=_deoptimized,
 )
-_compat.checks_through(
-    region_p, _checkpointed_jaxpr, lambda params: params["region"].written_body()
-)
+_compat.checks_through(region_p, _checkpointed_jaxpr)
 
 # An outer ``serialize_axis`` does not enter an inner one's region: its loop is already chunked.
 _table.register(

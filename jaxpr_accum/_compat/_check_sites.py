@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import importlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, SupportsInt
 
 import jax
@@ -68,6 +68,20 @@ _LOOPS = itertools.count(1)
 _LAST = 1 << 30
 
 
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """A check site: ``place`` names the check (the same for every copy of it: the full
+    chunks' and the remainder's, the forward pass's and a backward pass's recomputation);
+    ``own``: an operation of the package's own (ranked after the program's); ``backward``:
+    met in a backward pass, ``recomputed``: there, in a forward computation it recomputes
+    (a checkpointed chunk's), not in a transposed one. The flags are part of the site."""
+
+    place: str
+    own: bool = False
+    backward: bool = False
+    recomputed: bool = False
+
+
 class Sites:
     """The sites met while one loop is checkified: ``ranks`` (site -> rank, in the order
     met), ``codes`` (rank -> the code of its copies, under which its exception is in the
@@ -80,17 +94,22 @@ class Sites:
         self.marker = site_effect()(module.FailedCheckError, (), -next(_LOOPS))
         never, no_code = np.bool_(False), np.int32(-1)
         self.error = module.init_error._update(self.marker, never, no_code, {}, [])
-        self.ranks: dict[str, int] = {}
+        self.ranks: dict[Site, int] = {}
         self.codes: dict[int, int] = {}
+        self.sites: dict[int, Site] = {}  # rank -> site
 
-    def site(self, key: str, code: Callable[[], int], last: bool = False) -> tuple[int, int]:
+    def site(self, site: Site, code: Callable[[], int]) -> tuple[int, int]:
         """The site's (rank, code): new ones where it is met first, ranked after every site
-        of the program where ``last``."""
-        if key not in self.ranks:
-            self.ranks[key] = len(self.ranks) + (_LAST if last else 0)
-            self.codes[self.ranks[key]] = code()
-        rank = self.ranks[key]
+        of the program where it is the package's own."""
+        if site not in self.ranks:
+            rank = self.ranks[site] = len(self.ranks) + (_LAST if site.own else 0)
+            self.codes[rank], self.sites[rank] = code(), site
+        rank = self.ranks[site]
         return rank, self.codes[rank]
+
+    def ranks_where(self, keep: Callable[[Site], bool]) -> list[int]:
+        """The ranks, in order, of the sites that ``keep`` keeps."""
+        return sorted(r for r, site in self.sites.items() if keep(site))
 
 
 @functools.cache
@@ -114,21 +133,32 @@ def _sort_key(effect: ErrorKind) -> tuple:
 
 
 @contextlib.contextmanager
-def per_site(site_of: Callable[[CheckException], tuple[bool, object]]) -> Iterator[Sites]:
+def per_site(
+    site_of: Callable[[CheckException], Site], reversed_backward: bool = False
+) -> Iterator[Sites]:
     """JAX's ``assert_func`` and ``update_error`` keeping one slot per check site (the
-    module's docstring), met in one loop: ``site_of(exception)`` is ``(the package's own
-    operation, site)`` of a check made by ``assert_func``."""
+    module's docstring), met in one loop: ``site_of(exception)`` is the site of a check made
+    by ``assert_func``. ``reversed_backward``: the loop's backward pass visits the chunks
+    from the last to the first (JAX's transpose of a scan), so a backward site's slot keeps
+    the error of its latest firing, the earliest row, not its first."""
     module: Any = importlib.import_module(_CHECKIFY)
     jax_assert, jax_update, effect_type = module.assert_func, module.update_error, site_effect()
     sites = Sites()
 
+    def update_slot(error: Any, pred: Any, code: object, *rest: Any) -> object:
+        slot = rest[-1]
+        latest = reversed_backward and sites.sites[slot.rank].backward
+        if latest and slot in error._pred:  # forget the earlier firing where this one fires
+            kept = jax.numpy.logical_and(error._pred[slot], jax.numpy.logical_not(pred))
+            error = error._replace(_pred={**error._pred, slot: kept})
+        return jax_update(error, pred, code, *rest)
+
     def assert_func(error: object, pred: object, new_error: CheckException) -> object:
-        own, site = site_of(new_error)
-        rank, code = sites.site(repr(site), module.next_code, last=own)
+        rank, code = sites.site(site_of(new_error), module.next_code)
         payload, tree = jax.tree_util.tree_flatten(new_error)
         kind = new_error.get_effect_type()
         effect = effect_type(kind.error_type, kind.shape_dtypes, rank)
-        return jax_update(error, pred, code, {code: tree}, payload, effect)
+        return update_slot(error, pred, code, {code: tree}, payload, effect)
 
     def update_error(  # JAX's signature, positional as JAX calls it
         error: object,
@@ -139,9 +169,9 @@ def per_site(site_of: Callable[[CheckException], tuple[bool, object]]) -> Iterat
         kind: ErrorKind,
     ) -> object:
         if not isinstance(kind, effect_type):  # a user's check: its code names the site
-            rank, _ = sites.site(f"check {int(code)}", lambda: int(code))
+            rank, _ = sites.site(Site(f"check {int(code)}"), lambda: int(code))
             kind = effect_type(kind.error_type, kind.shape_dtypes, rank)
-        return jax_update(error, pred, code, metadata, payload, kind)
+        return update_slot(error, pred, code, metadata, payload, kind)
 
     module.assert_func, module.update_error = assert_func, update_error
     try:
@@ -150,16 +180,44 @@ def per_site(site_of: Callable[[CheckException], tuple[bool, object]]) -> Iterat
         module.assert_func, module.update_error = jax_assert, jax_update
 
 
-def in_program_order(error: object, per_site_error: Any, sites: Sites) -> object:
-    """``error`` updated with the slots of ``per_site_error`` in the order of their ranks,
-    each under a fresh code (the module's docstring)."""
+def in_program_order(
+    error: object,
+    per_site_error: Any,
+    sites: Sites,
+    ranks: Sequence[int] | None = None,
+    codes: Mapping[int, int] | None = None,
+) -> object:
+    """``error`` updated with the slots of ``per_site_error`` (those of ``ranks``, default
+    all) in the order of their ranks, each under a fresh code (the module's docstring). With
+    ``codes`` (rank -> a code reserved earlier, for a site found later than the original
+    checks it), a slot replaces an error of its kind that has a later code."""
     module: Any = importlib.import_module(_CHECKIFY)
-    for slot in sorted(per_site_error._pred, key=lambda e: e.rank):
-        if slot.rank < 0:  # the marker
-            continue
-        code = module.next_code()
-        tree = per_site_error._metadata[sites.codes[slot.rank]]
+    slots = {slot.rank: slot for slot in per_site_error._pred if slot.rank >= 0}  # no marker
+    for rank in sorted(slots) if ranks is None else [r for r in ranks if r in slots]:
+        slot = slots[rank]
+        code = module.next_code() if codes is None else codes[rank]
+        tree = per_site_error._metadata[sites.codes[rank]]
         kind = module.ErrorEffect(slot.error_type, slot.shape_dtypes)
         pred, payload = per_site_error._pred[slot], per_site_error._payload[slot]
-        error = module.update_error(error, pred, code, {code: tree}, payload, kind)
+        update = module.update_error if codes is None else _update_earlier
+        error = update(error, pred, code, {code: tree}, payload, kind)
     return error
+
+
+def _update_earlier(
+    error: Any, pred: Any, code: int, metadata: dict, payload: Any, kind: ErrorKind
+) -> object:
+    """JAX's ``update_error``, except that the new error replaces one of its kind where that
+    one's code is later (it was found first, but comes after it in the program)."""
+    jnp = jax.numpy
+    had = error._pred.get(kind, False)
+    replace = jnp.logical_and(
+        pred, jnp.logical_or(jnp.logical_not(had), error._code.get(kind, code) > code)
+    )
+    old_payload = error._payload.get(kind)
+    if old_payload is not None:
+        payload = jax.tree_util.tree_map(
+            functools.partial(jnp.where, replace), payload, old_payload
+        )
+    out_code = jnp.where(replace, code, error._code.get(kind, code))
+    return error._update(kind, jnp.logical_or(had, pred), out_code, metadata, payload)

@@ -14,7 +14,7 @@ from jax.extend.core import ClosedJaxpr, JaxprEqn, jaxpr_as_fun
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._lookup import param as _param
 from jaxpr_accum._compat._lookup import primitive
-from jaxpr_accum._compat._types import Atom, Aval, Params, ShapedArray
+from jaxpr_accum._compat._types import Atom, Aval, Jaxpr, Params, ShapedArray
 
 
 def _is_cotangent(x: object) -> bool:
@@ -118,7 +118,34 @@ def custom_vjp_backward(
     res = [eqn.invars[s].aval if isinstance(s, int) else s.aval for s in sources]
     cts = [cotangent_aval(cast(ShapedArray, v.aval)) for v in eqn.outvars]  # arrays
     jaxpr, returned = trace_custom_vjp_bwd(bwd, [*res, *cts])
-    return jaxpr, returned, sources
+    return _traced_at(jaxpr, eqn.source_info.traceback), returned, sources
+
+
+def _traced_at(closed: ClosedJaxpr, traceback: object) -> ClosedJaxpr:
+    """``closed`` with every equation, in every inner jaxpr, at ``traceback``: the rule's
+    operations name the call's line, as when JAX traces the rule while it differentiates
+    the call (a function it traced before, inside a ``jit``, would keep that trace's)."""
+
+    def at(value: object) -> object:
+        if isinstance(value, ClosedJaxpr):
+            return ClosedJaxpr(jaxpr(value.jaxpr), value.consts)
+        if isinstance(value, Jaxpr):
+            return jaxpr(value)
+        if isinstance(value, tuple) and any(isinstance(v, ClosedJaxpr) for v in value):
+            return tuple(at(v) for v in value)
+        return value
+
+    def jaxpr(inner: Jaxpr) -> Jaxpr:
+        eqns = [
+            e.replace(
+                source_info=e.source_info.replace(traceback=traceback),
+                params={k: at(v) for k, v in e.params.items()},
+            )
+            for e in inner.eqns
+        ]
+        return inner.replace(eqns=eqns)
+
+    return ClosedJaxpr(jaxpr(closed.jaxpr), closed.consts)
 
 
 def rebind_keeping_constants(

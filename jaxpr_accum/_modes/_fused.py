@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 
 from jaxpr_accum import _compat
@@ -41,6 +42,10 @@ def linearize(
     avals = [_compat.aval_of(s) for s in sums]
 
     def linearized(res: list, *tangents: Array) -> list:
+        with jax.named_scope(region.scope):  # the region's backward pass (``Region.scope``)
+            return contracted(res, tangents)
+
+    def contracted(res: list, tangents: tuple) -> list:
         held = iter(res)
         rows = None
         for j, t in zip(jac.flat(), tangents, strict=True):

@@ -1,0 +1,247 @@
+"""Every chunk loop, plain JAX or not, keeps the original's ``checkify`` report.
+
+The chunk loops are plain JAX (scans, slices of the chunks, sums), which JAX differentiates,
+batches and checkifies further: native's loop, and what JAX derives from the region's
+passes (``jax.jvp``'s and ``jax.vmap``'s loops, the backward pass, fused's linearization).
+JAX's ``checkify`` would keep one error per kind, the first to fire in execution order; the
+original runs each check on every row before the next, so of two checks that both fire it
+reports the one first in the program. So:
+
+- every pass of a region is traced inside a name scope of its own (``loop_scope``), which
+  JAX keeps on each equation it derives from them (``jvp(...)``, ``transpose(...)``,
+  ``vmap(...)``);
+- JAX's interpreter of a jaxpr under ``checkify`` (``checkify_jaxpr_flat``, which every rule
+  of a jaxpr-carrying primitive calls again for its inner jaxpr) is replaced by one that
+  interprets each run of consecutive equations of one loop's scope under
+  ``_check_sites.per_site`` (one error slot per check site, ``_check_places`` says which),
+  then merges the slots into the error in program order (``in_program_order``), an
+  out-of-bounds error naming the operand's shape as written, not the chunk's;
+- the forward pass's checks come first, in program order, ``_SPACING`` codes apart; a
+  backward pass's after them where it runs (fused finds them in its forward pass, and they
+  wait for the loop's backward pass); the checks a backward pass makes in the forward
+  computations it recomputes take the codes between, after the check of the forward pass
+  before them, where the original makes them (the derivative of ``sqrt`` divides by its
+  value in the forward pass); a backward pass that visits the chunks from the last keeps a
+  check's earliest row.
+
+Invariants: outside ``checkify`` nothing here runs and a traced program is unchanged (a
+name scope is metadata). Equations outside every loop's scope are interpreted as JAX does.
+A run inside another run (a loop's scope met while one is interpreted, in an inner jaxpr) is
+interpreted as part of the outer run. A run holding a ``shard_map`` (a sharded layout, where
+each device carries its own error through JAX's rule for ``shard_map``, which the slots do
+not pass through) is interpreted as JAX does: docs/errors.md lists what differs there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import itertools
+import re
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import jax
+
+from jaxpr_accum._compat._check_places import (
+    counting,
+    entering,
+    in_backward_pass,
+    recount,
+    shapes_as_written,
+    site_of,
+)
+from jaxpr_accum._compat._check_sites import Sites, in_program_order, per_site
+from jaxpr_accum._compat._lookup import internal, param
+from jaxpr_accum._compat._types import Eqn, Jaxpr, Literal
+
+_CHECKIFY = "jax._src.checkify"
+_CLEAN_UP = "jax._src.core.clean_up_dead_vars"
+_NAME_STACK = "jax._src.source_info_util.current_name_stack"
+_USER_CONTEXT = "jax._src.source_info_util.user_context"
+_SCOPE = "jaxpr_accum_chunks"
+_SCOPE_OF = re.compile(_SCOPE + r"(\d+)\b")
+
+
+class Written(Protocol):
+    """What owns a loop: its equations as written, on the whole axis (``Region``)."""
+
+    def written_body(self) -> list[Eqn]: ...
+
+
+_owners: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_serial = itertools.count()
+#: how many runs are being interpreted under ``per_site`` (an inner one joins the outer)
+_depth = [0]
+#: per loop, where its last forward pass put its checks among the codes: ``(base, place ->
+#: code)``, ``_SPACING`` codes apart (the module's docstring)
+_forward_codes: dict[int, tuple[int, dict[str, int]]] = {}
+_SPACING = 8
+
+
+def loop_scope(owner: Written) -> str:
+    """A name scope of ``owner``'s own, to trace its chunk loops in (``traced_in``)."""
+    serial = next(_serial)
+    _owners[serial] = owner
+    return f"{_SCOPE}{serial}"
+
+
+def traced_in(scope: str, fn: Callable) -> Callable:
+    """``fn``, its equations traced in the name scope ``scope``."""
+
+    def scoped(*args: object) -> object:
+        with jax.named_scope(scope):
+            return fn(*args)
+
+    return scoped
+
+
+def _loop_of(eqn: Eqn) -> int | None:
+    """The serial of the loop whose scope ``eqn`` was traced in, if any."""
+    found = _SCOPE_OF.search(str(eqn.source_info.name_stack))
+    return None if found is None else int(found.group(1))
+
+
+def _loop_transposed(eqn: Eqn) -> bool:
+    """Whether ``eqn`` is of a loop's backward pass: the loop's scope transposed (not an
+    equation transposed inside the loop, as fused's forward pass has)."""
+    return "transpose(" in str(eqn.source_info.name_stack).partition(_SCOPE)[0]
+
+
+def _runs(eqns: list[Eqn]) -> Iterator[tuple[int | None, list[Eqn]]]:
+    """``eqns`` in runs of consecutive equations of one loop's scope (None: of none)."""
+    for loop, run in itertools.groupby(eqns, _loop_of):
+        yield loop, list(run)
+
+
+def _reversed(run: list[Eqn]) -> bool:
+    """Whether the run's loop visits the chunks from the last to the first (JAX's transpose
+    of a chunk loop: a reverse scan, after the remainder)."""
+    return any(e.primitive.name == "scan" and param(e, "reverse") for e in run)
+
+
+def _checkify_jaxpr_flat(
+    jaxpr: Jaxpr, consts: list, enabled_errors: object, err_tree: Any, *args: object
+) -> tuple[object, list]:
+    """JAX's ``checkify_jaxpr_flat`` (same signature and result), each loop's run of
+    equations interpreted with one error slot per check site (the module's docstring)."""
+    module: Any = importlib.import_module(_CHECKIFY)
+    last_used, clean_up = internal("jax._src.core.last_used"), internal(_CLEAN_UP)
+    current_name_stack, user_context = internal(_NAME_STACK), internal(_USER_CONTEXT)
+    env: dict = {}
+    err_vals, in_args = args[: err_tree.num_leaves], args[err_tree.num_leaves :]
+    error = jax.tree_util.tree_unflatten(err_tree, err_vals)
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, in_args, strict=True))
+    last = last_used(jaxpr)
+
+    def interpret(eqns: list[Eqn], error: object) -> object:
+        for eqn in eqns:
+            invals = [_read(env, v) for v in eqn.invars]
+            default = functools.partial(module.default_checkify_rule, eqn.primitive)
+            rule = module.error_checks.get(eqn.primitive, default)
+            name_stack = current_name_stack() + eqn.source_info.name_stack
+            ctx = getattr(getattr(eqn, "ctx", None), "manager", contextlib.nullcontext())
+            user = user_context(eqn.source_info.traceback, name_stack=name_stack)
+            with entering(eqn), user, ctx:
+                error, outs = rule(error, enabled_errors, *invals, **eqn.params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+            env.update(zip(eqn.outvars, outs, strict=True))
+            clean_up(eqn, env, last)
+        return error
+
+    with counting():
+        error = _checkify_runs(list(jaxpr.eqns), error, interpret)
+    return error, [_read(env, v) for v in jaxpr.outvars]
+
+
+def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> object:
+    """``error`` after ``eqns`` are checkified: each loop's run under ``per_site``."""
+    # per loop, what its forward runs found of its backward pass (fused computes the
+    # gradient with the value): merged where the loop's backward pass runs, as written
+    found_early: dict[int, list[tuple[object, Sites]]] = {}
+    for loop, run in _runs(eqns):
+        if loop is None or _depth[0]:
+            error = interpret(run, error)
+            continue
+        owner = _owners.get(loop)
+        written = [] if owner is None else owner.written_body()
+        if any(e.primitive.name == "shard_map" for e in run):  # an error per device
+            error = shapes_as_written(interpret(run, error), written)
+            continue
+        backward = in_backward_pass() or any(_loop_transposed(e) for e in run)
+        if backward:  # what the forward passes found of the backward pass, in its place
+            for early, sites in found_early.pop(loop, []):
+                ranks = sites.ranks_where(lambda site: site.backward)
+                error = in_program_order(error, early, sites, ranks)
+        _depth[0] += 1
+        recount()
+        try:
+            with per_site(site_of, reversed_backward=_reversed(run)) as sites:
+                per_site_error = interpret(run, sites.error)
+        finally:
+            _depth[0] -= 1
+        per_site_error = shapes_as_written(per_site_error, written)
+        if backward:
+            error = _merge_backward(error, loop, per_site_error, sites)
+        else:
+            error = _merge_forward(error, loop, per_site_error, sites)
+            found_early.setdefault(loop, []).append((per_site_error, sites))
+    for early, sites in itertools.chain(*found_early.values()):
+        ranks = sites.ranks_where(lambda site: site.backward)
+        error = in_program_order(error, early, sites, ranks)
+    return error
+
+
+def _merge_forward(error: object, loop: int, per_site_error: object, sites: Sites) -> object:
+    """``error`` with the slots of a loop's forward pass, in program order, ``_SPACING``
+    codes apart (``_forward_codes``); not those of a backward pass it holds (fused's)."""
+    module: Any = importlib.import_module(_CHECKIFY)
+    ranks = sites.ranks_where(lambda site: not site.backward)
+    base = module.next_code()
+    for _ in range(_SPACING * (len(ranks) + 1) - 1):
+        module.next_code()
+    codes = {rank: base + _SPACING * (i + 1) for i, rank in enumerate(ranks)}
+    _forward_codes[loop] = base, {sites.sites[r].place: code for r, code in codes.items()}
+    return in_program_order(error, per_site_error, sites, ranks, codes)
+
+
+def _merge_backward(error: object, loop: int, per_site_error: object, sites: Sites) -> object:
+    """``error`` with the slots of a loop's backward pass, in program order: first those of
+    the forward computations it recomputes, each under a code just after that of the check
+    before it in the loop's forward pass, as the original makes them there; then the rest."""
+    module: Any = importlib.import_module(_CHECKIFY)
+    forward = _forward_codes.get(loop)
+    if forward is None:  # no forward pass of the loop met before: all in the order met
+        return in_program_order(error, per_site_error, sites)
+    base, by_place = forward
+    codes, last, step = {}, base, 0
+    recomputed = sites.ranks_where(lambda site: site.recomputed)
+    for rank in recomputed:
+        place = sites.sites[rank].place
+        if place in by_place:  # a check of the forward pass: its code
+            last, step = by_place[place], 0
+            codes[rank] = last
+        else:  # a check the forward pass does not make (a derivative's): after the last
+            step += 1
+            codes[rank] = last + step if step < _SPACING else module.next_code()
+    error = in_program_order(error, per_site_error, sites, recomputed, codes)
+    rest = sites.ranks_where(lambda site: not site.recomputed)
+    return in_program_order(error, per_site_error, sites, rest)
+
+
+def _read(env: dict, var: object) -> object:
+    return var.val if isinstance(var, Literal) else env[var]
+
+
+def _interpret_loops_per_site() -> None:
+    """Install ``_checkify_jaxpr_flat`` as JAX's interpreter under ``checkify`` (every
+    caller looks it up in JAX's module when it runs)."""
+    internal(_CHECKIFY + ".checkify_jaxpr_flat")  # present on this JAX, or MissingInternal
+    module: Any = importlib.import_module(_CHECKIFY)
+    module.checkify_jaxpr_flat = _checkify_jaxpr_flat
+
+
+_interpret_loops_per_site()

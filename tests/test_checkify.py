@@ -347,3 +347,43 @@ def test_float64(mode):
     with jax.enable_x64(True):
         for program in ("nan", "index"):
             check_case(program, "all", mode, "value_and_grad", "both", True)
+
+
+def _scan_program(w, x):
+    """Two NaN checks in a loop of the user's: the first in the body (``mul`` of the carried
+    value) fires from step 1, the second (``log``, row 7) at step 0."""
+
+    def body(c, _):
+        return c * 2.0 + 1.0 + jnp.log(x[:, 0] + 5.0), None
+
+    c, _ = jax.lax.scan(body, jnp.zeros(x.shape[0]), jnp.arange(3))
+    return jnp.mean(jnp.tanh(x @ w) ** 2) + jnp.mean(c)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="documented in docs/errors.md: checks in a user's loop")
+def test_two_checks_in_a_loop_of_the_users():
+    """The original reports the check that fires at the earlier step (``log``); a chunk loop
+    keeps an error per check site, ranked by the body's order (docs/errors.md)."""
+    check_case_of(_scan_program, "nan", "remat", "forward", (7,))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="documented in docs/errors.md: jax.vmap inside checkify")
+def test_one_check_in_two_elements_of_a_vmap():
+    """Inside ``checkify``, ``jax.vmap`` over two data sets that err in the remainder (the
+    first set) and in the first chunk (the second): the original reports the first set's."""
+    f = index_program
+    xs = jnp.stack([data((9,)), data((1,))])
+    sf = ja.serialize_axis(f, chunk=CHUNK, argnums=1, grad="remat")
+    got, expected = (
+        jax.jit(checkify.checkify(jax.vmap(g, (None, 0)), errors=checkify.index_checks))(W, xs)
+        for g in (sf, f)
+    )
+    assert got[0].get() == expected[0].get()
+
+
+def check_case_of(f, errors: str, mode: str, how: str, rows: tuple[int, ...]) -> None:
+    expected = report(f, how, ERRORS[errors], rows, True)
+    sf = ja.serialize_axis(f, chunk=CHUNK, argnums=1, grad=mode)
+    assert report(sf, how, ERRORS[errors], rows, True) == expected

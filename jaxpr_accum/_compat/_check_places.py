@@ -61,8 +61,8 @@ class Traceback(Protocol):
 
 
 #: per equation being checkified (innermost last): whether it, or one it is inside, is of a
-#: backward pass; whether it recomputes a forward computation there; its types; itself
-_context: list[tuple[bool, bool, tuple, Eqn | None]] = [(False, False, (), None)]
+#: backward pass; whether it recomputes a forward computation there; itself
+_context: list[tuple[bool, bool, Eqn | None]] = [(False, False, None)]
 #: per jaxpr being checkified (innermost last): how many checks of each place it has met
 _met: list[collections.Counter] = []
 
@@ -75,9 +75,9 @@ def recomputed() -> contextlib.AbstractContextManager:
 @contextlib.contextmanager
 def entering(eqn: Eqn) -> Iterator[None]:
     """While ``eqn`` is checkified: the checks made know it, and those it is inside."""
-    backward, recomputes, _, _ = _context[-1]
+    backward, recomputes, _ = _context[-1]
     backward, recomputes = backward or _transposed(eqn), recomputes or _recomputes(eqn)
-    _context.append((backward, recomputes, _types(eqn), eqn))
+    _context.append((backward, recomputes, eqn))
     try:
         yield
     finally:
@@ -137,10 +137,11 @@ def site_of(new_error: Any) -> Site:
     in a recomputation; the package's own where no frame is the user's."""
     calls = [_call_frames(e) for *_, e in _context[1:-1] if e is not None]
     at = next((f for f in reversed(calls) if f), ()) or _users_frames(new_error.traceback_info)
-    backward, recomputes, types, _ = _context[-1]
+    backward, recomputes, checked = _context[-1]
+    types = () if checked is None else _types(checked)
     kind = (type(new_error), getattr(new_error, "prim", None))
     key = (*kind, getattr(new_error, "fmt_string", None), at, types)
-    met = _met[-1] if _met else collections.Counter()
+    met = _met[-1]  # inside a loop's run: ``counting`` holds one per jaxpr
     nth = met[(key, backward, recomputes)]
     met[(key, backward, recomputes)] += 1
     place = repr((*key, nth))

@@ -40,7 +40,7 @@ import importlib
 import itertools
 import re
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import jax
@@ -54,13 +54,12 @@ from jaxpr_accum._compat._check_places import (
     site_of,
 )
 from jaxpr_accum._compat._check_sites import Sites, in_program_order, per_site
+from jaxpr_accum._compat._emit import user_context
 from jaxpr_accum._compat._lookup import internal, param
 from jaxpr_accum._compat._types import Eqn, Jaxpr, Literal
 
 _CHECKIFY = "jax._src.checkify"
 _CLEAN_UP = "jax._src.core.clean_up_dead_vars"
-_NAME_STACK = "jax._src.source_info_util.current_name_stack"
-_USER_CONTEXT = "jax._src.source_info_util.user_context"
 _SCOPE = "jaxpr_accum_chunks"
 _SCOPE_OF = re.compile(_SCOPE + r"(\d+)\b")
 
@@ -129,7 +128,6 @@ def _checkify_jaxpr_flat(
     equations interpreted with one error slot per check site (the module's docstring)."""
     module: Any = importlib.import_module(_CHECKIFY)
     last_used, clean_up = internal("jax._src.core.last_used"), internal(_CLEAN_UP)
-    current_name_stack, user_context = internal(_NAME_STACK), internal(_USER_CONTEXT)
     env: dict = {}
     err_vals, in_args = args[: err_tree.num_leaves], args[err_tree.num_leaves :]
     error = jax.tree_util.tree_unflatten(err_tree, err_vals)
@@ -142,10 +140,8 @@ def _checkify_jaxpr_flat(
             invals = [_read(env, v) for v in eqn.invars]
             default = functools.partial(module.default_checkify_rule, eqn.primitive)
             rule = module.error_checks.get(eqn.primitive, default)
-            name_stack = current_name_stack() + eqn.source_info.name_stack
             ctx = getattr(getattr(eqn, "ctx", None), "manager", contextlib.nullcontext())
-            user = user_context(eqn.source_info.traceback, name_stack=name_stack)
-            with entering(eqn), user, ctx:
+            with entering(eqn), user_context(eqn), ctx:
                 error, outs = rule(error, enabled_errors, *invals, **eqn.params)
             outs = outs if eqn.primitive.multiple_results else [outs]
             env.update(zip(eqn.outvars, outs, strict=True))
@@ -173,9 +169,7 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
             continue
         backward = in_backward_pass() or any(_loop_transposed(e) for e in run)
         if backward:  # what the forward passes found of the backward pass, in its place
-            for early, sites in found_early.pop(loop, []):
-                ranks = sites.ranks_where(lambda site: site.backward)
-                error = in_program_order(error, early, sites, ranks)
+            error = _merge_found_early(error, found_early.pop(loop, []))
         _depth[0] += 1
         recount()
         try:
@@ -189,9 +183,13 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
         else:
             error = _merge_forward(error, loop, per_site_error, sites)
             found_early.setdefault(loop, []).append((per_site_error, sites))
-    for early, sites in itertools.chain(*found_early.values()):
-        ranks = sites.ranks_where(lambda site: site.backward)
-        error = in_program_order(error, early, sites, ranks)
+    return _merge_found_early(error, itertools.chain(*found_early.values()))
+
+
+def _merge_found_early(error: object, found: Iterable[tuple[object, Sites]]) -> object:
+    """``error`` with the slots of backward-pass checks that forward passes found early."""
+    for early, sites in found:
+        error = in_program_order(error, early, sites, sites.ranks_where(lambda s: s.backward))
     return error
 
 

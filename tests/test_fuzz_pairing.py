@@ -15,7 +15,7 @@ from .fuzz import pairing
 from .fuzz.driver import derandomized
 
 #: programs in the slow tier's run
-PROGRAMS = 8 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else 200
+PROGRAMS = 6 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else 200
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ a contrastive loss between halves, the pairs built by broadcasting or by a matri
 
 The one-pass plan stops at the halves' slices; the halves are an axis born again there, ``N /
 2`` long, and both are seeded at once, so pass 2 runs a block of rows of each half against
-both halves whole. Every program is checked against the original (values and gradients) at
+both halves whole; ``chunk`` counts rows of the batch, so a block holds ``chunk // 2`` rows of
+each half. Every program is checked against the original (values and gradients) at
 chunks that divide the halves and that do not, at 1 and past them, in every gradient mode;
 below the halves' length no ``N/2 x N/2`` value is anywhere in the rewritten program; the
 memory ratio falls as the batch grows.
@@ -76,6 +77,16 @@ def test_the_halves_are_paired_in_two_passes_per_block(name):
     assert len(plan.between) == 2, str(plan)  # both halves, each read as rows and columns
     sf = ja.serialize_axis(PROGRAMS[name], chunk=chunk, argnums=1, grad="remat")
     assert _full_pairs(sf.jaxpr(*_args(n)), n // 2) == [], name
+
+
+@pytest.mark.parametrize("chunk, block", [(5, 2), (4, 2), (1, 1), (13, 6)])
+def test_a_block_of_the_halves_holds_chunk_rows_of_the_batch(chunk, block):
+    """Pass 2's block is ``chunk // 2`` positions of the halves (at least 1): as many rows of
+    the batch as a chunk of pass 1, where it was ``chunk`` rows of each half (twice the rows
+    per block, and twice the memory at the same ``chunk``, of a pairing of the whole batch)."""
+    plan = _plan(mmd_of_halves, 24, chunk, grad="remat")
+    assert plan.chunk == chunk and plan.second is not None, str(plan)
+    assert plan.second.chunk == block and plan.second.axis_size == 12, str(plan)
 
 
 CHUNKS = [1, 4, 7, 12, 30]  # halves of 12: 1, dividing, not dividing, the halves, past them

@@ -31,7 +31,8 @@ then in the split's own analysis. If there is none, it looks for a pairing of an
 rows, which the loss then pairs; the halves ``z[: N // 2]`` and ``z[N // 2 :]`` of one batch
 (the stop and every other slice of its operand) are two values ``N / 2`` long, which an MMD
 pairs with each other. The results of one length are seeded at once (row ``i`` of each half
-in the same chunk), then each alone (at most ``MAX_SEEDS`` analyses, with the slices of part
+in the same chunk, so that a chunk of the halves' axis holds ``chunk / 2`` positions:
+``Pairing.rows_at``), then each alone (at most ``MAX_SEEDS`` analyses, with the slices of part
 of an axis barriers, so that the halves' axis is never carried back into the value they
 slice); the first analysis with a pairing is taken. Every pairing of the analysis
 taken is a *use*: pass 2 rewires them all. An axis unrelated to the chunked one (the
@@ -95,12 +96,15 @@ class Use(Read):
 @dataclasses.dataclass(frozen=True, eq=False)
 class Pairing:
     """Every pairing of one axis (``analysis``) in ``jaxpr`` (``uses``), and the other
-    equations that read a root's column copy (``reads``: ``reads.py``)."""
+    equations that read a root's column copy (``reads``: ``reads.py``). ``rows_at``: the
+    rows of the chunked axis at each position of this one (2 where the halves of one batch
+    are its rows, seeded at once; else 1)."""
 
     jaxpr: Jaxpr
     analysis: Analysis
     uses: tuple[Use, ...]
     reads: tuple[Read, ...] = ()
+    rows_at: int = 1
 
     @functools.cached_property
     def roots(self) -> tuple[Var, ...]:
@@ -284,5 +288,6 @@ def find(split: Split) -> Pairing | None:
         analysis = Analysis(jaxpr, size, stop_slices=size < split.size).run(seeds)
         found = _pairing(jaxpr, analysis)
         if found is not None:
-            return found
+            parts = len(seeds) if size < split.size else 1
+            return dataclasses.replace(found, rows_at=parts)
     return None

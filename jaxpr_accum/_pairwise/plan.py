@@ -62,7 +62,8 @@ class TwoPass:
 
     @property
     def chunk(self) -> int:
-        return self.second.chunk
+        """The chunk, in rows of the chunked axis (pass 1's; pass 2's block holds as many)."""
+        return self.single.chunk
 
     @property
     def passes(self) -> tuple[Candidate, ...]:
@@ -73,7 +74,7 @@ class TwoPass:
             self,
             single=self.single.at(chunk),
             first=None if self.first is None else self.first.at(chunk),
-            second=self.second.at(chunk),
+            second=self.second.at(block_of(chunk, self.pairing)),
         )
 
     @property
@@ -156,8 +157,15 @@ def _two_passes(single: Candidate, pairing: Pairing, names: dict, stream: bool) 
     if not second.has_body:
         return None
     fed = Constants(tuple(made), constants.program_of(whole, made) if made else None)
-    second_candidate = Candidate(second, single.chunk)
+    second_candidate = Candidate(second, block_of(single.chunk, pairing))
     return TwoPass(single, pairing, stacked, first, second_candidate, cut_out.columns, fed)
+
+
+def block_of(chunk: int, pairing: Pairing) -> int:
+    """Pass 2's block along the pairing's axis for ``chunk`` rows of the chunked axis: the
+    positions that hold ``chunk`` rows (``pairing.rows_at`` rows each: a block of the halves
+    of one batch takes ``chunk // 2`` rows of each half), at least one."""
+    return max(1, chunk // pairing.rows_at)
 
 
 @dataclasses.dataclass(frozen=True)

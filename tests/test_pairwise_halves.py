@@ -1,6 +1,7 @@
 """Parts of one batch paired with each other (issue 45, item 3;
 ``jaxpr_accum._pairwise.detect``): the two halves of the chunked batch in an MMD or
-a contrastive loss between halves, the pairs built by broadcasting or by a matrix product.
+a contrastive loss between halves (sliced, split, or unpacked from ``z.reshape(2, N // 2, d)``),
+the pairs built by broadcasting or by a matrix product.
 
 The one-pass plan stops at the halves' slices; the halves are an axis born again there, ``N /
 2`` long, and both are seeded at once, so pass 2 runs a block of rows of each half against
@@ -39,6 +40,13 @@ def mmd_of_halves(w, x):
     return jnp.mean(_rbf(a, a)) + jnp.mean(_rbf(b, b)) - 2 * jnp.mean(_rbf(a, b))
 
 
+def mmd_of_reshaped_halves(w, x):
+    """The same MMD^2, its halves unpacked from ``z.reshape(2, N // 2, d)``."""
+    z = encode(w, x)
+    a, b = z.reshape(2, -1, z.shape[1])
+    return jnp.mean(_rbf(a, a)) + jnp.mean(_rbf(b, b)) - 2 * jnp.mean(_rbf(a, b))
+
+
 def contrast_halves(w, x):
     """InfoNCE between the halves (row ``i`` of one half is the positive of row ``i`` of the
     other), by ``jnp.split`` and a matrix product, the labels built inside."""
@@ -48,7 +56,7 @@ def contrast_halves(w, x):
     return jnp.mean(jax.nn.logsumexp(logits, 1) - logits[labels, labels])
 
 
-PROGRAMS = {"mmd": mmd_of_halves, "contrast": contrast_halves}
+PROGRAMS = {"mmd": mmd_of_halves, "reshaped": mmd_of_reshaped_halves, "contrast": contrast_halves}
 
 
 def _args(n: int) -> tuple:

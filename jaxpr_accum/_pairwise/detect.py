@@ -214,14 +214,19 @@ def _pairing(jaxpr: Jaxpr, analysis: Analysis) -> Pairing | None:
 def _reborn(split: Split) -> list[tuple[Var, AxisLoc, int]]:
     """Axes born again at a stop of ``split``: a result that is ``c * N`` long (``c > 1``)
     where an operand carries the axis of size ``N`` (``jnp.concatenate`` of two views along
-    the batch), or ``N / c`` long (the halves ``z[: N // 2]``, ``z[N // 2 :]`` of one batch):
-    the value, where, and its length."""
+    the batch), or ``N / c`` long (the halves ``z[: N // 2]``, ``z[N // 2 :]`` of one batch,
+    and the parts ``z.reshape(c, N // c, ...)[i]``: ``_parts_of_reshape``): the value, where,
+    and its length."""
     n, loc = split.size, split.analysis.loc
     found: dict[tuple[Var, int], int] = {}
     for stop in split.stops:
         dims = {
             a.dim for v in variables(stop.eqn.invars) if (a := loc((), v)) is not None and _plain(a)
         }
+        parts = _parts_of_reshape(split.jaxpr, stop.eqn, dims, n)
+        if parts:
+            found.update(parts)
+            continue
         for eqn in _siblings(split.jaxpr, stop.eqn):
             for out in eqn.outvars:
                 shape = _compat.shape_of(out)
@@ -229,6 +234,35 @@ def _reborn(split: Split) -> list[tuple[Var, AxisLoc, int]]:
                     if d < len(shape) and n and shape[d] != n and _multiple(shape[d], n):
                         found.setdefault((out, d), shape[d])
     return [(v, AxisLoc(d), length) for (v, d), length in found.items()]
+
+
+def _parts_of_reshape(jaxpr: Jaxpr, eqn: JaxprEqn, dims: set[int], n: int) -> dict:
+    """Where ``eqn`` reshapes the axis at ``d`` (the only dim in ``dims``) into ``(c, N / c)``
+    and every use of the result slices one part along ``d`` (``a, b = z.reshape(2, -1, D)``):
+    ``{(part, d + 1): N / c}``, each part's rows at ``d + 1``, as the halves' slices; else
+    empty."""
+    if eqn.primitive is not _compat.primitive("reshape") or len(dims) != 1:
+        return {}
+    (d,) = dims
+    shape_in, out = _compat.shape_of(eqn.invars[0]), eqn.outvars[0]
+    shape = _compat.shape_of(out)
+    split_here = (*shape_in[:d], 1, *shape_in[d:])
+    if len(shape) != len(split_here) or shape[d] * shape[d + 1] != n or shape[d] < 2:
+        return {}
+    if shape[:d] != shape_in[:d] or shape[d + 2 :] != shape_in[d + 1 :]:
+        return {}
+    uses = [e for e in jaxpr.eqns if out in e.invars]
+    one_part = _compat.primitive("slice")
+    for e in uses:
+        if e.primitive is not one_part or e.invars[0] is not out:
+            return {}
+        start, limit = e.params["start_indices"], e.params["limit_indices"]
+        strides = e.params["strides"]
+        if limit[d] - start[d] != 1 or any(s not in (None, 1) for s in strides or ()):
+            return {}
+        if any(start[i] != 0 or limit[i] != shape[i] for i in range(len(shape)) if i != d):
+            return {}
+    return {(e.outvars[0], d + 1): shape[d + 1] for e in uses}
 
 
 def _siblings(jaxpr: Jaxpr, eqn: JaxprEqn) -> list[JaxprEqn]:

@@ -4,13 +4,14 @@ than 10% of the original's memory never runs.
 A program encodes the chunked rows (``z = tanh(x @ w1) @ w2``, perhaps normalised), pairs them
 by one of the idioms users write (a matrix product ``z @ z.T``, a broadcast difference or
 product summed over the features, ``optax.cosine_similarity`` of broadcast rows, the two
-halves of the batch against each other, two views joined, a sort of each column), applies a
-kernel (an RBF, a temperature, ``tanh``), masks the self-pairs (not at all, ``jnp.where`` of
-an ``eye``, ``.at[diag, diag].set``, or a rolled diagonal written by ``.at[roll(diag),
-diag].set``) and reduces (a mean, a per-row logsumexp, a per-row max plus the rate at which
-a per-row ``argsort`` ranks the diagonal first, or the mean square of the pairs contracted
-with the column side's rows, ``k @ z``). It is serialized with ``argnums`` or ``size=``
-at a drawn chunk, and called under ``jax.value_and_grad``.
+halves of the batch against each other (sliced, or unpacked from a reshape), two views
+joined, a sort of each column), applies a kernel (an RBF, a temperature, ``tanh``), masks the
+self-pairs (not at all, ``jnp.where`` of an ``eye``, ``.at[diag, diag].set``, or a rolled
+diagonal written by ``.at[roll(diag), diag].set``) and reduces (a mean, a per-row
+logsumexp, a per-row max plus the rate at which a per-row ``argsort`` ranks the diagonal
+first, or the mean square of the pairs contracted with the column side's rows, ``k @ z``).
+It is serialized with ``argnums`` or ``size=`` at a drawn chunk, and called under
+``jax.value_and_grad``.
 
 Checked: the value and gradients are the original's; XLA's temp bytes of the jitted
 ``value_and_grad`` of the serialized function and of the original give the ratio; where the
@@ -44,6 +45,12 @@ def _sqdist(u, v):
     return jnp.sum((u[:, None] - v[None]) ** 2, -1)
 
 
+def _reshaped_halves(z):
+    """``a @ b.T`` of the halves unpacked from a reshape (of the even rows, for an odd batch)."""
+    a, b = z[: 2 * (z.shape[0] // 2)].reshape(2, -1, z.shape[1])
+    return a @ b.T
+
+
 PAIRINGS = {
     "matmul": lambda z, x, enc: z @ z.T,
     "broadcast difference": lambda z, x, enc: _sqdist(z, z),
@@ -51,6 +58,7 @@ PAIRINGS = {
     "optax cosine": lambda z, x, enc: optax.cosine_similarity(z[:, None, :], z[None, :, :]),
     "halves": lambda z, x, enc: z[: z.shape[0] // 2] @ z[z.shape[0] // 2 :].T,
     "halves, broadcast": lambda z, x, enc: _sqdist(z[: z.shape[0] // 2], z[z.shape[0] // 2 :]),
+    "halves, reshaped": lambda z, x, enc: _reshaped_halves(z),
     "two views": lambda z, x, enc: jnp.concatenate([z, enc(jnp.sin(x))]) @ z.T,
     "sorted columns": lambda z, x, enc: jnp.sort(z @ z.T, axis=0),
 }

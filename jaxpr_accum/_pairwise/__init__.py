@@ -3,6 +3,8 @@ passes: pass 1 chunks the per-example part and stacks the paired values (the emb
 pass 2 chunks the pairs by rows, with the full stacked value as a loop-invariant column side.
 
 - ``detect``: the pairing equations, their row and column sides and the values they pair;
+- ``reborn``: axes born again at a stop (two views joined, the halves of one batch), which
+  ``detect`` looks for pairings of;
 - ``permute``: rearranged rows of a root (``z[::-1]``, a roll, a gather) as a column layout;
 - ``reads``: per-row values read at the pairs' columns (``k @ z``, SVGD's ``k * g[None]``),
   which pass 2 reads whole too;

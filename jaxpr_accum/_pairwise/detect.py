@@ -26,18 +26,18 @@ paired in the loss): in the analysis of the program with each rearrangement of a
 axis-carrying value replaced by a copy of it (``permute.substituted``: the one-pass analysis
 stops at ``z[::-1]`` and never sees ``z @ z[::-1].T`` pair the axis), where there is one,
 then in the split's own analysis. If there is none, it looks for a pairing of an axis
-*born again* at one of the split's stops as a multiple or a part of the chunked one:
-``jnp.concatenate`` of two views along the batch stops the region and makes a batch of ``2N``
-rows, which the loss then pairs; the halves ``z[: N // 2]`` and ``z[N // 2 :]`` of one batch
-(the stop and every other slice of its operand) are two values ``N / 2`` long, which an MMD
-pairs with each other. The results of one length are seeded at once (row ``i`` of each half
-in the same chunk, so that a chunk of the halves' axis holds ``chunk / 2`` positions:
-``Pairing.rows_at``), then each alone (at most ``MAX_SEEDS`` analyses, with the slices of part
-of an axis barriers, so that the halves' axis is never carried back into the value they
-slice); the first analysis with a pairing is taken. Every pairing of the analysis
-taken is a *use*: pass 2 rewires them all. An axis unrelated to the chunked one (the
-sequence of an attention after the loop) is never considered: a program that does not pair
-the chunked axis, or a multiple of it, plans exactly as it would without this module.
+*born again* at one of the split's stops as a multiple or a part of the chunked one
+(``reborn``): ``jnp.concatenate`` of two views along the batch stops the region and makes a
+batch of ``2N`` rows, which the loss then pairs; the halves ``z[: N // 2]`` and ``z[N // 2 :]``
+of one batch are two values ``N / 2`` long, which an MMD pairs with each other. The results
+of one length are seeded at once (row ``i`` of each half in the same chunk, so that a chunk
+of the halves' axis holds ``chunk / 2`` positions: ``Pairing.rows_at``), then each alone (at
+most ``reborn.MAX_SEEDS`` analyses, with the slices of part of an axis barriers, so that the
+halves' axis is never carried back into the value they slice); the first analysis with a
+pairing is taken. Every pairing of the analysis taken is a *use*: pass 2 rewires them all.
+An axis unrelated to the chunked one (the sequence of an attention after the loop) is never
+considered: a program that does not pair the chunked axis, or a multiple of it, plans
+exactly as it would without this module.
 """
 
 from __future__ import annotations
@@ -48,13 +48,12 @@ import functools
 from jaxpr_accum import _compat
 from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._analysis._stages import variables
-from jaxpr_accum._base._lattice import AxisLoc, is_mapped
+from jaxpr_accum._base._lattice import AxisLoc
 from jaxpr_accum._compat import Jaxpr, JaxprEqn, Primitive, Var
 from jaxpr_accum._engine._axes import Analysis
 from jaxpr_accum._engine._table import rule_for
 from jaxpr_accum._pairwise import permute
-
-MAX_SEEDS = 4  # analyses tried for a pairing of an axis born again at a stop
+from jaxpr_accum._pairwise.reborn import plain, reborn, seed_groups
 
 LAYOUT = (
     "broadcast_in_dim transpose reshape squeeze expand_dims convert_element_type copy "
@@ -141,11 +140,11 @@ def sides(analysis: Analysis, eqn: JaxprEqn) -> tuple[int, int] | None:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
         if lhs.dim in (*lc, *lb) or rhs.dim in (*rc, *rb):
             return None
-        return (0, 1) if _plain(lhs) and _plain(rhs) else None
+        return (0, 1) if plain(lhs) and plain(rhs) else None
     if not rule_for(eqn.primitive).elementwise:
         return None
     carrying = [(i, loc) for i, loc in enumerate(locs) if loc is not None]
-    if len(carrying) != 2 or not all(_plain(loc) for _, loc in carrying):
+    if len(carrying) != 2 or not all(plain(loc) for _, loc in carrying):
         return None
     (i, a), (j, b) = carrying
     if a.dim == b.dim:
@@ -153,15 +152,9 @@ def sides(analysis: Analysis, eqn: JaxprEqn) -> tuple[int, int] | None:
     return (i, j) if a.dim < b.dim else (j, i)
 
 
-def _plain(loc: AxisLoc) -> bool:
-    """The axis itself, whole (perhaps reversed: a rearrangement of its rows), not a factor
-    or a segment of it (the halves of one batch are an axis of their own: ``_reborn``)."""
-    return loc.inner == 1 and loc.outer == 1 and not is_mapped(loc._replace(rev=False))
-
-
 def carries(analysis: Analysis | None, v: Var) -> bool:
     loc = None if analysis is None else analysis.loc((), v)
-    return loc is not None and _plain(loc)
+    return loc is not None and plain(loc)
 
 
 def definitions(jaxpr: Jaxpr) -> dict:
@@ -211,93 +204,6 @@ def _pairing(jaxpr: Jaxpr, analysis: Analysis) -> Pairing | None:
     return Pairing(jaxpr, analysis, tuple(uses)) if uses else None
 
 
-def _reborn(split: Split) -> list[tuple[Var, AxisLoc, int]]:
-    """Axes born again at a stop of ``split``: a result that is ``c * N`` long (``c > 1``)
-    where an operand carries the axis of size ``N`` (``jnp.concatenate`` of two views along
-    the batch), or ``N / c`` long (the halves ``z[: N // 2]``, ``z[N // 2 :]`` of one batch,
-    and the parts ``z.reshape(c, N // c, ...)[i]``: ``_parts_of_reshape``): the value, where,
-    and its length."""
-    n, loc = split.size, split.analysis.loc
-    found: dict[tuple[Var, int], int] = {}
-    for stop in split.stops:
-        dims = {
-            a.dim for v in variables(stop.eqn.invars) if (a := loc((), v)) is not None and _plain(a)
-        }
-        parts = _parts_of_reshape(split.jaxpr, stop.eqn, dims, n)
-        if parts:
-            found.update(parts)
-            continue
-        for eqn in _siblings(split.jaxpr, stop.eqn):
-            for out in eqn.outvars:
-                shape = _compat.shape_of(out)
-                for d in sorted(dims):
-                    if d < len(shape) and n and shape[d] != n and _multiple(shape[d], n):
-                        found.setdefault((out, d), shape[d])
-    return [(v, AxisLoc(d), length) for (v, d), length in found.items()]
-
-
-def _parts_of_reshape(jaxpr: Jaxpr, eqn: JaxprEqn, dims: set[int], n: int) -> dict:
-    """Where ``eqn`` reshapes the axis at ``d`` (the only dim in ``dims``) into ``(c, N / c)``
-    and every use of the result slices one part along ``d`` (``a, b = z.reshape(2, -1, D)``):
-    ``{(part, d + 1): N / c}``, each part's rows at ``d + 1``, as the halves' slices; else
-    empty."""
-    if eqn.primitive is not _compat.primitive("reshape") or len(dims) != 1:
-        return {}
-    (d,) = dims
-    shape_in, out = _compat.shape_of(eqn.invars[0]), eqn.outvars[0]
-    shape = _compat.shape_of(out)
-    split_here = (*shape_in[:d], 1, *shape_in[d:])
-    if len(shape) != len(split_here) or shape[d] * shape[d + 1] != n or shape[d] < 2:
-        return {}
-    if shape[:d] != shape_in[:d] or shape[d + 2 :] != shape_in[d + 1 :]:
-        return {}
-    uses = [e for e in jaxpr.eqns if out in e.invars]
-    one_part = _compat.primitive("slice")
-    for e in uses:
-        if e.primitive is not one_part or e.invars[0] is not out:
-            return {}
-        start, limit = e.params["start_indices"], e.params["limit_indices"]
-        strides = e.params["strides"]
-        if limit[d] - start[d] != 1 or any(s not in (None, 1) for s in strides or ()):
-            return {}
-        if any(start[i] != 0 or limit[i] != shape[i] for i in range(len(shape)) if i != d):
-            return {}
-    return {(e.outvars[0], d + 1): shape[d + 1] for e in uses}
-
-
-def _siblings(jaxpr: Jaxpr, eqn: JaxprEqn) -> list[JaxprEqn]:
-    """``eqn``, and where it is a ``slice``, every ``slice`` of the same operand (the other
-    half of ``z[: N // 2]``, ``z[N // 2 :]``, which the analysis may not have stopped at)."""
-    if eqn.primitive is not _compat.primitive("slice"):
-        return [eqn]
-    operand = eqn.invars[0]
-    return [eqn] + [
-        e
-        for e in jaxpr.eqns
-        if e is not eqn and e.primitive is eqn.primitive and e.invars[0] is operand
-    ]
-
-
-def _multiple(length: int, n: int) -> bool:
-    """Whether ``length`` is ``c * n`` or ``n / c`` for a whole ``c > 1``."""
-    return length > 1 and (length % n == 0 or n % length == 0)
-
-
-def _seed_groups(
-    reborn: list[tuple[Var, AxisLoc, int]],
-) -> list[tuple[int, list[tuple[Var, AxisLoc]]]]:
-    """The analyses to try for the reborn axes, at most ``MAX_SEEDS``, each as the axis's
-    length and its seeds: for each length, every value of that length seeded at once (the
-    halves of one batch are paired with each other: row ``i`` of each half is in the same
-    chunk), then each value alone."""
-    by_length: dict[int, list[tuple[Var, AxisLoc]]] = {}
-    for v, loc, length in reborn:
-        by_length.setdefault(length, []).append((v, loc))
-    groups = [(length, group) for length, group in by_length.items() if len(group) > 1]
-    groups.extend((length, [(v, loc)]) for v, loc, length in reborn)
-    return groups[:MAX_SEEDS]
-
-
 def _seeds(split: Split) -> list[tuple[Var, AxisLoc]]:
     """The split's facts about the program's inputs: its analysis's seeds."""
     invars = set(split.jaxpr.invars)
@@ -317,7 +223,7 @@ def find(split: Split) -> Pairing | None:
     found = _pairing(jaxpr, split.analysis)
     if found is not None:
         return found
-    for size, seeds in _seed_groups(_reborn(split)):
+    for size, seeds in seed_groups(reborn(split)):
         # parts of the axis (halves) are slices of one value: never carried back into it
         analysis = Analysis(jaxpr, size, stop_slices=size < split.size).run(seeds)
         found = _pairing(jaxpr, analysis)

@@ -360,12 +360,53 @@ def _scan_program(w, x):
     return jnp.mean(jnp.tanh(x @ w) ** 2) + jnp.mean(c)
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="documented in docs/errors.md: checks in a user's loop")
-def test_two_checks_in_a_loop_of_the_users():
-    """The original reports the check that fires at the earlier step (``log``); a chunk loop
-    keeps an error per check site, ranked by the body's order (docs/errors.md)."""
+def _steps_body(x):
+    """A step whose first check (``sqrt``, row 1) fires at step 3 only, and whose second
+    (``log``, row 9: the remainder) fires from step 0."""
+
+    def body(c, t):
+        return c + jnp.sqrt(jnp.abs(x[:, 1] + 2.0) + 2.5 - t) * jnp.log(x[:, 0] + 5.0)
+
+    return body
+
+
+def _scan_across_chunks(w, x):
+    body = _steps_body(x)
+    c, _ = jax.lax.scan(lambda c, t: (body(c, t), None), jnp.zeros(x.shape[0]), jnp.arange(4.0))
+    return jnp.mean(jnp.tanh(x @ w) ** 2) + jnp.mean(c)
+
+
+def _while_across_chunks(w, x):
+    body = _steps_body(x)
+    c, _ = jax.lax.while_loop(
+        lambda s: s[1] < 4.0, lambda s: (body(s[0], s[1]), s[1] + 1.0), (jnp.zeros(x.shape[0]), 0.0)
+    )
+    return jnp.mean(jnp.tanh(x @ w) ** 2) + jnp.mean(c)
+
+
+LOOPS = {
+    "scan, one chunk": (_scan_program, (7,)),
+    "scan, two chunks": (_scan_across_chunks, (1, 9)),
+    "while, two chunks": (_while_across_chunks, (1, 9)),
+}
+
+
+def test_two_checks_in_a_loop_of_the_users_fast():
+    """The original reports the check that fires at the earlier step (``log``), not the one
+    first in the loop's body: each chunk's checks carry the step at which they first fired
+    (``_check_sites``' clock)."""
     check_case_of(_scan_program, "nan", "remat", "forward", (7,))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["remat", "fused", "native"])
+@pytest.mark.parametrize("how", ["forward", "value_and_grad"])
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_two_checks_in_a_loop_of_the_users(loop, how, mode):
+    """As ``..._fast``, in every mode, with the earlier step's check in another chunk (the
+    remainder) than the check first in the body, in a ``scan`` and a ``while_loop``."""
+    program, rows = LOOPS[loop]
+    check_case_of(program, "nan", mode, how, rows)
 
 
 @pytest.mark.slow

@@ -49,6 +49,83 @@ ORDER_PAIR = dataclasses.replace(
 )
 
 
+#: the pairs the family found failing once its programs ran their sites in a ``lax.scan`` of
+#: the user's, each a class fixed since (docs/fuzzing.md)
+IN_A_SCAN = {
+    # ``jnp.take``'s lookup, inlined from its ``jit`` inside the scan, lost its line: its
+    # check ranked as the package's own, after the NaN it makes
+    "take in a scan": dataclasses.replace(
+        PAIR, sites=(("index", -0.5), ("index", 0.7)), ops=(), steps=3, delays=(0.0, 0.0)
+    ),
+    # the lookup along a chunked row inside the scan named the chunk's shape, not the
+    # operand's as written (``written_body`` held no nested equation)
+    "row lookup in a scan": dataclasses.replace(
+        PAIR,
+        sites=(("nan", -0.5), ("index_row", -0.5)),
+        ops=(),
+        errors="index_checks",
+        call="vmap_inside",
+        jit=False,
+        steps=3,
+        delays=(0.6, 0.0),
+    ),
+    # the check first in the body fires at a later step, in another chunk: the original
+    # reports the one of the earlier step
+    "steps across chunks": dataclasses.replace(
+        PAIR, sites=(("nan", 0.0), ("index", -0.9)), ops=(), steps=3, delays=(0.6, 0.0)
+    ),
+    # fused computes a chunk's tangents apart from its values: the clock restarted there, so
+    # a NaN the tangents' ``add`` makes counted as sooner than the ``log`` that made it
+    "tangents of a scan": dataclasses.replace(
+        PAIR,
+        sites=(("nan", 0.7), ("index", -2.0)),
+        ops=(),
+        call="grad",
+        jit=False,
+        grad="fused",
+        steps=3,
+        delays=(0.0, 0.0),
+    ),
+    # the backward pass runs the scan's steps from the last: of two NaNs there, the one made
+    # at the last step (a custom VJP's lookup) comes first, not the one first in the body
+    "backward pass of a scan": dataclasses.replace(
+        PAIR,
+        sites=(("backward_index", 0.7), ("index", -2.0)),
+        ops=(),
+        errors="nan_checks",
+        call="grad",
+        grad="fused",
+        chunk=12,
+        steps=3,
+        delays=(0.6, 0.6),
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", list(IN_A_SCAN.values()), ids=list(IN_A_SCAN))
+def test_check_family_in_a_scan(tmp_path, pair):
+    assert checks.check(pair, tmp_path) is None
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="documented in docs/errors.md: two kinds in a loop")
+def test_two_kinds_in_a_scan_under_grad_in_remat(tmp_path):
+    """Under ``value_and_grad`` the original orders the checks of its linearized scan as
+    JAX's partial evaluation places them (the lookup before the division, the reverse of
+    the body); remat checks the loop as written (docs/errors.md)."""
+    pair = dataclasses.replace(
+        PAIR,
+        sites=(("div", 0.0), ("index", -0.5)),
+        ops=(),
+        call="value_and_grad",
+        chunk=4,
+        steps=3,
+        delays=(0.6, 0.0),
+    )
+    assert checks.check(pair, tmp_path) is None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pair", [PAIR, ORDER_PAIR], ids=["kinds", "order"])
 def test_check_family_pair(tmp_path, pair):

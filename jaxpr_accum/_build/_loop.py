@@ -100,15 +100,16 @@ class ChunkLoop:
         # values reduced over the whole axis are deferred for streamed equations (``_stream``)
         known = env.keys() | invariants.keys()
         env.update((v, _stream.DEFERRED) for v in split.deferred if v not in known)
-        return eval_body(
-            split,
-            Chunk(k, shifted(start, self.offset), self.cells),
-            self.parts,
-            env,
-            invariants=invariants,
-            streamed=_stream.emitter(split.deferred),
-            finish=self.chunk_out,
-        )
+        with _compat.chunk_scope():  # where ``checkify``'s clock of the chunk restarts
+            return eval_body(
+                split,
+                Chunk(k, shifted(start, self.offset), self.cells),
+                self.parts,
+                env,
+                invariants=invariants,
+                streamed=_stream.emitter(split.deferred),
+                finish=self.chunk_out,
+            )
 
     def chunk_out(self, env: dict) -> ChunkOut:
         sig, split = self.signature, self.split

@@ -285,8 +285,10 @@ class Region:
         return sig.outputs([f and r for f, r in zip(flags, reached, strict=True)])
 
     def written_body(self) -> list:
-        """The region's equations as written (on the whole axis), in program order."""
-        return [self.split.jaxpr.eqns[i] for i in self.split.indices(BODY)]
+        """The region's equations as written (on the whole axis), in program order, with
+        those nested in them (``_compat.nested_eqns``)."""
+        body = [self.split.jaxpr.eqns[i] for i in self.split.indices(BODY)]
+        return list(_compat.nested_eqns(body))
 
     def as_written(self, *flat: Array) -> list:
         """The region's equations as written, on its whole inputs: its flat outputs, where

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 import jax
@@ -53,7 +53,11 @@ from jaxpr_accum._compat._lookup import (  # noqa: F401 (re-exported)
 )
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._lookup import param as _param
-from jaxpr_accum._compat._loop_checks import loop_scope, traced_in  # noqa: F401 (re-exported)
+from jaxpr_accum._compat._loop_checks import (  # noqa: F401 (re-exported)
+    chunk_scope,
+    loop_scope,
+    traced_in,
+)
 from jaxpr_accum._compat._random import (  # noqa: F401 (re-exported)
     called_only,
     counter_draw_refusal,
@@ -154,6 +158,27 @@ def inherit_source(eqn: JaxprEqn, outer: JaxprEqn | None) -> JaxprEqn:
         return eqn
     source_info = eqn.source_info.replace(traceback=outer.source_info.traceback)
     return eqn.replace(source_info=source_info)
+
+
+def inherit_sources(jaxpr: Jaxpr | ClosedJaxpr, outer: JaxprEqn) -> Jaxpr | ClosedJaxpr:
+    """``jaxpr`` (``outer``'s sub-jaxpr) with each equation pointing at the user's line
+    (``inherit_source``): a call inlined keeps its caller's frames on what it inlines."""
+    inner, _ = open_closed(jaxpr)
+    eqns = [inherit_source(e, outer) for e in inner.eqns]
+    if all(a is b for a, b in zip(eqns, inner.eqns, strict=True)):
+        return jaxpr
+    replaced = inner.replace(eqns=eqns)
+    return jaxpr.replace(jaxpr=replaced) if isinstance(jaxpr, ClosedJaxpr) else replaced
+
+
+def nested_eqns(eqns: Sequence[JaxprEqn], outer: JaxprEqn | None = None) -> Iterator[JaxprEqn]:
+    """``eqns`` and, after each, those of the jaxprs nested in it, at any depth, each pointing
+    at the user's line of the equation that holds it where it has none (``inherit_source``)."""
+    for eqn in eqns:
+        eqn = inherit_source(eqn, outer)
+        yield eqn
+        for _, sub in sub_jaxprs(eqn.params):
+            yield from nested_eqns(open_jaxpr(sub).eqns, eqn)
 
 
 def source_line(eqn: JaxprEqn) -> str:

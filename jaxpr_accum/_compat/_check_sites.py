@@ -8,10 +8,19 @@ in the earlier chunk. So while the loop is checkified (``per_site``), every chec
 slot of its own (``SiteEffect``: the kind and the site's rank), the full chunks' and the
 remainder's copies of one check the same slot with the same code; the loop carries these
 slots through the chunks in order, each keeping its earliest row. ``in_program_order`` then
-merges them into the error the loop was entered with by JAX's own ``update_error``, site by
-site in rank order, each with a fresh code: per kind, the first site in the program that
-fired wins, with its earliest row, and across kinds the codes order the region's sites after
-the checks before it and before those after it, as the original's do.
+merges them into the error the loop was entered with by JAX's own ``update_error``, each
+site with a fresh code in rank order: per kind, the site that fired soonest wins, with its
+earliest row, and across kinds the codes order the region's sites after the checks before
+it and before those after it, as the original's do.
+
+Soonest is by a clock (a slot of its own, never firing) that counts the checks a chunk has
+made: it restarts where a chunk's computation begins (``_loop_checks``), so a check in a
+loop of the user's at step 3 is later than one at step 0 in any chunk, as in the original,
+which runs every row's step 0 first. Each site of the program (not the package's own)
+keeps the time of its soonest firing in a slot of its own (``timed``), and that firing's
+payload; sites that fired as soon are ordered by rank (the program's order). A backward
+pass's checks continue their chunk's clock (a transposed loop of the user's runs its steps
+from the last). The package's own operations keep no time (later than any).
 
 A site is what ``site_of`` names (the check's kind, primitive, message and place in the
 user's program, the same for the full chunks' and the remainder's copies); a
@@ -66,6 +75,11 @@ class CheckException(Protocol):
 _LOOPS = itertools.count(1)
 #: the first rank of the package's own operations' sites
 _LAST = 1 << 30
+#: the rank of the clock's slot, and its payload: how many checks a chunk has made so far
+CLOCK = -1 << 30
+_TICK = (jax.ShapeDtypeStruct((), np.int32),)
+#: the time of a check that never fired (later than any)
+NEVER = np.iinfo(np.int32).max
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,9 +105,12 @@ class Sites:
 
     def __init__(self) -> None:
         module: Any = importlib.import_module(_CHECKIFY)
-        self.marker = site_effect()(module.FailedCheckError, (), -next(_LOOPS))
+        effect = site_effect()
+        self.marker = effect(module.FailedCheckError, (), -next(_LOOPS))
+        self.clock = effect(module.FailedCheckError, _TICK, CLOCK)
         never, no_code = np.bool_(False), np.int32(-1)
-        self.error = module.init_error._update(self.marker, never, no_code, {}, [])
+        error = module.init_error._update(self.marker, never, no_code, {}, [])
+        self.error = error._update(self.clock, never, no_code, {}, [np.int32(0)])
         self.ranks: dict[Site, int] = {}
         self.codes: dict[int, int] = {}
         self.sites: dict[int, Site] = {}  # rank -> site
@@ -120,6 +137,7 @@ def site_effect() -> type:
     @dataclasses.dataclass(frozen=True)
     class SiteEffect(error_effect):  # type: ignore[misc]
         rank: int = 0
+        timed: bool = False  # the slot of the time at which the site first fired
 
         def __lt__(self, other: ErrorKind) -> bool:  # ``Error``'s dicts are flattened sorted
             return _sort_key(self) < _sort_key(other)
@@ -129,7 +147,8 @@ def site_effect() -> type:
 
 def _sort_key(effect: ErrorKind) -> tuple:
     shapes = tuple((sd.shape, str(sd.dtype)) for sd in effect.shape_dtypes)
-    return str(effect.error_type), shapes, getattr(effect, "rank", -1)
+    rank, timed = getattr(effect, "rank", -1), getattr(effect, "timed", False)
+    return str(effect.error_type), shapes, rank, timed
 
 
 @contextlib.contextmanager
@@ -147,9 +166,16 @@ def per_site(
 
     def update_slot(error: Any, pred: Any, code: object, *rest: Any) -> object:
         slot = rest[-1]
-        latest = reversed_backward and sites.sites[slot.rank].backward
-        if latest and slot in error._pred:  # forget the earlier firing where this one fires
-            kept = jax.numpy.logical_and(error._pred[slot], jax.numpy.logical_not(pred))
+        site = sites.sites[slot.rank]
+        latest = reversed_backward and site.backward
+        timed = sites.clock in error._payload and not site.own
+        if timed:  # this firing replaces the site's where it is sooner (``_when``)
+            error, replace = _when(error, pred, sites.clock, slot.rank, ties=latest)
+        else:  # where the visit is in reverse, this firing replaces the site's earlier one
+            replace = pred if latest else False
+        if slot in error._pred:
+            jnp = jax.numpy
+            kept = jnp.logical_and(error._pred[slot], jnp.logical_not(replace))
             error = error._replace(_pred={**error._pred, slot: kept})
         return jax_update(error, pred, code, *rest)
 
@@ -180,6 +206,21 @@ def per_site(
         module.assert_func, module.update_error = jax_assert, jax_update
 
 
+def _when(error: Any, pred: Any, clock: Any, rank: int, ties: bool) -> tuple[Any, Any]:
+    """``(error, sooner)``: ``error`` with its ``clock`` a check later and the site's time of
+    its soonest firing, and whether this firing is sooner than any before it (``ties``: or
+    as soon; a loop that visits the chunks in reverse keeps the earliest row's)."""
+    jnp = jax.numpy
+    tick = error._payload[clock][0] + 1
+    error = error._update(clock, error._pred[clock], error._code[clock], {}, [tick])
+    when = site_effect()(clock.error_type, _TICK, rank, timed=True)
+    had, before = error._pred.get(when, False), error._payload.get(when, [NEVER])[0]
+    earlier = tick <= before if ties else tick < before
+    sooner = jnp.logical_and(pred, jnp.logical_or(jnp.logical_not(had), earlier))
+    time = jnp.where(sooner, tick, before)
+    return error._update(when, jnp.logical_or(had, pred), np.int32(-1), {}, [time]), sooner
+
+
 def in_program_order(
     error: object,
     per_site_error: Any,
@@ -192,16 +233,47 @@ def in_program_order(
     ``codes`` (rank -> a code reserved earlier, for a site found later than the original
     checks it), a slot replaces an error of its kind that has a later code."""
     module: Any = importlib.import_module(_CHECKIFY)
-    slots = {slot.rank: slot for slot in per_site_error._pred if slot.rank >= 0}  # no marker
+    jnp = jax.numpy
+    slots, times = {}, {}
+    for slot in per_site_error._pred:  # times: of the sites that fired (``_when``)
+        if slot.rank >= 0 and slot.timed:
+            times[slot.rank] = jnp.where(
+                per_site_error._pred[slot], per_site_error._payload[slot][0], NEVER
+            )
+        elif slot.rank >= 0:  # not the marker, nor the clock
+            slots[slot.rank] = slot
+    by_kind: dict[Any, list] = {}
     for rank in sorted(slots) if ranks is None else [r for r in ranks if r in slots]:
         slot = slots[rank]
         code = module.next_code() if codes is None else codes[rank]
-        tree = per_site_error._metadata[sites.codes[rank]]
         kind = module.ErrorEffect(slot.error_type, slot.shape_dtypes)
-        pred, payload = per_site_error._pred[slot], per_site_error._payload[slot]
-        update = module.update_error if codes is None else _update_earlier
-        error = update(error, pred, code, {code: tree}, payload, kind)
+        by_kind.setdefault(kind, []).append((rank, slot, code))
+    update = module.update_error if codes is None else _update_earlier
+    for kind, candidates in by_kind.items():
+        metadata = {code: per_site_error._metadata[sites.codes[r]] for r, _, code in candidates}
+        fired = [
+            ((per_site_error._pred[slot], code, per_site_error._payload[slot]), times.get(rank))
+            for rank, slot, code in candidates
+        ]
+        pred, code, payload = _soonest(fired)
+        error = update(error, pred, code, metadata, payload, kind)
     return error
+
+
+def _soonest(fired: list[tuple[tuple, Any]]) -> tuple:
+    """Of the sites of one kind (``(pred, code, payload), time``, in program order; time
+    None: untimed, later than any), the one that fired soonest, the first in the program
+    of those that fired as soon."""
+    jnp = jax.numpy
+    (soonest, when), *rest = fired
+    when = NEVER if when is None else when
+    for slot, time in rest:
+        time = NEVER if time is None else time
+        sooner = jnp.logical_or(jnp.logical_not(soonest[0]), time < when)
+        take = jnp.logical_and(slot[0], sooner)
+        soonest = jax.tree_util.tree_map(functools.partial(jnp.where, take), slot, soonest)
+        when = jnp.where(take, time, when)
+    return soonest
 
 
 def _update_earlier(

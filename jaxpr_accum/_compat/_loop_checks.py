@@ -14,8 +14,12 @@ reports the one first in the program. So:
   of a jaxpr-carrying primitive calls again for its inner jaxpr) is replaced by one that
   interprets each run of consecutive equations of one loop's scope under
   ``_check_sites.per_site`` (one error slot per check site, ``_check_places`` says which),
-  then merges the slots into the error in program order (``in_program_order``), an
-  out-of-bounds error naming the operand's shape as written, not the chunk's;
+  then merges the slots into the error (``in_program_order``: per kind, the site that fired
+  soonest, then the first in the program), an out-of-bounds error naming the operand's
+  shape as written, not the chunk's;
+- each chunk's computation of the program is traced in a name scope (``chunk_scope``) where
+  the interpreter restarts ``per_site``'s clock, so that times in different chunks compare
+  as the original's steps do;
 - the forward pass's checks come first, in program order, ``_SPACING`` codes apart; a
   backward pass's after them where it runs (fused finds them in its forward pass, and they
   wait for the loop's backward pass); the checks a backward pass makes in the forward
@@ -53,7 +57,7 @@ from jaxpr_accum._compat._check_places import (
     shapes_as_written,
     site_of,
 )
-from jaxpr_accum._compat._check_sites import Sites, in_program_order, per_site
+from jaxpr_accum._compat._check_sites import CLOCK, Sites, in_program_order, per_site
 from jaxpr_accum._compat._emit import user_context
 from jaxpr_accum._compat._lookup import internal, param
 from jaxpr_accum._compat._types import Eqn, Jaxpr, Literal
@@ -62,6 +66,8 @@ _CHECKIFY = "jax._src.checkify"
 _CLEAN_UP = "jax._src.core.clean_up_dead_vars"
 _SCOPE = "jaxpr_accum_chunks"
 _SCOPE_OF = re.compile(_SCOPE + r"(\d+)\b")
+_ROWS = "jaxpr_accum_rows"  # the scope of one chunk's computation of the program
+_ROWS_IN = re.compile(r"\b" + _ROWS + r"\b")
 
 
 class Written(Protocol):
@@ -74,6 +80,8 @@ _owners: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _serial = itertools.count()
 #: how many runs are being interpreted under ``per_site`` (an inner one joins the outer)
 _depth = [0]
+#: how many equations of a chunk's computation enclose the jaxpr being interpreted
+_chunks = [0]
 #: per loop, where its last forward pass put its checks among the codes: ``(base, place ->
 #: code)``, ``_SPACING`` codes apart (the module's docstring)
 _forward_codes: dict[int, tuple[int, dict[str, int]]] = {}
@@ -95,6 +103,18 @@ def traced_in(scope: str, fn: Callable) -> Callable:
             return fn(*args)
 
     return scoped
+
+
+def chunk_scope() -> contextlib.AbstractContextManager:
+    """The name scope to trace one chunk's computation of the program in: where the
+    interpreter meets it, a chunk begins, and the clock of ``per_site`` restarts."""
+    return jax.named_scope(_ROWS)
+
+
+def _in_chunk(eqn: Eqn) -> bool:
+    """Whether ``eqn`` is of a chunk's computation of the program (or what JAX derives from
+    it: its tangents, its transpose)."""
+    return _ROWS_IN.search(str(eqn.source_info.name_stack)) is not None
 
 
 def _loop_of(eqn: Eqn) -> int | None:
@@ -136,12 +156,18 @@ def _checkify_jaxpr_flat(
     last = last_used(jaxpr)
 
     def interpret(eqns: list[Eqn], error: object) -> object:
+        begun = False  # whether a chunk's computation has begun in this jaxpr (one per jaxpr:
+        # the chunk loop's body, or the remainder after it; fused's value, tangents and
+        # cotangents of one chunk are apart)
         for eqn in eqns:
             invals = [_read(env, v) for v in eqn.invars]
             default = functools.partial(module.default_checkify_rule, eqn.primitive)
             rule = module.error_checks.get(eqn.primitive, default)
             ctx = getattr(getattr(eqn, "ctx", None), "manager", contextlib.nullcontext())
-            with entering(eqn), user_context(eqn), ctx:
+            chunk = _in_chunk(eqn)
+            if chunk and not begun and not _chunks[0]:  # a chunk begins
+                error, begun = restart_clock(error), True
+            with entering(eqn), user_context(eqn), ctx, _within(chunk):
                 error, outs = rule(error, enabled_errors, *invals, **eqn.params)
             outs = outs if eqn.primitive.multiple_results else [outs]
             env.update(zip(eqn.outvars, outs, strict=True))
@@ -228,6 +254,25 @@ def _merge_backward(error: object, loop: int, per_site_error: object, sites: Sit
     error = in_program_order(error, per_site_error, sites, recomputed, codes)
     rest = sites.ranks_where(lambda site: not site.recomputed)
     return in_program_order(error, per_site_error, sites, rest)
+
+
+@contextlib.contextmanager
+def _within(chunk: bool) -> Iterator[None]:
+    """Inside a chunk's computation (its inner jaxprs begin no chunk) where ``chunk``."""
+    _chunks[0] += chunk
+    try:
+        yield
+    finally:
+        _chunks[0] -= chunk
+
+
+def restart_clock(error: Any) -> object:
+    """``error`` with its clock (if it has one: inside ``per_site``) at 0: a chunk begins."""
+    clocks = [slot for slot in error._payload if getattr(slot, "rank", None) == CLOCK]
+    if not clocks:
+        return error
+    (clock,) = clocks
+    return error._update(clock, error._pred[clock], error._code[clock], {}, [jax.numpy.int32(0)])
 
 
 def _read(env: dict, var: object) -> object:

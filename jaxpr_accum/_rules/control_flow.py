@@ -21,7 +21,16 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxpr_accum._base._lattice import AxisLoc
-from jaxpr_accum._compat import Array, Atom, ClosedJaxpr, Jaxpr, JaxprEqn, Var, open_jaxpr
+from jaxpr_accum._compat import (
+    Array,
+    Atom,
+    ClosedJaxpr,
+    Jaxpr,
+    JaxprEqn,
+    Var,
+    inherit_sources,
+    open_jaxpr,
+)
 from jaxpr_accum._engine._table import Rule, passed_through, register
 from jaxpr_accum._engine._view import EqnResize, View
 
@@ -82,7 +91,8 @@ class Call(Rule):
                     view.reduce(out_index, kind)
 
     def resize(self, eqn: JaxprEqn, r: EqnResize, invals: list[Array]) -> list[Array]:
-        return r.eval((self.param,), eqn.params[self.param], invals)
+        # what the call computes keeps its line in the user's program (``jnp.take``'s jit)
+        return r.eval((self.param,), inherit_sources(eqn.params[self.param], eqn), invals)
 
 
 class Remat(Call):

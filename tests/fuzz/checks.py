@@ -67,6 +67,7 @@ def _backward(bad, ct):
 
 index_in_backward.defvjp(_forward, _backward)"""
 THRESHOLDS = (-2.0, -0.9, -0.5, 0.0, 0.7)  # -2: never fires
+DELAYS = (0.0, 0.6)  # how much lower a site's threshold is per step before a loop's last
 OPS = ("jnp.tanh({v})", "{v} * 1.5", "jnp.sin({v})", "{v} + 0.5 * {v} ** 3")
 ERRORS = {
     "user_checks": checkify.user_checks,
@@ -94,13 +95,28 @@ class CheckPair:
     chunk: int
     #: the loss's last step makes a NaN after the region (``log`` of a negative number)
     tail: bool = False
+    #: the sites run in the body of a ``lax.scan`` of yours, of this many steps (0: none),
+    #: each site's threshold lowered by its ``delays`` entry at each step before the last
+    steps: int = 0
+    delays: tuple[float, ...] = ()
 
     def source(self) -> str:
         lines = ["import jax", "import jax.numpy as jnp", "from jax.experimental import checkify"]
         lines += ["", "", BACKWARD_INDEX, "", "", "def f(w, x):", "    h = x * w"]
+        indent = "    "
+        if self.steps:
+            lines += ["    def step(h, s):"]
+            indent = "        "
         for i, (kind, t) in enumerate(self.sites):
-            lines += ["    h = " + op.format(v="h") for op in self.ops[i::2]]
-            lines += ["    " + SITES[kind].format(t=t)]
+            lines += [indent + "h = " + op.format(v="h") for op in self.ops[i::2]]
+            late = self.delays[i] if self.steps else 0.0
+            when = f"({t} - {late} * ({self.steps - 1} - s))" if late else t
+            lines += [indent + SITES[kind].format(t=when)]
+        if self.steps:
+            lines += [
+                "        return h, None",
+                f"    h, _ = jax.lax.scan(step, h, jnp.arange({self.steps}.0))",
+            ]
         loss = "jnp.sum(jnp.mean(h, axis=0) ** 2)"
         lines += [f"    return jnp.log({loss} - 1e6)" if self.tail else f"    return {loss}", ""]
         return "\n".join(lines)
@@ -108,6 +124,8 @@ class CheckPair:
     def summary(self) -> str:
         sites = ", ".join(f"{k} below {t}" for k, t in self.sites)
         how = ("jit " if self.jit else "eager ") + self.call + (", NaN after" if self.tail else "")
+        if self.steps:
+            how += f", in a scan of {self.steps} steps (delays {self.delays})"
         return f"{sites}; {self.errors}, {how}, grad={self.grad!r}, chunk={self.chunk}"
 
 
@@ -123,6 +141,8 @@ def check_pairs(draw: Any) -> CheckPair:
         grad=draw(st.sampled_from(GRAD_MODES)),
         chunk=draw(st.sampled_from(CHUNKS)),
         tail=draw(st.booleans()),
+        steps=draw(st.sampled_from((0, 0, 3))),
+        delays=tuple(draw(st.lists(st.sampled_from(DELAYS), min_size=2, max_size=2))),
     )
 
 

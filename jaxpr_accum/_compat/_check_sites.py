@@ -172,8 +172,8 @@ def per_site(
         if timed:  # this firing replaces the site's where it is sooner (``_when``)
             error, replace = _when(error, pred, sites.clock, slot.rank, ties=latest)
         else:  # where the visit is in reverse, this firing replaces the site's earlier one
-            replace = pred if latest else False
-        if slot in error._pred:
+            replace = pred if latest else None
+        if replace is not None and slot in error._pred:
             jnp = jax.numpy
             kept = jnp.logical_and(error._pred[slot], jnp.logical_not(replace))
             error = error._replace(_pred={**error._pred, slot: kept})
@@ -206,13 +206,18 @@ def per_site(
         module.assert_func, module.update_error = jax_assert, jax_update
 
 
+def set_clock(error: Any, clock: Any, time: Any) -> Any:
+    """``error`` with its ``clock`` slot at ``time`` (the slot never fires)."""
+    return error._update(clock, error._pred[clock], error._code[clock], {}, [time])
+
+
 def _when(error: Any, pred: Any, clock: Any, rank: int, ties: bool) -> tuple[Any, Any]:
     """``(error, sooner)``: ``error`` with its ``clock`` a check later and the site's time of
     its soonest firing, and whether this firing is sooner than any before it (``ties``: or
     as soon; a loop that visits the chunks in reverse keeps the earliest row's)."""
     jnp = jax.numpy
     tick = error._payload[clock][0] + 1
-    error = error._update(clock, error._pred[clock], error._code[clock], {}, [tick])
+    error = set_clock(error, clock, tick)
     when = site_effect()(clock.error_type, _TICK, rank, timed=True)
     had, before = error._pred.get(when, False), error._payload.get(when, [NEVER])[0]
     earlier = tick <= before if ties else tick < before

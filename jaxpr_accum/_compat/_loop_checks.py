@@ -57,7 +57,13 @@ from jaxpr_accum._compat._check_places import (
     shapes_as_written,
     site_of,
 )
-from jaxpr_accum._compat._check_sites import CLOCK, Sites, in_program_order, per_site
+from jaxpr_accum._compat._check_sites import (
+    CLOCK,
+    Sites,
+    in_program_order,
+    per_site,
+    set_clock,
+)
 from jaxpr_accum._compat._emit import user_context
 from jaxpr_accum._compat._lookup import internal, param
 from jaxpr_accum._compat._types import Eqn, Jaxpr, Literal
@@ -272,7 +278,7 @@ def restart_clock(error: Any) -> object:
     if not clocks:
         return error
     (clock,) = clocks
-    return error._update(clock, error._pred[clock], error._code[clock], {}, [jax.numpy.int32(0)])
+    return set_clock(error, clock, jax.numpy.int32(0))
 
 
 def _read(env: dict, var: object) -> object:

@@ -20,6 +20,7 @@ inside); the rest is ``slow``.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import jax
@@ -112,8 +113,17 @@ def uva_simclr(w, x, t):
     return nll + jnp.mean(rank == 0)
 
 
+def clip_diagonal(w, x, t):
+    """CLIP's image-to-text term as often written: the positives are ``jnp.diagonal`` of the
+    logits, which JAX writes as a platform-dependent ``cond`` (its other branch a Pallas
+    kernel's)."""
+    logits = normalise(encode(w, x)) @ normalise(encode(w, jnp.sin(x))).T / t
+    return jnp.mean(jax.nn.logsumexp(logits, axis=1) - jnp.diagonal(logits))
+
+
 PROGRAMS = {
     "ntxent_optax": ntxent_optax,
+    "clip_diagonal": clip_diagonal,
     "uva_simclr": uva_simclr,
     "supcon": supcon,
     "positives_roll": simclr_positives("roll"),
@@ -204,6 +214,15 @@ def test_constants_computed_before_pass_2_leave_the_callbacks_out(kind):
     assert seen == want
 
 
+def test_the_logits_diagonal_runs_per_block():
+    """``jnp.diagonal`` is a ``cond`` on the lowering platform; every ordinary lowering takes
+    its gather, which runs per block. Before, the ``cond`` stopped pass 2 and the loss ran
+    in one pass with the pairs whole."""
+    plan = _exact(clip_diagonal, 12, 5, grad="remat")
+    sf = ja.serialize_axis(clip_diagonal, chunk=5, argnums=1, grad="remat")
+    assert plan.second.chunk == 5 and _full_pairs(sf.jaxpr(*_args(12)), 12) == []
+
+
 SIZES = [(16, 5), (12, 4), (16, 1), (12, 7), (16, 16), (16, 4)]  # (N, chunk): some divide
 CASES = [
     (name, *SIZES[(i + j) % len(SIZES)]) for i, name in enumerate(sorted(PROGRAMS)) for j in (0, 3)
@@ -227,7 +246,9 @@ def test_every_idiom_is_exact_per_block(name, n, chunk):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ntxent_optax", "positives_roll", "columns_gather"])
+@pytest.mark.parametrize(
+    "name", ["ntxent_optax", "positives_roll", "columns_gather", "clip_diagonal"]
+)
 @pytest.mark.parametrize("grad", GRAD_MODES)
 def test_every_mode_matches_the_oracle(name, grad):
     """The full oracle (outputs, ``jax.vjp``, ``jax.grad``) in every gradient mode."""
@@ -265,9 +286,9 @@ def test_a_plan_saving_under_ten_percent_runs_as_written_with_one_warning(f, n, 
     ja_testing.assert_tree_close(got, want)
 
 
-def _memory(f, n: int) -> float:
+def _memory(f, n: int, chunk: int = 16) -> tuple[float, int]:
     args = _args(n)
-    sf = ja.serialize_axis(f, chunk=16, argnums=1)
+    sf = ja.serialize_axis(f, chunk=chunk, argnums=1)
     flat = [*args[0], args[1], args[2]]
     got = [
         temp_bytes(lambda w0, w1, x, t, g=g: [g((w0, w1), x, t)], flat, [0, 1, 2, 3])
@@ -285,3 +306,22 @@ def test_memory_is_linear_in_the_batch(name):
     _, small = _memory(PROGRAMS[name], 128)
     ratio, large = _memory(PROGRAMS[name], 256)
     assert ratio < 0.15 and large < 3.0 * small, (ratio, large / small)
+
+
+def test_a_block_of_pass_2_holds_no_more_than_a_chunk_of_pass_1(monkeypatch):
+    """Each of pass 2's rows holds ``N`` pairs, so ``chunk`` of them grow with the batch:
+    the block takes fewer rows where ``chunk`` would hold more than a chunk of pass 1 or the
+    columns read whole (``_pairwise.plan.block_of``; not below ``MIN_BLOCK``, lowered here so
+    that a small program shows it). Exact at the smaller block, with its remainder."""
+    monkeypatch.setattr(importlib.import_module("jaxpr_accum._pairwise.plan"), "MIN_BLOCK", 1)
+    plan = _exact(uva_simclr, 40, 16, grad="remat")
+    assert plan.chunk == 16 and 1 <= plan.second.chunk < 16, str(plan)
+
+
+@pytest.mark.slow
+def test_memory_grows_linearly_at_a_chunk_of_an_eighth_of_the_batch():
+    """At ``chunk = N / 8`` a block of ``chunk`` rows of the pairs would grow 4x per doubling
+    of ``N`` (3.9x measured on the tree before ``block_of``); its rows stay fixed instead."""
+    _, small = _memory(uva_simclr, 512, chunk=64)
+    ratio, large = _memory(uva_simclr, 1024, chunk=128)
+    assert ratio < 0.15 and large < 2.3 * small, (ratio, large / small)

@@ -112,7 +112,12 @@ from jaxpr_accum._compat._types import (  # noqa: F401
     Var,
     shaped,
 )
-from jaxpr_accum._compat._walk import first_eqn, open_jaxpr, sub_jaxprs  # noqa: F401
+from jaxpr_accum._compat._walk import (  # noqa: F401
+    first_eqn,
+    open_jaxpr,
+    ordinary_branch,
+    sub_jaxprs,
+)
 
 # Public in jax.extend.core since JAX 0.10; private (jax._src.core) in 0.9.
 DropVar = getattr(jax.extend.core, "DropVar", None) or _jax("jax._src.core.DropVar")

@@ -1,5 +1,6 @@
 """Jaxprs nested in an equation's parameters, found generically (by type, not by parameter
-name, whose layouts change between JAX versions), and a search through them."""
+name, whose layouts change between JAX versions), a search through them, and the branch that
+every ordinary lowering takes of a platform-dependent ``cond``."""
 
 from __future__ import annotations
 
@@ -36,3 +37,21 @@ def first_eqn(eqns: Iterable[JaxprEqn], is_match: Callable[[JaxprEqn], bool]) ->
             if found is not None:
                 return found
     return None
+
+
+# Platforms a program is lowered for outside a kernel; a ``lax.platform_dependent`` branch
+# named only for others (``mosaic``: inside a Pallas kernel) is never taken by such a lowering.
+ORDINARY_PLATFORMS = frozenset({"cpu", "cuda", "rocm", "gpu", "tpu"})
+
+
+def ordinary_branch(eqn: JaxprEqn) -> ClosedJaxpr | None:
+    """The branch of a platform-dependent ``cond`` (``branches_platforms``, whose index is a
+    ``platform_index``) that every ordinary lowering takes: its default branch, where no
+    other branch names an ordinary platform (``jnp.diagonal``'s ``mosaic`` branch). None for
+    any other equation."""
+    platforms = eqn.params.get("branches_platforms") if eqn.primitive.name == "cond" else None
+    if not platforms or platforms[-1] is not None:
+        return None
+    if any(ORDINARY_PLATFORMS.intersection(names) for names in platforms[:-1] if names):
+        return None
+    return eqn.params["branches"][-1]

@@ -71,16 +71,25 @@ def eval_jaxpr(jaxpr: Jaxpr | ClosedJaxpr, args: Sequence, emit: Emit = bind) ->
 
 
 def inlining(emit: Emit = bind, outer: JaxprEqn | None = None) -> Emit:
-    """``emit`` with nested calls (``jit``, ``closed_call``) evaluated inline, recursively."""
+    """``emit`` with nested calls (``jit``, ``closed_call``) evaluated inline, recursively,
+    and a platform-dependent ``cond`` by the branch every ordinary lowering takes
+    (``_compat.ordinary_branch``: ``jnp.diagonal``'s, whose other branch is a Pallas
+    kernel's)."""
 
     def emit_inlined(idx: int, eqn: JaxprEqn, invals: list) -> list:
         eqn = _compat.inherit_source(eqn, outer)
         if _compat.is_inlined_call(eqn):
             return eval_jaxpr(_compat.called_jaxpr(eqn), invals, inlining(emit, eqn))
+        if (branch := _compat.ordinary_branch(eqn)) is not None:
+            return eval_jaxpr(branch, invals[1:], inlining(emit, eqn))
         return emit(idx, eqn, invals)
 
     return emit_inlined
 
 
 def has_calls(jaxpr: Jaxpr | ClosedJaxpr) -> bool:
-    return any(_compat.is_inlined_call(e) for e in _compat.open_jaxpr(jaxpr).eqns)
+    """Whether ``inlining`` would change any of the jaxpr's equations."""
+    return any(
+        _compat.is_inlined_call(e) or _compat.ordinary_branch(e) is not None
+        for e in _compat.open_jaxpr(jaxpr).eqns
+    )

@@ -9,7 +9,9 @@ joined, a sort of each column), applies a kernel (an RBF, a temperature, ``tanh`
 self-pairs (not at all, ``jnp.where`` of an ``eye``, ``.at[diag, diag].set``, or a rolled
 diagonal written by ``.at[roll(diag), diag].set``) and reduces (a mean, a per-row
 logsumexp, a per-row max plus the rate at which a per-row ``argsort`` ranks the diagonal
-first, or the mean square of the pairs contracted with the column side's rows, ``k @ z``).
+first, the mean square of the pairs contracted with the column side's rows, ``k @ z``, or
+a per-row logsumexp less ``jnp.diagonal``). Pass 2's smallest block is drawn too (1 or the
+default), so that blocks smaller than ``chunk`` are drawn at these small sizes.
 It is serialized with ``argnums`` or ``size=`` at a drawn chunk, and called under
 ``jax.value_and_grad``.
 
@@ -23,6 +25,7 @@ said so. Outcomes: ``None`` (held), or a description of the failure.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import warnings
 from typing import Any
 
@@ -87,6 +90,10 @@ REDUCTIONS = {  # of the pairs ``s`` and the encoded rows ``z``
     ),
     # the pairs contracted with the column side's rows (the last rows of ``z``: the halves')
     "kernel-weighted rows": lambda s, z: jnp.mean((s @ z[-s.shape[1] :]) ** 2),
+    # an InfoNCE whose positives are ``jnp.diagonal`` (a ``cond`` on the lowering platform)
+    "row logsumexp - diagonal": lambda s, z: jnp.mean(
+        jax.nn.logsumexp(s, axis=1)[: min(s.shape)] - jnp.diagonal(s)
+    ),
 }
 
 
@@ -100,6 +107,9 @@ class PairingProgram:
     by_size: bool
     chunk: int
     seed: int
+    #: pass 2's smallest block (``_pairwise.plan.MIN_BLOCK``): 1 lets blocks shrink below
+    #: ``chunk`` at these small sizes, as they do at large ``N`` with the default
+    min_block: int = 64
 
     def loss(self):
         def enc(w, x):
@@ -132,6 +142,7 @@ def pairing_programs(draw: Any) -> PairingProgram:
         by_size=draw(st.booleans()),
         chunk=draw(st.sampled_from((16, 32, 48, N))),
         seed=draw(st.integers(0, 2**16)),
+        min_block=draw(st.sampled_from((1, 64))),
     )
 
 
@@ -142,6 +153,15 @@ def _temp(f, args) -> int:
 
 def check(program: PairingProgram) -> str | None:
     """None where the program held; else what failed."""
+    blocks = importlib.import_module("jaxpr_accum._pairwise.plan")
+    default, blocks.MIN_BLOCK = blocks.MIN_BLOCK, program.min_block
+    try:
+        return _check(program)
+    finally:
+        blocks.MIN_BLOCK = default
+
+
+def _check(program: PairingProgram) -> str | None:
     f, args = program.loss(), program.args()
     axis = dict(size=N) if program.by_size else dict(argnums=1)
     sf = ja.serialize_axis(f, chunk=program.chunk, **axis)

@@ -44,7 +44,7 @@ _SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 settings.register_profile(
     "ci",
-    max_examples=12,
+    max_examples=9,
     derandomize=True,
     database=None,
     deadline=None,

@@ -19,7 +19,7 @@ from .fuzz import checks
 from .fuzz.driver import derandomized
 
 #: pairs in the slow tier's run
-PAIRS = 20
+PAIRS = 14
 
 
 @pytest.mark.slow

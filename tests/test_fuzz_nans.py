@@ -15,7 +15,7 @@ from .fuzz import nans
 from .fuzz.driver import derandomized
 
 #: pairs in the slow tier's run
-PAIRS = 30
+PAIRS = 20
 
 
 @pytest.mark.slow

@@ -176,7 +176,7 @@ def test_row_maps_every_mode_under_jit_and_vmap(name, grad):
 
 
 @pytest.mark.slow
-@settings(deadline=None, max_examples=12)
+@settings(deadline=None, max_examples=8)
 @given(
     lengths=st.lists(st.integers(2, 6), min_size=2, max_size=3),  # one row: see row_trees
     chunk=st.integers(1, 20),
@@ -458,7 +458,7 @@ def input_rows(tree) -> list[int]:
 
 
 @pytest.mark.slow
-@settings(deadline=None, max_examples=12)
+@settings(deadline=None, max_examples=8)
 @given(
     tree=row_trees(),
     chunk=st.sampled_from([1, 2, 3, 4, 5, 7, "axis", "more"]),

@@ -124,6 +124,7 @@ def test_impossible_budget_names_the_smallest_memory_and_what_dominates():
     with pytest.raises(ja.SerializeError) as info:
         sf(*ARGS)
     msg = str(info.value)
+    assert "pairs the axis" not in msg
     assert "the smallest measured is" in msg and "at chunk 1" in msg
     assert "What dominates it" in msg and "parameter gradients" in msg
     assert "grad='remat'" not in msg  # auto tried remat itself
@@ -149,6 +150,20 @@ def test_impossible_budget_dominated_by_the_unchunked_prologue():
     sf = ja.serialize_axis(f, memory="1 MiB", argnums=1)
     with pytest.raises(ja.SerializeError, match="prologue and epilogue"):
         sf(jnp.ones(2048), jnp.ones((64, 8)))
+
+
+def test_impossible_budget_of_a_pairing_points_to_chunk():
+    """The budget search plans one pass, with a pairing's pairs after the loop on the full axis:
+    a budget that only two passes meet names ``chunk=``, which plans them; a function with no
+    pairing says nothing of it (the test above)."""
+
+    def simclr(w, x):
+        z = jnp.tanh(x @ w)
+        return jnp.mean(jax.nn.logsumexp(z @ z.T, axis=1))
+
+    sf = ja.serialize_axis(simclr, memory="1 KiB", argnums=1)
+    with pytest.raises(ja.SerializeError, match="pairs the axis with itself.*`chunk=` runs it"):
+        sf(jnp.ones((4, 8)) / 4, jnp.ones((64, 4)))
 
 
 @pytest.mark.parametrize(

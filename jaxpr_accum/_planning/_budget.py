@@ -46,6 +46,7 @@ from jaxpr_accum._compat import Array, Jaxpr
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._modes._decision import Budget, Decision, Trial
 from jaxpr_accum._modes._mode import FUSED, REMAT
+from jaxpr_accum._pairwise import detect
 from jaxpr_accum._planning._chunk_search import ChunkSearch
 
 
@@ -234,6 +235,13 @@ def impossible(split: Split, tried: list[Trial], devices: int, request: Request)
         if all(t.grad == FUSED.name for t in tried)
         else ""
     )
+    paired = (
+        " This function pairs the axis with itself: the budget search plans one pass, with the "
+        "pairs after the loop on the full axis; `chunk=` runs it in two passes, the pairs a "
+        "block of rows at a time, and may need far less."
+        if detect.find(split) is not None
+        else ""
+    )
     return SerializeError(
         f"the memory budget {format_bytes(limit)}{per} is below what this function needs at "
         f"any chunk for value_and_grad with respect to {wrt}: the smallest measured is "
@@ -243,4 +251,5 @@ def impossible(split: Split, tried: list[Trial], devices: int, request: Request)
         + ("" if dominant is None else f" What dominates it (estimated): {dominant}.")
         + f" Raise `memory` to at least {format_bytes(best)} ({best} bytes){remat}; `explain` "
         "of the function with `chunk=1` shows what runs outside the region and what it stacks."
+        + paired
     )

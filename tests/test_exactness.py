@@ -613,6 +613,32 @@ def test_a_custom_vjp_of_a_half_precision_value_is_chunked(mode, dtype):
     assert_matches_original(sf, w, x, vmap=False)
 
 
+@pytest.mark.parametrize("mode", modes("remat", slow=GRAD_MODES))
+def test_a_custom_vjp_that_saves_a_shape_as_a_residual_is_chunked(mode):
+    """Breaker finding: a forward rule that saves ``m.shape`` beside ``m`` (its backward
+    broadcasts to it) ran in JAX; here the backward rule was traced with the shape's entries
+    as tracers, which ``broadcast_to`` refuses: an internal error, and the original ran. JAX
+    hands a residual the rule returns as a constant to the backward rule as that value."""
+    w, _, x = _args("float32")
+
+    @jax.custom_vjp
+    def square_rows(m):
+        return jnp.sum(m**2, -1)
+
+    def backward(residuals, g):
+        m, shape = residuals
+        return (jnp.broadcast_to(g[..., None], shape) * 2 * m,)
+
+    square_rows.defvjp(lambda m: (square_rows(m), (m, m.shape)), backward)
+
+    def loss(w, x):
+        return jnp.mean(square_rows(jnp.tanh(x @ w)))
+
+    sf = ja.serialize_axis(loss, chunk=5, argnums=1, grad=mode)
+    assert not sf.explain(w, x).stops
+    assert_matches_original(sf, w, x, vmap=False)
+
+
 @pytest.mark.parametrize("mode", modes("remat", "fused", slow=GRAD_MODES))
 def test_polymorphic_custom_rules_are_chunked(mode):
     """r11: per-example custom rules (directly and under vmap) and a weight-gradient sum in a

@@ -9,7 +9,7 @@ from typing import cast
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, JaxprEqn, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, jaxpr_as_fun
 
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._lookup import param as _param
@@ -117,7 +117,15 @@ def custom_vjp_backward(
     sources = [next(computed) if f is None else f for f in input_fwds]
     res = [eqn.invars[s].aval if isinstance(s, int) else s.aval for s in sources]
     cts = [cotangent_aval(cast(ShapedArray, v.aval)) for v in eqn.outvars]  # arrays
-    jaxpr, returned = trace_custom_vjp_bwd(bwd, [*res, *cts])
+    # A residual the rule returns as a constant (``M.shape``) reaches JAX's backward rule as
+    # that value, not a tracer (a shape it takes must be concrete): so here too.
+    constants = [s.val if isinstance(s, Literal) else None for s in sources]
+
+    def with_constants(*args: object) -> object:
+        given = [a if c is None else c for a, c in zip(args, constants, strict=False)]
+        return bwd(*given, *args[len(constants) :])
+
+    jaxpr, returned = trace_custom_vjp_bwd(with_constants, [*res, *cts])
     return _traced_at(jaxpr, eqn.source_info.traceback), returned, sources
 
 

@@ -34,7 +34,7 @@ import dataclasses
 from jaxpr_accum import _compat
 from jaxpr_accum._analysis._cost import format_bytes, nbytes
 from jaxpr_accum._analysis._estimate import Candidate
-from jaxpr_accum._analysis._split import make_split
+from jaxpr_accum._analysis._split import Split, make_split
 from jaxpr_accum._analysis._stages import Stop
 from jaxpr_accum._compat import Jaxpr, Var
 from jaxpr_accum._engine._axes import Analysis
@@ -81,7 +81,11 @@ class TwoPass:
             first=None if self.first is None else self.first.at(chunk),
             second=self.second.at(
                 block_of(
-                    chunk, self.pairing, first=self.first, second=self.second, columns=self.columns
+                    chunk,
+                    self.pairing,
+                    first=None if self.first is None else self.first.split,
+                    second=self.second.split,
+                    columns=self.columns,
                 )
             ),
         )
@@ -167,7 +171,11 @@ def _two_passes(single: Candidate, pairing: Pairing, names: dict, stream: bool) 
         return None
     fed = Constants(tuple(made), constants.program_of(whole, made) if made else None)
     block = block_of(
-        single.chunk, pairing, first=first, second=Candidate(second, 1), columns=cut_out.columns
+        single.chunk,
+        pairing,
+        first=None if first is None else first.split,
+        second=second,
+        columns=cut_out.columns,
     )
     second_candidate = Candidate(second, block)
     return TwoPass(single, pairing, stacked, first, second_candidate, cut_out.columns, fed)
@@ -177,8 +185,8 @@ def block_of(
     chunk: int,
     pairing: Pairing,
     *,
-    first: Candidate | None,
-    second: Candidate,
+    first: Split | None,
+    second: Split,
     columns: dict[Var, Var],
 ) -> int:
     """Pass 2's block along the pairing's axis for ``chunk`` rows of the chunked axis.
@@ -191,13 +199,12 @@ def block_of(
     fewer). So the pairs never hold more per step than the rest of the plan holds anyway,
     and the peak grows about linearly with ``N`` whatever ``chunk`` is."""
     rows = max(1, chunk // pairing.rows_at)
-    split = second.split
-    per_position = split.held_bytes / split.size if split.size else 0.0
+    per_position = second.held_bytes / second.size if second.size else 0.0
     if per_position == 0:
         return rows
     per_chunk = 0.0
-    if first is not None and first.split.size:
-        per_chunk = min(chunk, first.split.size) * first.split.held_bytes / first.split.size
+    if first is not None and first.size:
+        per_chunk = min(chunk, first.size) * first.held_bytes / first.size
     whole_columns = sum(nbytes(root) for root in set(columns.values()))
     fits = int(max(per_chunk, whole_columns) // per_position)
     return min(rows, max(fits, MIN_BLOCK))

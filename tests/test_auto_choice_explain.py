@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import warnings
 
@@ -78,3 +79,23 @@ def test_explain_names_the_mode_the_call_compiles(key: str) -> None:
             assert text == _text(pinned, diff, case.has_aux, args), (key, plan.grad)
     want = jax.value_and_grad(loss, argnums=diff, has_aux=case.has_aux)(*args)
     assert_tree_close(got, want)
+
+
+def test_the_compiled_text_with_its_metadata_is_the_pinned_modes() -> None:
+    """The compiled program, metadata included (the name scopes of each region's loops,
+    named after the region's body, not numbered per trace), is the pinned mode's text."""
+    case = _cases()["issue20-mlp"]
+    loss, args = case.make()
+    diff = case.argnums or checks.float_argnums(args)
+    kw = dict(chunk=case.chunk, **case.serialize_kw)
+    auto = ja.serialize_axis(loss, **kw)
+    pinned = ja.serialize_axis(loss, grad=auto.explain(*args, grad_argnums=diff).grad, **kw)
+
+    def compiled(f) -> str:
+        vg = jax.value_and_grad(f, argnums=diff, has_aux=case.has_aux)
+        text = jax.jit(vg).lower(*args).compile().as_text()
+        return re.sub(r"^HloModule [^,]*", "HloModule", text)
+
+    auto_text, pinned_text = (compiled(f) for f in (auto, pinned))  # one line, one column
+    assert "jaxpr_accum_chunks" in auto_text
+    assert auto_text == pinned_text

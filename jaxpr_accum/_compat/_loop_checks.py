@@ -67,6 +67,7 @@ from jaxpr_accum._compat._check_sites import (
 from jaxpr_accum._compat._emit import user_context
 from jaxpr_accum._compat._lookup import internal, param
 from jaxpr_accum._compat._types import Eqn, Jaxpr, Literal
+from jaxpr_accum._compat._walk import fingerprint
 
 _CHECKIFY = "jax._src.checkify"
 _CLEAN_UP = "jax._src.core.clean_up_dead_vars"
@@ -83,7 +84,7 @@ class Written(Protocol):
 
 
 _owners: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-_serial = itertools.count()
+_serials: dict[str, int] = {}  # per written body (``fingerprint``)
 #: how many runs are being interpreted under ``per_site`` (an inner one joins the outer)
 _depth = [0]
 #: how many equations of a chunk's computation enclose the jaxpr being interpreted
@@ -95,8 +96,9 @@ _SPACING = 8
 
 
 def loop_scope(owner: Written) -> str:
-    """A name scope of ``owner``'s own, to trace its chunk loops in (``traced_in``)."""
-    serial = next(_serial)
+    """A name scope of ``owner``'s written body, to trace its chunk loops in (``traced_in``):
+    one per body, so that two traces of a program compile to one text (its metadata)."""
+    serial = _serials.setdefault(fingerprint(owner.written_body()), len(_serials))
     _owners[serial] = owner
     return f"{_SCOPE}{serial}"
 

@@ -1,9 +1,11 @@
 """Jaxprs nested in an equation's parameters, found generically (by type, not by parameter
-name, whose layouts change between JAX versions), a search through them, and the branch that
-every ordinary lowering takes of a platform-dependent ``cond``."""
+name, whose layouts change between JAX versions), a search through them, the branch that
+every ordinary lowering takes of a platform-dependent ``cond``, and a fingerprint of
+equations (equal for one program traced twice)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -55,3 +57,13 @@ def ordinary_branch(eqn: JaxprEqn) -> ClosedJaxpr | None:
     if any(ORDINARY_PLATFORMS.intersection(names) for names in platforms[:-1] if names):
         return None
     return eqn.params["branches"][-1]
+
+
+def fingerprint(eqns: Iterable[JaxprEqn]) -> str:
+    """A digest of ``eqns``: each printed, with the source lines it was traced at."""
+    digest = hashlib.sha256()
+    for eqn in eqns:
+        tb = eqn.source_info.traceback
+        lines: list = [] if tb is None else [(f.file_name, f.line_num) for f in tb.frames]
+        digest.update(f"{eqn}\n{lines}\n".encode())
+    return digest.hexdigest()

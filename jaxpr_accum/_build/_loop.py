@@ -53,7 +53,10 @@ class ChunkOut(NamedTuple):
 
 
 def add_into(acc: list[Array], xs: Sequence[Array]) -> list[Array]:
-    return [a + x.astype(a.dtype) for a, x in zip(acc, xs, strict=True)]
+    """Each of ``xs`` (one chunk's parts) into its accumulator: under ``checkify``, a NaN
+    made here is reported as made by the reduction the sum stands for."""
+    with _compat.accumulated():
+        return [a + x.astype(a.dtype) for a, x in zip(acc, xs, strict=True)]
 
 
 def wanted(values: Sequence, perturbed: Sequence[bool] | None) -> list[int]:

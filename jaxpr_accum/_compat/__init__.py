@@ -24,7 +24,7 @@ import jax.extend.core
 import numpy as np
 from jax.extend.core import JaxprEqn, Literal  # noqa: F401 (re-exported)
 
-from jaxpr_accum._compat._check_places import recomputed  # noqa: F401 (re-exported)
+from jaxpr_accum._compat._check_places import accumulated, recomputed  # noqa: F401
 from jaxpr_accum._compat._checkify import checks_through  # noqa: F401 (re-exported)
 from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
     cotangent_aval,

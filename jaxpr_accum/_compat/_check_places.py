@@ -14,6 +14,12 @@ forward pass's and a backward pass's recomputation) and differs between two chec
   and there, whether in a forward computation the backward pass recomputes (the package's
   ``recomputed`` scope, or ``jax.checkpoint``'s ``rematted_computation``).
 
+The sum a loop accumulates over the chunks (the package's ``add``, traced in the scope
+``accumulated``) stands for the original's one reduction over the axis: where the add makes
+a NaN (``+inf`` in one chunk, ``-inf`` in another), the check is the reduction's, as the
+original makes it there (``checked_as``: its primitive, ``reduce_sum`` or ``dot_general``,
+and its source line).
+
 The interpreter enters each equation (``entering``) so that a check knows the equations it
 is inside; an inner jaxpr's equations are named relative to the one holding it.
 Invariants: outside ``checkify`` nothing here runs; every copy of a check has one site.
@@ -23,15 +29,17 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, Protocol
 
 import jax
 
 from jaxpr_accum._compat._check_sites import Site
 from jaxpr_accum._compat._lookup import internal
 from jaxpr_accum._compat._types import Eqn, shaped
+from jaxpr_accum._compat._walk import open_jaxpr, sub_jaxprs
 
 _CHECKIFY = "jax._src.checkify"
 #: the package's own files, and JAX's
@@ -41,6 +49,14 @@ _JAX = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
 #: (``recomputed``), or JAX's (``jax.checkpoint``'s, in a loop that JAX transposes)
 _RECOMPUTED = "jaxpr_accum_recomputed"
 _JAX_RECOMPUTED = "rematted_computation"
+#: the scope of the sums a chunk loop accumulates over the chunks
+_ACCUMULATED = "jaxpr_accum_accumulated"
+#: operations that only reshape or retype a chunk's part on its way into the sum
+_RESHAPING = frozenset(
+    {"reshape", "transpose", "convert_element_type", "squeeze", "expand_dims", "copy"}
+)
+#: primitives whose inner jaxpr does not map outputs to results one to one
+_LOOPS = frozenset({"scan", "while", "cond"})
 
 
 class Frame(Protocol):
@@ -70,6 +86,59 @@ _met: list[collections.Counter] = []
 def recomputed() -> contextlib.AbstractContextManager:
     """The name scope of a forward computation that a backward pass recomputes."""
     return jax.named_scope(_RECOMPUTED)
+
+
+def accumulated() -> contextlib.AbstractContextManager:
+    """The name scope of the sums a chunk loop accumulates over the chunks."""
+    return jax.named_scope(_ACCUMULATED)
+
+
+def checked_as(eqn: Eqn, made_by: dict) -> tuple[Callable, Eqn]:
+    """``(rule, eqn)`` to checkify ``eqn`` with: JAX's rule of its primitive and itself,
+    except where it adds a chunk's part into a sum accumulated over the chunks: there the
+    NaN check of the reduction the sum stands for, at the reduction's source
+    (``reduction_of``; ``made_by``: each variable's equation in ``eqn``'s jaxpr)."""
+    reduction = reduction_of(eqn, made_by)
+    if reduction is not None:
+        return functools.partial(_nans_as, reduction.primitive.name), reduction
+    default = functools.partial(internal(_CHECKIFY + ".default_checkify_rule"), eqn.primitive)
+    return internal(_CHECKIFY + ".error_checks").get(eqn.primitive, default), eqn
+
+
+def reduction_of(eqn: Eqn, made_by: dict) -> Eqn | None:
+    """Where ``eqn`` adds a chunk's part into a sum accumulated over the chunks, the
+    reduction that made the part (found back through reshapes, and into the function calls
+    that return it); else None."""
+    if eqn.primitive.name != "add" or _ACCUMULATED not in str(eqn.source_info.name_stack):
+        return None
+    var = eqn.invars[1]
+    while (made := made_by.get(var)) is not None:
+        if made.primitive.name in _RESHAPING:
+            var = made.invars[0]
+            continue
+        inner = [open_jaxpr(j) for _, j in sub_jaxprs(made.params)]
+        if made.primitive.name in _LOOPS or len(inner) != 1:
+            return made
+        (body,) = inner
+        if len(body.outvars) != len(made.outvars):
+            return made
+        var = body.outvars[made.outvars.index(var)]
+        made_by = {v: e for e in body.eqns for v in e.outvars}
+    return None
+
+
+class _Named(NamedTuple):
+    """A primitive as JAX's NaN check reads it: its name, one result."""
+
+    name: str
+    multiple_results: bool = False
+
+
+def _nans_as(name: str, error: object, enabled_errors: object, acc: Any, part: Any) -> tuple:
+    """The sum of a chunk's part into its accumulator, checked for a NaN as the reduction
+    ``name`` that it stands for (``reduction_of``)."""
+    out = jax.lax.add(acc, part)
+    return internal(_CHECKIFY + ".check_nans")(_Named(name), error, enabled_errors, out), out
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ reports the one first in the program. So:
   then merges the slots into the error (``in_program_order``: per kind, the site that fired
   soonest, then the first in the program), an out-of-bounds error naming the operand's
   shape as written, not the chunk's;
+- a sum accumulated over the chunks is checked as its reduction (``checked_as``);
 - each chunk's computation of the program is traced in a name scope (``chunk_scope``) where
   the interpreter restarts ``per_site``'s clock, so that times in different chunks compare
   as the original's steps do;
@@ -39,7 +40,6 @@ not pass through) is interpreted as JAX does: docs/errors.md lists what differs 
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import itertools
 import re
@@ -50,6 +50,7 @@ from typing import Any, Protocol
 import jax
 
 from jaxpr_accum._compat._check_places import (
+    checked_as,
     counting,
     entering,
     in_backward_pass,
@@ -154,7 +155,6 @@ def _checkify_jaxpr_flat(
 ) -> tuple[object, list]:
     """JAX's ``checkify_jaxpr_flat`` (same signature and result), each loop's run of
     equations interpreted with one error slot per check site (the module's docstring)."""
-    module: Any = importlib.import_module(_CHECKIFY)
     last_used, clean_up = internal("jax._src.core.last_used"), internal(_CLEAN_UP)
     env: dict = {}
     err_vals, in_args = args[: err_tree.num_leaves], args[err_tree.num_leaves :]
@@ -163,19 +163,20 @@ def _checkify_jaxpr_flat(
     env.update(zip(jaxpr.invars, in_args, strict=True))
     last = last_used(jaxpr)
 
+    made_by = {v: e for e in jaxpr.eqns for v in e.outvars}
+
     def interpret(eqns: list[Eqn], error: object) -> object:
         begun = False  # whether a chunk's computation has begun in this jaxpr (one per jaxpr:
         # the chunk loop's body, or the remainder after it; fused's value, tangents and
         # cotangents of one chunk are apart)
         for eqn in eqns:
             invals = [_read(env, v) for v in eqn.invars]
-            default = functools.partial(module.default_checkify_rule, eqn.primitive)
-            rule = module.error_checks.get(eqn.primitive, default)
+            rule, checked = checked_as(eqn, made_by)
             ctx = getattr(getattr(eqn, "ctx", None), "manager", contextlib.nullcontext())
             chunk = _in_chunk(eqn)
             if chunk and not begun and not _chunks[0]:  # a chunk begins
                 error, begun = restart_clock(error), True
-            with entering(eqn), user_context(eqn), ctx, _within(chunk):
+            with entering(checked), user_context(checked), ctx, _within(chunk):
                 error, outs = rule(error, enabled_errors, *invals, **eqn.params)
             outs = outs if eqn.primitive.multiple_results else [outs]
             env.update(zip(eqn.outvars, outs, strict=True))

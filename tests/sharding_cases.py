@@ -624,6 +624,77 @@ def case_checkify() -> dict[str, Any]:
 CASES["checkify"] = case_checkify
 
 
+def _automatic_checks() -> dict[str, Callable]:
+    """Programs whose checks fire per row where ``x[:, 0]`` is below a threshold: -5 in rows
+    5 (a device's remainder) and 23, -25 in row 23 only (the last device's remainder)."""
+
+    def lookup(w: jax.Array, x: jax.Array, below: float) -> jax.Array:
+        idx = jnp.where(x[:, 0] < below, 100 + jnp.arange(x.shape[0]), 0)
+        return jnp.take(w[0], idx, mode=None)[:, None]
+
+    def division(x: jax.Array, below: float) -> jax.Array:
+        return (1 // (x[:, :1] >= below).astype(jnp.int32)).astype(x.dtype)
+
+    def head(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w)
+
+    return {
+        "div": lambda w, x: jnp.mean(head(w, x) + division(x, -5.0)),
+        "nan": lambda w, x: jnp.mean(head(w, x) + jnp.log(x[:, :1] + 5.0)),
+        "index": lambda w, x: jnp.mean(head(w, x) + lookup(w, x, -5.0)),
+        # two of one kind: the first in the program (``log``) fires only in row 23, the
+        # second (``sqrt``) also in row 5 (an earlier device); the original reports ``log``
+        "two_nans": lambda w, x: jnp.mean(
+            head(w, x) + jnp.log(x[:, :1] + 25.0) + jnp.sqrt(x[:, :1] + 5.0)
+        ),
+        # two kinds: the division (first in the program) fires only in row 23, the lookup
+        # in row 5 too; the original reports the division
+        "two_kinds": lambda w, x: jnp.mean(head(w, x) + division(x, -25.0) + lookup(w, x, -5.0)),
+    }
+
+
+def case_checkify_automatic() -> dict[str, Any]:
+    """``checkify`` with JAX's automatic checks (``all_checks``) of a serialized function
+    whose batch is sharded (24 rows, 3 per device, chunk 16: 2 rows, then a remainder, on
+    each), on an explicit mesh and on an auto one (``mesh_axis``): each report, and the
+    original's (None where it raises, as JAX's checkify of a lookup does on an explicit
+    mesh)."""
+    from jax.experimental import checkify
+
+    rs = np.random.RandomState(0)
+    w, x = rs.normal(size=(3, 4)).astype(np.float32), np.abs(rs.normal(size=(24, 3)))
+    x = x.astype(np.float32)
+    x[5, 0], x[23, 0] = -20.0, -30.0
+    calls = {"forward": lambda f: f, "value_and_grad": lambda f: jax.value_and_grad(f)}
+
+    def report(f: Callable, args: tuple) -> str | None:
+        try:
+            return jax.jit(checkify.checkify(f, errors=checkify.all_checks))(*args)[0].get()
+        except Exception as e:
+            return f"raised {type(e).__name__}: {str(e)[:300]}"
+
+    facts: dict[str, Any] = {}
+    for name, mesh, kw in [
+        ("explicit", explicit_mesh(), {}),
+        ("auto", auto_mesh(), {"mesh_axis": "data"}),
+    ]:
+        args = (
+            jax.device_put(w, NamedSharding(mesh, P())),
+            jax.device_put(x, NamedSharding(mesh, P("data"))),
+        )
+        for program, loss in _automatic_checks().items():
+            for grad, call in [("remat", "forward"), ("fused", "value_and_grad"),
+                               ("native", "value_and_grad"), ("auto", "forward")]:  # fmt: skip
+                sf = ja.serialize_axis(loss, chunk=16, argnums=1, grad=grad, **kw)
+                key = f"{name}/{program}/{call}"
+                facts.setdefault(key, {"original": report(calls[call](loss), args)})
+                facts[key][grad] = report(calls[call](sf), args)
+    return {"reports": facts}
+
+
+CASES["checkify-automatic"] = case_checkify_automatic
+
+
 def main(names: list[str]) -> None:
     from tests.sharding_fsdp import CASES as FSDP_CASES  # imports this module: not at the top
 

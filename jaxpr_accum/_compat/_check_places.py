@@ -88,6 +88,16 @@ def recomputed() -> contextlib.AbstractContextManager:
     return jax.named_scope(_RECOMPUTED)
 
 
+def traced_in(scope: str, fn: Callable) -> Callable:
+    """``fn``, its equations traced in the name scope ``scope``."""
+
+    def scoped(*args: object) -> object:
+        with jax.named_scope(scope):
+            return fn(*args)
+
+    return scoped
+
+
 def accumulated() -> contextlib.AbstractContextManager:
     """The name scope of the sums a chunk loop accumulates over the chunks."""
     return jax.named_scope(_ACCUMULATED)
@@ -151,6 +161,11 @@ def entering(eqn: Eqn) -> Iterator[None]:
         yield
     finally:
         _context.pop()
+
+
+def checked_eqn() -> Eqn | None:
+    """The equation being checkified (the innermost one entered), if any."""
+    return _context[-1][2]
 
 
 @contextlib.contextmanager

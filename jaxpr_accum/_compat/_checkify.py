@@ -12,6 +12,15 @@ primitive of our own without a rule would lose every check inside it). Two rules
   fire, the equation is bound as it is. The loop's equations are those of a chunk loop's name
   scope, which ``_loop_checks`` interprets with one error slot per check site, so the report
   is the original's (as for every chunk loop JAX derives from the region's passes).
+- **the region's ``shard_map``** (a sharded layout: each device loops over its shard): JAX's
+  rule hands each device's error out along a new leading axis (reported "at mapped index
+  0: ..."), and drops the constants of the checked body (a lookup's bounds: "foreach()
+  argument 2 is shorter than argument 1"). For the region's own ``shard_map`` (traced in a
+  chunk loop's scope), the body is checkified inside a ``shard_map`` of the same mesh and
+  specs, and the devices' errors are made one there (``_across_devices``): per kind, the
+  check first in the program among the devices where it fired, with the first such
+  device's payload (its rows come first), as the unsharded original reports it. A
+  ``shard_map`` of yours keeps JAX's rule.
 - **checkpoint** (``remat_p``): JAX's rule requires the checkified body to close over no
   constant, which fails on the ``dynamic_slice`` that takes a chunk from the whole input
   inside each checkpointed body (its check's bounds are array constants): "too many values
@@ -24,11 +33,16 @@ nothing here runs (the unchecked program is unchanged).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from typing import Any
 
 import jax
+import numpy as np
 
+from jaxpr_accum._compat._check_places import checked_eqn
 from jaxpr_accum._compat._lookup import internal
+from jaxpr_accum._compat._loop_checks import loop_serial
 from jaxpr_accum._compat._types import ClosedJaxpr, Jaxpr, Params, Primitive
 
 _CHECKIFY = "jax._src.checkify."
@@ -85,3 +99,84 @@ def _checkpoint_keeping_constants() -> None:
 
 
 _checkpoint_keeping_constants()
+
+
+def _region_shard_map_as_one() -> None:
+    """Wrap JAX's checkify rule of ``shard_map`` so that the region's own reports as one
+    device would (see the module's docstring)."""
+    table = internal(_CHECKIFY + "error_checks")
+    shard_map_p = internal("jax._src.shard_map.shard_map_p")
+    jax_rule = table[shard_map_p]
+    spec = jax.sharding.PartitionSpec
+
+    def rule(
+        error: object,
+        enabled_errors: object,
+        *vals_in: object,
+        jaxpr: Jaxpr,
+        in_specs: tuple,
+        out_specs: tuple,
+        **params: Any,
+    ) -> object:
+        eqn = checked_eqn()
+        if eqn is None or loop_serial(eqn) is None:  # not the region's
+            return jax_rule(
+                error, enabled_errors, *vals_in, jaxpr=jaxpr, in_specs=in_specs,
+                out_specs=out_specs, **params,
+            )  # fmt: skip
+        axes: tuple = tuple(params.get("newly_manual_axes", params.get("manual_axes")) or ())
+        err_vals, err_tree = jax.tree_util.tree_flatten(error)
+        checkify_flat = importlib.import_module(_CHECKIFY[:-1]).checkify_jaxpr_flat
+        trees = []
+
+        def body(err_vals: list, vals: tuple) -> tuple:
+            out_error, outs = checkify_flat(jaxpr, [], enabled_errors, err_tree, *err_vals, *vals)
+            leaves, tree = jax.tree_util.tree_flatten(_across_devices(out_error, axes))
+            trees.append(tree)
+            return leaves, tuple(outs)
+
+        mapped = jax.shard_map(
+            body,
+            mesh=params["mesh"],
+            in_specs=(spec(), tuple(in_specs)),
+            out_specs=(spec(), tuple(out_specs)),
+            axis_names=frozenset(axes),
+            check_vma=bool(params.get("check_vma", True)),
+        )
+        leaves, outs = mapped(err_vals, tuple(vals_in))
+        return jax.tree_util.tree_unflatten(trees[-1], leaves), list(outs)
+
+    table[shard_map_p] = rule
+
+
+def _across_devices(error: Any, axes: tuple) -> object:
+    """``error`` of this device made the same on every device: per kind, the smallest code
+    (the check first in the program) among the devices where it fired, with the payload of
+    the first such device."""
+    jnp, lax = jax.numpy, jax.lax
+    never = np.iinfo(np.int32).max
+    device = lax.axis_index(axes)
+
+    def varying(x: Any) -> Any:  # a collective's operand varies across the devices
+        return jnp.where(device < 0, x, x)
+
+    for kind in list(error._pred):
+        pred, code = varying(error._pred[kind]), varying(error._code[kind])
+        best = lax.pmin(jnp.where(pred, code, never), axes)
+        first = lax.pmin(jnp.where(pred & (code == best), device, never), axes)
+        payload = [_from(first == device, varying(p), axes) for p in error._payload[kind]]
+        fired = best != never
+        code = jnp.where(fired, best, lax.pmin(code, axes))
+        error = error._update(kind, fired, code, {}, payload)
+    return error
+
+
+def _from(mine: Any, x: Any, axes: tuple) -> Any:
+    """``x`` of the one device where ``mine``, on every device."""
+    jnp, lax = jax.numpy, jax.lax
+    if x.dtype == jnp.bool_:
+        return lax.pmax(jnp.where(mine, x, False).astype(jnp.int32), axes).astype(jnp.bool_)
+    return lax.psum(jnp.where(mine, x, jnp.zeros_like(x)), axes)
+
+
+_region_shard_map_as_one()

@@ -32,9 +32,8 @@ reports the one first in the program. So:
 Invariants: outside ``checkify`` nothing here runs and a traced program is unchanged (a
 name scope is metadata). Equations outside every loop's scope are interpreted as JAX does.
 A run inside another run (a loop's scope met while one is interpreted, in an inner jaxpr) is
-interpreted as part of the outer run. A run holding a ``shard_map`` (a sharded layout, where
-each device carries its own error through JAX's rule for ``shard_map``, which the slots do
-not pass through) is interpreted as JAX does: docs/errors.md lists what differs there.
+interpreted as part of the outer run. In a run holding a ``shard_map`` (a sharded layout),
+the body each device runs is the loop's run (``_checkify`` makes the devices' errors one).
 """
 
 from __future__ import annotations
@@ -88,6 +87,8 @@ _owners: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _serials: dict[str, int] = {}  # per written body (``fingerprint``)
 #: how many runs are being interpreted under ``per_site`` (an inner one joins the outer)
 _depth = [0]
+#: the loop whose ``shard_map`` (a sharded layout) is being interpreted, innermost last
+_on_devices: list[int | None] = [None]
 #: how many equations of a chunk's computation enclose the jaxpr being interpreted
 _chunks = [0]
 #: per loop, where its last forward pass put its checks among the codes: ``(base, place ->
@@ -104,16 +105,6 @@ def loop_scope(owner: Written) -> str:
     return f"{_SCOPE}{serial}"
 
 
-def traced_in(scope: str, fn: Callable) -> Callable:
-    """``fn``, its equations traced in the name scope ``scope``."""
-
-    def scoped(*args: object) -> object:
-        with jax.named_scope(scope):
-            return fn(*args)
-
-    return scoped
-
-
 def chunk_scope() -> contextlib.AbstractContextManager:
     """The name scope to trace one chunk's computation of the program in: where the
     interpreter meets it, a chunk begins, and the clock of ``per_site`` restarts."""
@@ -126,7 +117,7 @@ def _in_chunk(eqn: Eqn) -> bool:
     return _ROWS_IN.search(str(eqn.source_info.name_stack)) is not None
 
 
-def _loop_of(eqn: Eqn) -> int | None:
+def loop_serial(eqn: Eqn) -> int | None:
     """The serial of the loop whose scope ``eqn`` was traced in, if any."""
     found = _SCOPE_OF.search(str(eqn.source_info.name_stack))
     return None if found is None else int(found.group(1))
@@ -139,8 +130,12 @@ def _loop_transposed(eqn: Eqn) -> bool:
 
 
 def _runs(eqns: list[Eqn]) -> Iterator[tuple[int | None, list[Eqn]]]:
-    """``eqns`` in runs of consecutive equations of one loop's scope (None: of none)."""
-    for loop, run in itertools.groupby(eqns, _loop_of):
+    """``eqns`` in runs of consecutive equations of one loop's scope (None: of none; inside
+    a loop's ``shard_map``, of that loop)."""
+    inside = _on_devices[-1]
+    for loop, run in itertools.groupby(
+        eqns, lambda e: loop_serial(e) if inside is None else inside
+    ):
         yield loop, list(run)
 
 
@@ -199,8 +194,12 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
             continue
         owner = _owners.get(loop)
         written = [] if owner is None else owner.written_body()
-        if any(e.primitive.name == "shard_map" for e in run):  # an error per device
-            error = shapes_as_written(interpret(run, error), written)
+        if any(e.primitive.name == "shard_map" for e in run):  # its body is the loop's run
+            _on_devices.append(loop)  # (``_checkify``: the devices' errors made one)
+            try:
+                error = shapes_as_written(interpret(run, error), written)
+            finally:
+                _on_devices.pop()
             continue
         backward = in_backward_pass() or any(_loop_transposed(e) for e in run)
         if backward:  # what the forward passes found of the backward pass, in its place

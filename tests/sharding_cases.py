@@ -667,11 +667,15 @@ def case_checkify_automatic() -> dict[str, Any]:
     x[5, 0], x[23, 0] = -20.0, -30.0
     calls = {"forward": lambda f: f, "value_and_grad": lambda f: jax.value_and_grad(f)}
 
-    def report(f: Callable, args: tuple) -> str | None:
+    def report(f: Callable, args: tuple, jit: bool = True) -> str | None:
+        checked = checkify.checkify(f, errors=checkify.all_checks)
         try:
-            return jax.jit(checkify.checkify(f, errors=checkify.all_checks))(*args)[0].get()
+            return (jax.jit(checked) if jit else checked)(*args)[0].get()
         except Exception as e:
             return f"raised {type(e).__name__}: {str(e)[:300]}"
+
+    def jvp(f: Callable) -> Callable:  # tangents made inside, eagerly: not laid out as x
+        return lambda w, x: jax.jvp(f, (w, x), (jnp.ones_like(w), jnp.ones_like(x)))
 
     facts: dict[str, Any] = {}
     for name, mesh, kw in [
@@ -689,6 +693,13 @@ def case_checkify_automatic() -> dict[str, Any]:
                 key = f"{name}/{program}/{call}"
                 facts.setdefault(key, {"original": report(calls[call](loss), args)})
                 facts[key][grad] = report(calls[call](sf), args)
+        with jax.set_mesh(mesh):
+            loss = _automatic_checks()["nan"]
+            sf = ja.serialize_axis(loss, chunk=16, argnums=1, **kw)
+            facts[f"{name}/nan/eager jvp"] = {
+                "original": report(jvp(loss), args, jit=False),
+                "auto": report(jvp(sf), args, jit=False),
+            }
     return {"reports": facts}
 
 

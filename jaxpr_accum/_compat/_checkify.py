@@ -143,10 +143,26 @@ def _region_shard_map_as_one() -> None:
             axis_names=frozenset(axes),
             check_vma=bool(params.get("check_vma", True)),
         )
-        leaves, outs = mapped(err_vals, tuple(vals_in))
+        vals = tuple(_as_specified(v, s) for v, s in zip(vals_in, in_specs, strict=True))
+        leaves, outs = mapped(err_vals, vals)
         return jax.tree_util.tree_unflatten(trees[-1], leaves), list(outs)
 
     table[shard_map_p] = rule
+
+
+def _as_specified(x: Any, spec: Any) -> Any:
+    """``x`` laid out as ``spec`` says where its mesh has explicit axes (the equation's
+    operand may carry another layout, as a tangent made by ``jnp.ones_like`` does: JAX's
+    ``shard_map`` refuses it, and its equation did not check)."""
+    aval: Any = jax.typeof(x)
+    sharding: Any = getattr(aval, "sharding", None)
+    axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", None) or ()
+    if jax.sharding.AxisType.Explicit not in axis_types:
+        return x
+    pad = [None] * aval.ndim
+    if (*sharding.spec, *pad)[: aval.ndim] == (*spec, *pad)[: aval.ndim]:
+        return x
+    return jax.sharding.reshard(x, jax.sharding.NamedSharding(sharding.mesh, spec))
 
 
 def _across_devices(error: Any, axes: tuple) -> object:

@@ -2,7 +2,7 @@
 
 ``checkify`` traces a function to a jaxpr and interprets it equation by equation, each through
 its rule in JAX's table ``error_checks`` (the default rule binds the equation unchanged, so a
-primitive of our own without a rule would lose every check inside it). Two rules:
+primitive of our own without a rule would lose every check inside it). Three rules:
 
 - **the region** (``checks_through``): where the enabled error set has a check that can fire
   inside the region's chunk loop (JAX's own checkify of the loop's jaxpr reports an error

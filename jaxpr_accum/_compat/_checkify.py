@@ -43,6 +43,7 @@ import numpy as np
 from jaxpr_accum._compat._check_places import checked_eqn
 from jaxpr_accum._compat._lookup import internal
 from jaxpr_accum._compat._loop_checks import loop_serial
+from jaxpr_accum._compat._sharding import named_sharding
 from jaxpr_accum._compat._types import ClosedJaxpr, Jaxpr, Params, Primitive
 
 _CHECKIFY = "jax._src.checkify."
@@ -154,13 +155,11 @@ def _as_specified(x: Any, spec: Any) -> Any:
     """``x`` laid out as ``spec`` says where its mesh has explicit axes (the equation's
     operand may carry another layout, as a tangent made by ``jnp.ones_like`` does: JAX's
     ``shard_map`` refuses it, and its equation did not check)."""
-    aval: Any = jax.typeof(x)
-    sharding: Any = getattr(aval, "sharding", None)
-    axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", None) or ()
-    if jax.sharding.AxisType.Explicit not in axis_types:
+    sharding = named_sharding(x)
+    if sharding is None or jax.sharding.AxisType.Explicit not in sharding.mesh.axis_types:
         return x
-    pad = [None] * aval.ndim
-    if (*sharding.spec, *pad)[: aval.ndim] == (*spec, *pad)[: aval.ndim]:
+    ndim, pad = jax.numpy.ndim(x), (None,) * jax.numpy.ndim(x)
+    if (*sharding.spec, *pad)[:ndim] == (*spec, *pad)[:ndim]:
         return x
     return jax.sharding.reshard(x, jax.sharding.NamedSharding(sharding.mesh, spec))
 

@@ -626,7 +626,8 @@ CASES["checkify"] = case_checkify
 
 def _automatic_checks() -> dict[str, Callable]:
     """Programs whose checks fire per row where ``x[:, 0]`` is below a threshold: -5 in rows
-    5 (a device's remainder) and 23, -25 in row 23 only (the last device's remainder)."""
+    5 (a device's remainder) and 23, -25 in row 23 only (the last device's remainder), -19
+    in both."""
 
     def lookup(w: jax.Array, x: jax.Array, below: float) -> jax.Array:
         idx = jnp.where(x[:, 0] < below, 100 + jnp.arange(x.shape[0]), 0)
@@ -650,6 +651,19 @@ def _automatic_checks() -> dict[str, Callable]:
         # two kinds: the division (first in the program) fires only in row 23, the lookup
         # in row 5 too; the original reports the division
         "two_kinds": lambda w, x: jnp.mean(head(w, x) + division(x, -25.0) + lookup(w, x, -5.0)),
+        # two of one kind in a loop of the user's: the first in the program (``log``) fires
+        # at the last step only (rows 5 and 23), the second (``sqrt``) at every step (row 23,
+        # the last device); the original reports ``sqrt``, which fires at the earlier step
+        "loop_two_nans": lambda w, x: jnp.mean(
+            jax.lax.scan(
+                lambda h, s: (
+                    h + jnp.log(x[:, :1] + 19.0 + 30.0 * (s < 2)) + jnp.sqrt(x[:, :1] + 25.0),
+                    None,
+                ),
+                head(w, x),
+                jnp.arange(3),
+            )[0]
+        ),
     }
 
 

@@ -17,10 +17,11 @@ primitive of our own without a rule would lose every check inside it). Three rul
   0: ..."), and drops the constants of the checked body (a lookup's bounds: "foreach()
   argument 2 is shorter than argument 1"). For the region's own ``shard_map`` (traced in a
   chunk loop's scope), the body is checkified inside a ``shard_map`` of the same mesh and
-  specs, and the devices' errors are made one there (``_across_devices``): per kind, the
-  check first in the program among the devices where it fired, with the first such
-  device's payload (its rows come first), as the unsharded original reports it. A
-  ``shard_map`` of yours keeps JAX's rule.
+  specs, and the devices' errors are made one there (``_across_devices``), slot by slot:
+  the body is interpreted inside the loop's ``per_site`` (``_loop_checks``), so each check
+  site's slot takes its soonest firing among the devices, from the first such device (its
+  rows come first), and the sites are then merged as one device's are, as the unsharded
+  original reports them. A ``shard_map`` of yours keeps JAX's rule.
 - **checkpoint** (``remat_p``): JAX's rule requires the checkified body to close over no
   constant, which fails on the ``dynamic_slice`` that takes a chunk from the whole input
   inside each checkpointed body (its check's bounds are array constants): "too many values
@@ -165,9 +166,11 @@ def _as_specified(x: Any, spec: Any) -> Any:
 
 
 def _across_devices(error: Any, axes: tuple) -> object:
-    """``error`` of this device made the same on every device: per kind, the smallest code
-    (the check first in the program) among the devices where it fired, with the payload of
-    the first such device."""
+    """``error`` of this device made the same on every device, slot by slot: of the devices
+    where a slot fired, those where it fired soonest (a check site's time, ``_check_sites``;
+    a kind's slot has none), then with the smallest code (the check first in the program),
+    and of them the first device (its rows come first) gives the payload. A slot that fired
+    nowhere (the clock, the same on every device) keeps the first device's."""
     jnp, lax = jax.numpy, jax.lax
     never = np.iinfo(np.int32).max
     device = lax.axis_index(axes)
@@ -175,14 +178,25 @@ def _across_devices(error: Any, axes: tuple) -> object:
     def varying(x: Any) -> Any:  # a collective's operand varies across the devices
         return jnp.where(device < 0, x, x)
 
-    for kind in list(error._pred):
-        pred, code = varying(error._pred[kind]), varying(error._code[kind])
-        best = lax.pmin(jnp.where(pred, code, never), axes)
-        first = lax.pmin(jnp.where(pred & (code == best), device, never), axes)
-        payload = [_from(first == device, varying(p), axes) for p in error._payload[kind]]
-        fired = best != never
+    times = {
+        getattr(slot, "rank", None): varying(jnp.where(error._pred[slot], payload[0], never))
+        for slot, payload in error._payload.items()
+        if getattr(slot, "timed", False)
+    }
+    for slot in list(error._pred):
+        pred, code = varying(error._pred[slot]), varying(error._code[slot])
+        time = times.get(getattr(slot, "rank", None), varying(jnp.int32(never)))
+        soonest = lax.pmin(jnp.where(pred, time, never), axes)
+        best = lax.pmin(jnp.where(pred & (time == soonest), code, never), axes)
+        chosen = pred & (time == soonest) & (code == best)
+        fired = soonest != never
+        first = jnp.where(fired, lax.pmin(jnp.where(chosen, device, never), axes), 0)
+        if getattr(slot, "timed", False):  # the site's soonest time
+            payload = [jnp.where(fired, soonest, never)]
+        else:
+            payload = [_from(first == device, varying(p), axes) for p in error._payload[slot]]
         code = jnp.where(fired, best, lax.pmin(code, axes))
-        error = error._update(kind, fired, code, {}, payload)
+        error = error._update(slot, fired, code, {}, payload)
     return error
 
 

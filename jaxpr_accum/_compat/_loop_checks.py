@@ -33,7 +33,8 @@ Invariants: outside ``checkify`` nothing here runs and a traced program is uncha
 name scope is metadata). Equations outside every loop's scope are interpreted as JAX does.
 A run inside another run (a loop's scope met while one is interpreted, in an inner jaxpr) is
 interpreted as part of the outer run. In a run holding a ``shard_map`` (a sharded layout),
-the body each device runs is the loop's run (``_checkify`` makes the devices' errors one).
+the body each device runs is the loop's run, under the run's ``per_site`` (``_checkify``
+makes the devices' slots one as they leave it).
 """
 
 from __future__ import annotations
@@ -142,7 +143,13 @@ def _runs(eqns: list[Eqn]) -> Iterator[tuple[int | None, list[Eqn]]]:
 def _reversed(run: list[Eqn]) -> bool:
     """Whether the run's loop visits the chunks from the last to the first (JAX's transpose
     of a chunk loop: a reverse scan, after the remainder)."""
-    return any(e.primitive.name == "scan" and param(e, "reverse") for e in run)
+    return any(
+        e.primitive.name == "scan"
+        and param(e, "reverse")
+        or e.primitive.name == "shard_map"
+        and _reversed(list(param(e, "jaxpr").eqns))
+        for e in run
+    )
 
 
 def _checkify_jaxpr_flat(
@@ -194,23 +201,20 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
             continue
         owner = _owners.get(loop)
         written = [] if owner is None else owner.written_body()
-        if any(e.primitive.name == "shard_map" for e in run):  # its body is the loop's run
-            _on_devices.append(loop)  # (``_checkify``: the devices' errors made one)
-            try:
-                error = shapes_as_written(interpret(run, error), written)
-            finally:
-                _on_devices.pop()
-            continue
         backward = in_backward_pass() or any(_loop_transposed(e) for e in run)
         if backward:  # what the forward passes found of the backward pass, in its place
             error = _merge_found_early(error, found_early.pop(loop, []))
         _depth[0] += 1
+        # a sharded layout: the body each device runs is the loop's run (``_checkify`` makes
+        # the devices' slots one)
+        _on_devices.append(loop if any(e.primitive.name == "shard_map" for e in run) else None)
         recount()
         try:
             with per_site(site_of, reversed_backward=_reversed(run)) as sites:
                 per_site_error = interpret(run, sites.error)
         finally:
             _depth[0] -= 1
+            _on_devices.pop()
         per_site_error = shapes_as_written(per_site_error, written)
         if backward:
             error = _merge_backward(error, loop, per_site_error, sites)

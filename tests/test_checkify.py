@@ -427,21 +427,6 @@ def test_two_checks_in_a_loop_of_the_users(loop, how, mode):
     check_case_of(program, "nan", mode, how, rows)
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="documented in docs/errors.md: jax.vmap inside checkify")
-def test_one_check_in_two_elements_of_a_vmap():
-    """Inside ``checkify``, ``jax.vmap`` over two data sets that err in the remainder (the
-    first set) and in the first chunk (the second): the original reports the first set's."""
-    f = index_program
-    xs = jnp.stack([data((9,)), data((1,))])
-    sf = ja.serialize_axis(f, chunk=CHUNK, argnums=1, grad="remat")
-    got, expected = (
-        jax.jit(checkify.checkify(jax.vmap(g, (None, 0)), errors=checkify.index_checks))(W, xs)
-        for g in (sf, f)
-    )
-    assert got[0].get() == expected[0].get()
-
-
 #: (mode, how, program): a NaN made by adding ``+inf`` and ``-inf`` of different chunks;
 #: every mode with every transformation, the two reductions in rotation
 SUMS = [

@@ -78,11 +78,13 @@ def call(region: Region, mode: GradientMode, inputs: Inputs) -> Outputs:
     """The region's outputs on ``inputs`` in ``mode``: through the primitive, or where JAX
     differentiates the loop (native) without it, the chunk loop with checkpointed bodies."""
     if mode.jax_differentiates:
+        flat = inputs.flat()
+        closed = region.forward_jaxpr([_compat.aval_of(x) for x in flat], checkpoint=True)
         if _compat.debug_checks_on():  # a value the loop makes invalid named as written
-            flat = inputs.flat()
-            closed = region.forward_jaxpr([_compat.aval_of(x) for x in flat], checkpoint=True)
             return region.signature.outputs(_compat.checked_call(closed, flat, region.as_written))
-        return region.forward(inputs, checkpoint=True)
+        # one equation, differentiated as JAX differentiates the loop (``jax.vmap`` keeps it
+        # one, which ``checkify`` checks per element)
+        return region.signature.outputs(_compat.loop_call(closed, flat, region.scope))
     flat = inputs.flat()
     outs = _bind(region, mode, flat, linearizing=False)
     return region.signature.outputs(outs)
@@ -181,8 +183,11 @@ def _batch(
     # JAX batches the checkpointed loop's jaxpr: outputs no batched argument reaches stay
     # unbatched (dim None), as the original's do
     closed = _checkpointed_jaxpr({"region": region, "jaxpr": jaxpr, **p})
-    batched, out_batched = _compat.batch_jaxpr(closed, axis, dims)
-    outs = jax.extend.core.jaxpr_as_fun(batched)(*args)
+    if _compat.debug_checks_on():  # its equations run eagerly, as the original's do
+        batched, out_batched = _compat.batch_jaxpr(closed, axis, dims)
+        outs = jax.extend.core.jaxpr_as_fun(batched)(*args)
+    else:  # one equation, which ``checkify`` checks per element
+        outs, out_batched = _compat.batched_loop_call(closed, args, region.scope, axis, dims)
     return outs, [0 if b else None for b in out_batched]
 
 

@@ -53,6 +53,7 @@ from jaxpr_accum._compat._lookup import (  # noqa: F401 (re-exported)
 )
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._lookup import param as _param
+from jaxpr_accum._compat._loop_call import batched_loop_call, loop_call  # noqa: F401
 from jaxpr_accum._compat._loop_checks import chunk_scope, loop_scope  # noqa: F401
 from jaxpr_accum._compat._random import (  # noqa: F401 (re-exported)
     called_only,

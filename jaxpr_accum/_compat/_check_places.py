@@ -249,11 +249,12 @@ def _users_frames(traceback: Any) -> tuple:
     return tuple((f, i) for f, i in at if not f.startswith((_PACKAGE, _JAX)))
 
 
-def shapes_as_written(checked: Any, written: list[Eqn]) -> object:
+def shapes_as_written(checked: Any, written: list[Eqn], vmapped: int | None = None) -> object:
     """``checked`` with each out-of-bounds error raised inside the loop naming the operand's
     shape as written (``(12, 3)``), not the chunk's (``(4, 3)``): the equation of ``written``
     with the same primitive and source whose operand's shape is the chunk's but for longer
-    dimensions (the axis; ``_as_written``)."""
+    dimensions (the axis; ``_as_written``). ``vmapped``: the size of the ``jax.vmap`` whose
+    elements the loop was checked in one by one, each as a batch of one (``_loop_call``)."""
     oob_error = internal(_CHECKIFY + ".OOBError")
     metadata = dict(checked._metadata)
     for code, tree in checked._metadata.items():
@@ -263,7 +264,7 @@ def shapes_as_written(checked: Any, written: list[Eqn]) -> object:
         source = _frames(exc.traceback_info, _PACKAGE)
         chunked = tuple(exc.operand_shape)
         shapes = {
-            _as_written(chunked, tuple(shaped(e.invars[0]).shape))
+            _as_written(chunked, tuple(shaped(e.invars[0]).shape), vmapped)
             for e in written
             if e.primitive.name == exc.prim and _frames(e.source_info.traceback, _PACKAGE) == source
         } - {None}
@@ -274,15 +275,18 @@ def shapes_as_written(checked: Any, written: list[Eqn]) -> object:
     return checked._replace(_metadata=metadata)
 
 
-def _as_written(chunked: tuple, written: tuple) -> tuple | None:
+def _as_written(chunked: tuple, written: tuple, vmapped: int | None) -> tuple | None:
     """The shape as written of an operand whose chunk is ``chunked``, where ``written`` is its
     shape in the program as written: ``chunked`` is ``written`` with some dimensions shorter
-    (a chunk of them), after any leading dimensions (those ``jax.vmap`` adds, kept)."""
+    (a chunk of them), after any leading dimensions (those ``jax.vmap`` adds, kept; a batch of
+    one made for an element of a ``jax.vmap`` of size ``vmapped``, that size)."""
     lead = len(chunked) - len(written)
     chunk = chunked[lead:]
-    if lead < 0 or chunk == written or any(c > w for c, w in zip(chunk, written, strict=True)):
+    if lead < 0 or any(c > w for c, w in zip(chunk, written, strict=True)):
         return None
-    return chunked[:lead] + written
+    if vmapped is not None and lead == 1:
+        return (vmapped, *written)
+    return None if chunk == written else chunked[:lead] + written
 
 
 def _frames(traceback: Traceback | None, skipped: str = "") -> list | None:

@@ -17,7 +17,7 @@ primitive of our own without a rule would lose every check inside it). Three rul
   0: ..."), and drops the constants of the checked body (a lookup's bounds: "foreach()
   argument 2 is shorter than argument 1"). For the region's own ``shard_map`` (traced in a
   chunk loop's scope), the body is checkified inside a ``shard_map`` of the same mesh and
-  specs, and the devices' errors are made one there (``_across_devices``), slot by slot:
+  specs, and the devices' errors are made one there (``made_one``), slot by slot:
   the body is interpreted inside the loop's ``per_site`` (``_loop_checks``), so each check
   site's slot takes its soonest firing among the devices, from the first such device (its
   rows come first), and the sites are then merged as one device's are, as the unsharded
@@ -39,10 +39,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 
 from jaxpr_accum._compat._check_places import checked_eqn
 from jaxpr_accum._compat._lookup import internal
+from jaxpr_accum._compat._loop_call import error_effects, made_one
 from jaxpr_accum._compat._loop_checks import loop_serial
 from jaxpr_accum._compat._sharding import named_sharding
 from jaxpr_accum._compat._types import ClosedJaxpr, Jaxpr, Params, Primitive
@@ -57,19 +57,11 @@ def checks_through(p: Primitive, loop_of: Callable[[Params], ClosedJaxpr]) -> No
 
     def rule(error: object, enabled_errors: object, *args: object, **params: object) -> tuple:
         loop = loop_of(params)
-        if not _error_effects(loop, enabled_errors, args):
+        if not error_effects(loop, enabled_errors, [jax.typeof(x) for x in args]):
             return error, p.bind(*args, **params)
         return checkify_jaxpr(loop, enabled_errors, error, *args)
 
     internal(_CHECKIFY + "error_checks")[p] = rule
-
-
-def _error_effects(closed: ClosedJaxpr, enabled_errors: object, args: tuple) -> set:
-    """The kinds of error that ``closed``, checkified with ``enabled_errors``, can report."""
-    err_vals, err_tree = jax.tree_util.tree_flatten(internal(_CHECKIFY + "init_error"))
-    avals = [jax.typeof(x) for x in (*err_vals, *args)]
-    to_checked = internal(_CHECKIFY + "jaxpr_to_checkify_jaxpr")
-    return to_checked(closed, enabled_errors, err_tree, *avals)[2]
 
 
 def _checkpoint_keeping_constants() -> None:
@@ -133,7 +125,7 @@ def _region_shard_map_as_one() -> None:
 
         def body(err_vals: list, vals: tuple) -> tuple:
             out_error, outs = checkify_flat(jaxpr, [], enabled_errors, err_tree, *err_vals, *vals)
-            leaves, tree = jax.tree_util.tree_flatten(_across_devices(out_error, axes))
+            leaves, tree = jax.tree_util.tree_flatten(made_one(out_error, axes))
             trees.append(tree)
             return leaves, tuple(outs)
 
@@ -163,49 +155,6 @@ def _as_specified(x: Any, spec: Any) -> Any:
     if (*sharding.spec, *pad)[:ndim] == (*spec, *pad)[:ndim]:
         return x
     return jax.sharding.reshard(x, jax.sharding.NamedSharding(sharding.mesh, spec))
-
-
-def _across_devices(error: Any, axes: tuple) -> object:
-    """``error`` of this device made the same on every device, slot by slot: of the devices
-    where a slot fired, those where it fired soonest (a check site's time, ``_check_sites``;
-    a kind's slot has none), then with the smallest code (the check first in the program),
-    and of them the first device (its rows come first) gives the payload. A slot that fired
-    nowhere (the clock, the same on every device) keeps the first device's."""
-    jnp, lax = jax.numpy, jax.lax
-    never = np.iinfo(np.int32).max
-    device = lax.axis_index(axes)
-
-    def varying(x: Any) -> Any:  # a collective's operand varies across the devices
-        return jnp.where(device < 0, x, x)
-
-    times = {
-        getattr(slot, "rank", None): varying(jnp.where(error._pred[slot], payload[0], never))
-        for slot, payload in error._payload.items()
-        if getattr(slot, "timed", False)
-    }
-    for slot in list(error._pred):
-        pred, code = varying(error._pred[slot]), varying(error._code[slot])
-        time = times.get(getattr(slot, "rank", None), varying(jnp.int32(never)))
-        soonest = lax.pmin(jnp.where(pred, time, never), axes)
-        best = lax.pmin(jnp.where(pred & (time == soonest), code, never), axes)
-        chosen = pred & (time == soonest) & (code == best)
-        fired = soonest != never
-        first = jnp.where(fired, lax.pmin(jnp.where(chosen, device, never), axes), 0)
-        if getattr(slot, "timed", False):  # the site's soonest time
-            payload = [jnp.where(fired, soonest, never)]
-        else:
-            payload = [_from(first == device, varying(p), axes) for p in error._payload[slot]]
-        code = jnp.where(fired, best, lax.pmin(code, axes))
-        error = error._update(slot, fired, code, {}, payload)
-    return error
-
-
-def _from(mine: Any, x: Any, axes: tuple) -> Any:
-    """``x`` of the one device where ``mine``, on every device."""
-    jnp, lax = jax.numpy, jax.lax
-    if x.dtype == jnp.bool_:
-        return lax.pmax(jnp.where(mine, x, False).astype(jnp.int32), axes).astype(jnp.bool_)
-    return lax.psum(jnp.where(mine, x, jnp.zeros_like(x)), axes)
 
 
 _region_shard_map_as_one()

@@ -8,8 +8,7 @@ original runs each check on every row before the next, so of two checks that bot
 reports the one first in the program. So:
 
 - every pass of a region is traced inside a name scope of its own (``loop_scope``), which
-  JAX keeps on each equation it derives from them (``jvp(...)``, ``transpose(...)``,
-  ``vmap(...)``);
+  JAX keeps on each equation it derives from them (``jvp(...)``, ``transpose(...)``);
 - JAX's interpreter of a jaxpr under ``checkify`` (``checkify_jaxpr_flat``, which every rule
   of a jaxpr-carrying primitive calls again for its inner jaxpr) is replaced by one that
   interprets each run of consecutive equations of one loop's scope under
@@ -31,10 +30,9 @@ reports the one first in the program. So:
 
 Invariants: outside ``checkify`` nothing here runs and a traced program is unchanged (a
 name scope is metadata). Equations outside every loop's scope are interpreted as JAX does.
-A run inside another run (a loop's scope met while one is interpreted, in an inner jaxpr) is
-interpreted as part of the outer run. In a run holding a ``shard_map`` (a sharded layout),
-the body each device runs is the loop's run, under the run's ``per_site`` (``_checkify``
-makes the devices' slots one as they leave it).
+A run inside another run (in an inner jaxpr) is part of the outer run. In a run holding a
+``shard_map`` (a sharded layout) or a vmapped loop's call (``_loop_call``), the body each
+device or element runs is the loop's run (``made_one`` makes their slots one).
 """
 
 from __future__ import annotations
@@ -76,6 +74,8 @@ _SCOPE = "jaxpr_accum_chunks"
 _SCOPE_OF = re.compile(_SCOPE + r"(\d+)\b")
 _ROWS = "jaxpr_accum_rows"  # the scope of one chunk's computation of the program
 _ROWS_IN = re.compile(r"\b" + _ROWS + r"\b")
+#: what maps a loop's run over devices or elements: a sharded layout, a vmapped loop's call
+_MAPPED = ("shard_map", "serialized_region_loop")
 
 
 class Written(Protocol):
@@ -88,8 +88,8 @@ _owners: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _serials: dict[str, int] = {}  # per written body (``fingerprint``)
 #: how many runs are being interpreted under ``per_site`` (an inner one joins the outer)
 _depth = [0]
-#: the loop whose ``shard_map`` (a sharded layout) is being interpreted, innermost last
-_on_devices: list[int | None] = [None]
+#: the loop whose mapped run (``_MAPPED``) is being interpreted, innermost last
+_mapped_run: list[int | None] = [None]
 #: how many equations of a chunk's computation enclose the jaxpr being interpreted
 _chunks = [0]
 #: per loop, where its last forward pass put its checks among the codes: ``(base, place ->
@@ -131,9 +131,8 @@ def _loop_transposed(eqn: Eqn) -> bool:
 
 
 def _runs(eqns: list[Eqn]) -> Iterator[tuple[int | None, list[Eqn]]]:
-    """``eqns`` in runs of consecutive equations of one loop's scope (None: of none; inside
-    a loop's ``shard_map``, of that loop)."""
-    inside = _on_devices[-1]
+    """``eqns`` in runs of one loop's scope (None: of none; in a loop's mapped run, its)."""
+    inside = _mapped_run[-1]
     for loop, run in itertools.groupby(
         eqns, lambda e: loop_serial(e) if inside is None else inside
     ):
@@ -144,12 +143,16 @@ def _reversed(run: list[Eqn]) -> bool:
     """Whether the run's loop visits the chunks from the last to the first (JAX's transpose
     of a chunk loop: a reverse scan, after the remainder)."""
     return any(
-        e.primitive.name == "scan"
-        and param(e, "reverse")
-        or e.primitive.name == "shard_map"
-        and _reversed(list(param(e, "jaxpr").eqns))
+        (e.primitive.name == "scan" and param(e, "reverse"))
+        or (e.primitive.name in _MAPPED and _reversed(list(param(e, "jaxpr").eqns)))
         for e in run
     )
+
+
+def _vmapped(run: list[Eqn]) -> int | None:
+    """The size of the ``jax.vmap`` whose elements the run's vmapped loop call checks."""
+    calls = [param(e, "batched") for e in run if e.primitive.name == _MAPPED[1]]
+    return next((c.axis.size for c in calls if c is not None), None)
 
 
 def _checkify_jaxpr_flat(
@@ -168,9 +171,9 @@ def _checkify_jaxpr_flat(
     made_by = {v: e for e in jaxpr.eqns for v in e.outvars}
 
     def interpret(eqns: list[Eqn], error: object) -> object:
-        begun = False  # whether a chunk's computation has begun in this jaxpr (one per jaxpr:
-        # the chunk loop's body, or the remainder after it; fused's value, tangents and
-        # cotangents of one chunk are apart)
+        # whether a chunk's computation has begun in this jaxpr (one per jaxpr: the loop's
+        # body, or the remainder; fused's value, tangents and cotangents of one are apart)
+        begun = False
         for eqn in eqns:
             invals = [_read(env, v) for v in eqn.invars]
             rule, checked = checked_as(eqn, made_by)
@@ -204,18 +207,16 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
         backward = in_backward_pass() or any(_loop_transposed(e) for e in run)
         if backward:  # what the forward passes found of the backward pass, in its place
             error = _merge_found_early(error, found_early.pop(loop, []))
-        _depth[0] += 1
-        # a sharded layout: the body each device runs is the loop's run (``_checkify`` makes
-        # the devices' slots one)
-        _on_devices.append(loop if any(e.primitive.name == "shard_map" for e in run) else None)
+        _depth[0] += 1  # a mapped run: the body each device or element runs is the loop's
+        _mapped_run.append(loop if any(e.primitive.name in _MAPPED for e in run) else None)
         recount()
         try:
             with per_site(site_of, reversed_backward=_reversed(run)) as sites:
                 per_site_error = interpret(run, sites.error)
         finally:
             _depth[0] -= 1
-            _on_devices.pop()
-        per_site_error = shapes_as_written(per_site_error, written)
+            _mapped_run.pop()
+        per_site_error = shapes_as_written(per_site_error, written, _vmapped(run))
         if backward:
             error = _merge_backward(error, loop, per_site_error, sites)
         else:
@@ -280,11 +281,8 @@ def _within(chunk: bool) -> Iterator[None]:
 
 def restart_clock(error: Any) -> object:
     """``error`` with its clock (if it has one: inside ``per_site``) at 0: a chunk begins."""
-    clocks = [slot for slot in error._payload if getattr(slot, "rank", None) == CLOCK]
-    if not clocks:
-        return error
-    (clock,) = clocks
-    return set_clock(error, clock, jax.numpy.int32(0))
+    clock = next((s for s in error._payload if getattr(s, "rank", None) == CLOCK), None)
+    return error if clock is None else set_clock(error, clock, jax.numpy.int32(0))
 
 
 def _read(env: dict, var: object) -> object:

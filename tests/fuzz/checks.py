@@ -15,7 +15,8 @@ last step that makes a NaN after the region (``tail``).
 
 The stack: ``checkify`` with an error set (``user_checks`` ... ``all_checks``) around a plain
 call, ``jax.grad``, ``jax.value_and_grad``, ``jax.jvp`` or ``jax.vmap`` (inside
-``checkify``), or inside ``jax.vmap`` (over a batch of the data, one clean); under
+``checkify``), or inside ``jax.vmap`` (over a batch of two: the data, and its rows reversed,
+which err sooner); under
 ``jax.jit`` or eagerly; every grad mode; chunks that
 divide the axis, that do not, and one chunk. Compared: ``err.get()``'s text and the
 program's line the error's traceback names (None where it names none).
@@ -186,7 +187,8 @@ def report(pair: CheckPair, f: Any, file: str) -> tuple[str | None, int | None, 
     """``(err.get(), the program's line the error names, the kinds of error that fired)``."""
     w, x = data()
     if pair.call.startswith("vmap"):
-        x = jnp.stack([jnp.abs(x), x])  # the second of the batch errs where x does
+        # both err: the first where x does, the second in x's rows reversed (sooner)
+        x = jnp.stack([x, x[::-1]])
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "(?s).*not expected to save", ja.PlanWarning)
         err, _ = _stacked(pair, f)(w, x)

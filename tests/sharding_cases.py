@@ -702,7 +702,8 @@ def case_checkify_automatic() -> dict[str, Any]:
         )
         for program, loss in _automatic_checks().items():
             for grad, call in [("remat", "forward"), ("fused", "value_and_grad"),
-                               ("native", "value_and_grad"), ("auto", "forward")]:  # fmt: skip
+                               ("native", "value_and_grad"), ("auto", "forward"),
+                               ("remat", "value_and_grad")]:  # fmt: skip
                 sf = ja.serialize_axis(loss, chunk=16, argnums=1, grad=grad, **kw)
                 key = f"{name}/{program}/{call}"
                 facts.setdefault(key, {"original": report(calls[call](loss), args)})

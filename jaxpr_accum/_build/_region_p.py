@@ -1,7 +1,8 @@
 """The region as one JAX primitive, ``serialized_region``, whose rules run it in chunks.
 
 ``call(region, mode, inputs)`` binds the primitive on the region's flat inputs (native
-runs the chunk loop with checkpointed bodies instead, which JAX differentiates itself). Its
+binds the chunk loop with checkpointed bodies instead, as one equation that JAX
+differentiates as the loop itself: ``_compat.loop_call``). Its
 parameters are the ``Region`` (``_region``), the gradient ``Mode``, the forward pass as a
 jaxpr (so ``jax.make_jaxpr`` of a serialized function shows the loop) and ``used_outputs``:
 which of the region's outputs the equation returns (None: all; the forward jaxpr returns
@@ -22,9 +23,10 @@ those only). Its rules:
   and linearized again (reverse over reverse), a region with a custom rule takes JAX's
   linearization of that JVP;
 - **batching** (``jax.vmap`` over any argument, through JAX's batching table): that same
-  checkpointed forward pass as a jaxpr, batched by JAX over the vmapped axis; an output that
-  no batched argument reaches stays unbatched, as in the original (an ordered callback on it
-  runs as in the original, f12); with no argument batched, the primitive itself;
+  checkpointed forward pass as a jaxpr, batched by JAX over the vmapped axis, as one
+  equation that ``checkify`` checks element by element (``_compat.batched_loop_call``); an
+  output that no batched argument reaches stays unbatched, as in the original (an ordered
+  callback on it runs as in the original, f12); with no argument batched, the primitive;
 - **checkify** (``jax.experimental.checkify``, ``_compat.checks_through``): where a check
   of the enabled error set can fire inside the region, its checkpointed forward pass,
   checkified (the error carried through the chunks in order, one slot per check site, as

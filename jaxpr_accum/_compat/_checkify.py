@@ -59,9 +59,27 @@ def checks_through(p: Primitive, loop_of: Callable[[Params], ClosedJaxpr]) -> No
         loop = loop_of(params)
         if not error_effects(loop, enabled_errors, [jax.typeof(x) for x in args]):
             return error, p.bind(*args, **params)
+        if params.get("linearizing"):  # the forward pass of a linearization, as JAX's
+            loop = _linearized_forward(loop)
         return checkify_jaxpr(loop, enabled_errors, error, *args)
 
     internal(_CHECKIFY + "error_checks")[p] = rule
+
+
+def _linearized_forward(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """``closed``'s outputs as the forward pass of JAX's linearization of it computes them:
+    the known part of its JVP (every inexact input perturbed), where JAX hoists out of a loop
+    what reads only the loop's constants (``_scan_known_hoisting``), so their checks come
+    before the loop's, as in the original under ``jax.grad``."""
+    pe, ad = "jax._src.interpreters.partial_eval.", "jax._src.interpreters.ad."
+    nonzeros = [jax.numpy.issubdtype(a.dtype, jax.numpy.inexact) for a in closed.in_avals]
+    jvp, _ = internal(ad + "jvp_jaxpr")(closed, nonzeros, False)
+    unknowns = [False] * len(nonzeros) + [True] * sum(nonzeros)
+    known, *_ = internal(pe + "partial_eval_jaxpr_nounits")(jvp, unknowns, False)
+    n = len(closed.out_avals)
+    used = [i < n for i in range(len(known.out_avals))]
+    dce = internal(pe + "dce_jaxpr")
+    return ClosedJaxpr(dce(known.jaxpr, used, instantiate=True)[0], known.consts)
 
 
 def _checkpoint_keeping_constants() -> None:

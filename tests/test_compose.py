@@ -144,6 +144,32 @@ def test_closure_over_traced_parameters(mlp, grad):
     assert_tree_close(got, ref, what="jit(grad) through closed-over tracer")
 
 
+@pytest.mark.parametrize(
+    "inner, outer",
+    [("remat", "native")]
+    + [pytest.param(m, "remat", marks=pytest.mark.slow) for m in ja.GRAD_MODES],
+)
+def test_a_serialized_function_vmapped_inside_another(inner, outer):
+    """The outer function vmaps the inner serialized one over a stack of batches and is
+    itself serialized over the stack: the outer rewrite reads the inner's vmapped chunk loop
+    (one equation, ``serialized_region_loop``) inline (a breaker found it refused)."""
+    rs = np.random.RandomState(1)
+    w = jnp.asarray(rs.normal(size=(3, 4)) / 2, jnp.float32)
+    x = jnp.asarray(rs.normal(size=(10, 3)), jnp.float32)
+    xs = jnp.stack([x, -x, 2 * x])
+
+    def per_batch(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    def stacked(f):
+        return lambda w, xs: jax.vmap(lambda b: f(w, b))(xs).sum()
+
+    sf = ja.serialize_axis(per_batch, chunk=4, argnums=1, grad=inner)
+    so = ja.serialize_axis(stacked(sf), chunk=1, argnums=1, grad=outer)
+    assert_tree_close(so(w, xs), stacked(per_batch)(w, xs))
+    assert_tree_close(jax.grad(so)(w, xs), jax.grad(stacked(per_batch))(w, xs), what="grad")
+
+
 @pytest.mark.parametrize("grad", GRAD_MODES)
 def test_closure_over_concrete_array(grad):
     w = jnp.asarray(np.random.RandomState(0).normal(size=(3, 4)), jnp.float32)

@@ -53,7 +53,7 @@ from jaxpr_accum._compat._lookup import (  # noqa: F401 (re-exported)
 )
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._lookup import param as _param
-from jaxpr_accum._compat._loop_call import batched_loop_call, loop_call  # noqa: F401
+from jaxpr_accum._compat._loop_call import batched_loop_call, loop_call, loop_p  # noqa: F401
 from jaxpr_accum._compat._loop_checks import chunk_scope, loop_scope  # noqa: F401
 from jaxpr_accum._compat._random import (  # noqa: F401 (re-exported)
     called_only,
@@ -203,13 +203,15 @@ def open_closed(j: Jaxpr | ClosedJaxpr) -> tuple[Jaxpr, list]:
 
 
 def is_inlined_call(eqn: JaxprEqn) -> bool:
-    """A nested ``jit`` or ``closed_call``: evaluated inline by the rewriter."""
+    """A nested ``jit`` or ``closed_call``, or an inner serialized function's chunk loop
+    (``loop_call``, native's or a vmapped region's): evaluated inline by the rewriter."""
     return eqn.primitive in _inlined_calls()
 
 
 @functools.cache
 def _inlined_calls() -> frozenset:
-    return frozenset(p for p in (primitive("jit"), primitive("closed_call")) if p is not None)
+    calls = (primitive("jit"), primitive("closed_call"), loop_p())
+    return frozenset(p for p in calls if p is not None)
 
 
 def is_checkpoint(eqn: JaxprEqn) -> bool:
@@ -218,7 +220,8 @@ def is_checkpoint(eqn: JaxprEqn) -> bool:
 
 
 def called_jaxpr(eqn: JaxprEqn) -> Jaxpr | ClosedJaxpr:
-    """The body of a call equation (``jit``'s ``jaxpr``, ``closed_call``'s ``call_jaxpr``)."""
+    """The body of a call equation (``jit``'s and a loop call's ``jaxpr``, ``closed_call``'s
+    ``call_jaxpr``)."""
     return eqn.params["jaxpr"] if "jaxpr" in eqn.params else _param(eqn, "call_jaxpr")
 
 

@@ -66,7 +66,7 @@ class Batched:
 def loop_call(loop: ClosedJaxpr, args: Sequence[object], scope: str) -> list:
     """``loop`` (traced in the name scope ``scope``) applied to ``args``, as one equation
     (the module's docstring)."""
-    return _loop_p().bind(*args, jaxpr=loop, scope=scope, batched=None)
+    return loop_p().bind(*args, jaxpr=loop, scope=scope, batched=None)
 
 
 def batched_loop_call(
@@ -79,12 +79,12 @@ def batched_loop_call(
     jaxpr, out_batched = batch_jaxpr(loop, axis, dims)
     batched = Batched(loop, axis, tuple(dims), tuple(out_batched))
     with jax.named_scope(scope):
-        outs = _loop_p().bind(*args, jaxpr=jaxpr, scope=scope, batched=batched)
+        outs = loop_p().bind(*args, jaxpr=jaxpr, scope=scope, batched=batched)
     return outs, out_batched
 
 
 @functools.cache
-def _loop_p() -> Primitive:
+def loop_p() -> Primitive:
     def impl(*args: object, jaxpr: ClosedJaxpr, **_: object) -> list:
         return jax.extend.core.jaxpr_as_fun(jaxpr)(*args)
 

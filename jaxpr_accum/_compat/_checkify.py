@@ -11,7 +11,9 @@ primitive of our own without a rule would lose every check inside it). Three rul
   function still recomputes each chunk instead of holding the whole axis. Where no check can
   fire, the equation is bound as it is. The loop's equations are those of a chunk loop's name
   scope, which ``_loop_checks`` interprets with one error slot per check site, so the report
-  is the original's (as for every chunk loop JAX derives from the region's passes).
+  is the original's (as for every chunk loop JAX derives from the region's passes). The
+  forward pass of a linearization (``linearizing``) is the loop as JAX's linearization
+  computes it (``_linearized_forward``: JAX hoists a loop's invariant lookups there).
 - **the region's ``shard_map``** (a sharded layout: each device loops over its shard): JAX's
   rule hands each device's error out along a new leading axis (reported "at mapped index
   0: ..."), and drops the constants of the checked body (a lookup's bounds: "foreach()

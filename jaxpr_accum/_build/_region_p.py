@@ -186,10 +186,9 @@ def _batch(
     # unbatched (dim None), as the original's do
     closed = _checkpointed_jaxpr({"region": region, "jaxpr": jaxpr, **p})
     if _compat.debug_checks_on():  # its equations run eagerly, as the original's do
-        batched, out_batched = _compat.batch_jaxpr(closed, axis, dims)
-        outs = jax.extend.core.jaxpr_as_fun(batched)(*args)
-    else:  # one equation, which ``checkify`` checks per element
-        outs, out_batched = _compat.batched_loop_call(closed, args, region.scope, axis, dims)
+        return _compat.run_batched(closed, axis, dims, args)
+    # one equation, which ``checkify`` checks per element
+    outs, out_batched = _compat.batched_loop_call(closed, args, region.scope, axis, dims)
     return outs, [0 if b else None for b in out_batched]
 
 

@@ -68,6 +68,7 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     aval_of,
     batch_jaxpr,
     checked_call,
+    dce,
     debug_checks_on,
     define_primitive,
     differentiated,
@@ -78,12 +79,9 @@ from jaxpr_accum._compat._region import (  # noqa: F401 (re-exported)
     is_zero,
     linearize_from_jvp,
     nonzero_tangents,
+    run_batched,
     runs_now,
     trace_aval,
-    typed_carry,
-    union_varying,
-    vary,
-    varying_axes,
     zero_tangent,
 )
 from jaxpr_accum._compat._sharding import (  # noqa: F401 (re-exported)
@@ -93,6 +91,10 @@ from jaxpr_accum._compat._sharding import (  # noqa: F401 (re-exported)
     explicit_spec,
     named_sharding,
     placement_key,
+    typed_carry,
+    union_varying,
+    vary,
+    varying_axes,
 )
 from jaxpr_accum._compat._types import (  # noqa: F401
     Array,
@@ -223,15 +225,6 @@ def called_jaxpr(eqn: JaxprEqn) -> Jaxpr | ClosedJaxpr:
     """The body of a call equation (``jit``'s and a loop call's ``jaxpr``, ``closed_call``'s
     ``call_jaxpr``)."""
     return eqn.params["jaxpr"] if "jaxpr" in eqn.params else _param(eqn, "call_jaxpr")
-
-
-def dce(closed: ClosedJaxpr, used: Sequence[bool] | None = None) -> ClosedJaxpr:
-    """Drop equations whose results are unused (keeps effects and inputs), and the outputs
-    not flagged in ``used`` (default: keeps every output)."""
-    dce_jaxpr = _jax("jax._src.interpreters.partial_eval.dce_jaxpr")
-    used = [True] * len(closed.jaxpr.outvars) if used is None else list(used)
-    jaxpr, _ = dce_jaxpr(closed.jaxpr, used, instantiate=True)
-    return ClosedJaxpr(jaxpr, closed.consts)
 
 
 def constvars_to_invars(closed: ClosedJaxpr) -> tuple[Jaxpr, list]:

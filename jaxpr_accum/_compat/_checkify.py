@@ -46,6 +46,7 @@ from jaxpr_accum._compat._check_places import checked_eqn
 from jaxpr_accum._compat._lookup import internal
 from jaxpr_accum._compat._loop_call import error_effects, made_one
 from jaxpr_accum._compat._loop_checks import loop_serial
+from jaxpr_accum._compat._region import dce
 from jaxpr_accum._compat._sharding import named_sharding
 from jaxpr_accum._compat._types import ClosedJaxpr, Jaxpr, Params, Primitive
 
@@ -79,9 +80,7 @@ def _linearized_forward(closed: ClosedJaxpr) -> ClosedJaxpr:
     unknowns = [False] * len(nonzeros) + [True] * sum(nonzeros)
     known, *_ = internal(pe + "partial_eval_jaxpr_nounits")(jvp, unknowns, False)
     n = len(closed.out_avals)
-    used = [i < n for i in range(len(known.out_avals))]
-    dce = internal(pe + "dce_jaxpr")
-    return ClosedJaxpr(dce(known.jaxpr, used, instantiate=True)[0], known.consts)
+    return dce(known, [i < n for i in range(len(known.out_avals))])
 
 
 def _checkpoint_keeping_constants() -> None:

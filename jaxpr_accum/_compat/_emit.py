@@ -16,7 +16,7 @@ from jax.extend.core import JaxprEqn
 from jaxpr_accum._compat._custom import is_custom_vjp_call, rebind_keeping_constants
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._random import called_only
-from jaxpr_accum._compat._region import varying_axes
+from jaxpr_accum._compat._sharding import varying_axes
 from jaxpr_accum._compat._types import Array, Params
 
 

@@ -37,10 +37,19 @@ import jax
 import numpy as np
 
 from jaxpr_accum._compat._lookup import internal
-from jaxpr_accum._compat._region import batch_jaxpr, define_primitive, zero_tangent
+from jaxpr_accum._compat._region import (
+    batch_jaxpr,
+    dce,
+    define_primitive,
+    has_effects,
+    run_batched,
+    zero_tangent,
+)
 from jaxpr_accum._compat._types import ClosedJaxpr, Eqn, Primitive
 
 _CHECKIFY = "jax._src.checkify."
+#: the primitive's name
+LOOP_CALL = "serialized_region_loop"
 #: the name of a vmapped axis that has none, while its elements' errors are made one
 _ELEMENTS = "jaxpr_accum_elements"
 #: the name of the batch of one that each element's loop is checked in
@@ -91,15 +100,13 @@ def loop_p() -> Primitive:
     def batch(
         axis: Any, args: list, dims: list, *, jaxpr: ClosedJaxpr, scope: str, batched: Any
     ) -> tuple:
-        if batched is None:  # batched once: one equation still
-            outs, out_batched = batched_loop_call(jaxpr, args, scope, axis, dims)
-        else:
-            again, out_batched = batch_jaxpr(jaxpr, axis, dims)
-            outs = jax.extend.core.jaxpr_as_fun(again)(*args)
+        if batched is not None:  # batched a second time: inline
+            return run_batched(jaxpr, axis, dims, args)
+        outs, out_batched = batched_loop_call(jaxpr, args, scope, axis, dims)
         return outs, [0 if b else None for b in out_batched]
 
     p = define_primitive(
-        "serialized_region_loop",
+        LOOP_CALL,
         abstract_eval=lambda *_, jaxpr, **__: (list(jaxpr.out_avals), jaxpr.effects),
         impl=impl,
         jvp=_jvp,
@@ -128,20 +135,17 @@ def _jvp(primals: list, tangents: list, *, jaxpr: ClosedJaxpr, **_: object) -> t
 
 def _dce(used: list[bool], eqn: Eqn) -> tuple[list[bool], Eqn | None]:
     """The equation with its used outputs only (its inputs all stay)."""
-    if not any(used) and not eqn.effects:
+    if not any(used) and not has_effects(eqn):
         return [False] * len(eqn.invars), None
     if all(used):
         return [True] * len(eqn.invars), eqn
-    dce_jaxpr = internal("jax._src.interpreters.partial_eval.dce_jaxpr")
-
-    def pruned(closed: ClosedJaxpr) -> ClosedJaxpr:
-        return ClosedJaxpr(dce_jaxpr(closed.jaxpr, used, instantiate=True)[0], closed.consts)
-
     batched = eqn.params["batched"]
     if batched is not None:
         out_batched = tuple(b for b, u in zip(batched.out_batched, used, strict=True) if u)
-        batched = dataclasses.replace(batched, loop=pruned(batched.loop), out_batched=out_batched)
-    params = {**eqn.params, "jaxpr": pruned(eqn.params["jaxpr"]), "batched": batched}
+        batched = dataclasses.replace(
+            batched, loop=dce(batched.loop, used), out_batched=out_batched
+        )
+    params = {**eqn.params, "jaxpr": dce(eqn.params["jaxpr"], used), "batched": batched}
     outvars = [v for v, u in zip(eqn.outvars, used, strict=True) if u]
     return [True] * len(eqn.invars), eqn.replace(outvars=outvars, params=params)
 

@@ -65,6 +65,7 @@ from jaxpr_accum._compat._check_sites import (
 )
 from jaxpr_accum._compat._emit import user_context
 from jaxpr_accum._compat._lookup import internal, param
+from jaxpr_accum._compat._loop_call import LOOP_CALL
 from jaxpr_accum._compat._types import Eqn, Jaxpr, Literal
 from jaxpr_accum._compat._walk import fingerprint
 
@@ -74,8 +75,7 @@ _SCOPE = "jaxpr_accum_chunks"
 _SCOPE_OF = re.compile(_SCOPE + r"(\d+)\b")
 _ROWS = "jaxpr_accum_rows"  # the scope of one chunk's computation of the program
 _ROWS_IN = re.compile(r"\b" + _ROWS + r"\b")
-#: what maps a loop's run over devices or elements: a sharded layout, a vmapped loop's call
-_MAPPED = ("shard_map", "serialized_region_loop")
+_MAPPED = ("shard_map", LOOP_CALL)  # what maps a loop's run over devices or elements
 
 
 class Written(Protocol):
@@ -151,7 +151,7 @@ def _reversed(run: list[Eqn]) -> bool:
 
 def _vmapped(run: list[Eqn]) -> int | None:
     """The size of the ``jax.vmap`` whose elements the run's vmapped loop call checks."""
-    calls = [param(e, "batched") for e in run if e.primitive.name == _MAPPED[1]]
+    calls = [param(e, "batched") for e in run if e.primitive.name == LOOP_CALL]
     return next((c.axis.size for c in calls if c is not None), None)
 
 

@@ -1,21 +1,21 @@
 """JAX's rule tables for primitives of the package's own (``_region_p``, ``_remat``), tangents
-and cotangents, and the varying manual axes of values inside ``shard_map``: the private JAX
-they need, looked up through ``internal`` (a moved piece is a ``MissingInternal``)."""
+and cotangents, and the batching and dead-code elimination of jaxprs their rules use: the
+private JAX they need, looked up through ``internal`` (a moved piece is a
+``MissingInternal``)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import jax.extend.core
 import numpy as np
 
 from jaxpr_accum._compat._lookup import internal
+from jaxpr_accum._compat._sharding import varying_axes
 from jaxpr_accum._compat._types import Array, Aval, ClosedJaxpr, Eqn, Primitive
-
-_T = TypeVar("_T")
 
 # -- the region primitives ---------------------------------------------------------------
 # JAX's rule tables for a primitive of our own (``_region_p``, ``_remat``). The linearization
@@ -114,9 +114,7 @@ def _checked_p() -> Primitive:
         return list(outs), list(dots)
 
     def batch(axis: object, args: list, dims: list, *, jaxpr: ClosedJaxpr, **_: object) -> tuple:
-        batched, out_batched = batch_jaxpr(jaxpr, axis, dims)
-        outs = jax.extend.core.jaxpr_as_fun(batched)(*args)
-        return outs, [0 if b else None for b in out_batched]
+        return run_batched(jaxpr, axis, dims, args)
 
     p = define_primitive(
         "serialized_region_pass",
@@ -163,6 +161,23 @@ def batch_jaxpr(
     return batched, list(out_batched)
 
 
+def run_batched(closed: ClosedJaxpr, axis: object, dims: Sequence[int | None], args: list) -> tuple:
+    """``(outputs, their dims)``: ``closed`` batched as ``batch_jaxpr`` does, applied to
+    ``args`` inline (a batching rule's answer; an unbatched output's dim is None)."""
+    batched, out_batched = batch_jaxpr(closed, axis, dims)
+    outs = jax.extend.core.jaxpr_as_fun(batched)(*args)
+    return outs, [0 if b else None for b in out_batched]
+
+
+def dce(closed: ClosedJaxpr, used: Sequence[bool] | None = None) -> ClosedJaxpr:
+    """Drop equations whose results are unused (keeps effects and inputs), and the outputs
+    not flagged in ``used`` (default: keeps every output)."""
+    dce_jaxpr = internal("jax._src.interpreters.partial_eval.dce_jaxpr")
+    used = [True] * len(closed.jaxpr.outvars) if used is None else list(used)
+    jaxpr, _ = dce_jaxpr(closed.jaxpr, used, instantiate=True)
+    return ClosedJaxpr(jaxpr, closed.consts)
+
+
 def has_effects(eqn: Eqn) -> bool:
     """Whether the equation has effects that dead-code elimination must keep."""
     return internal("jax._src.interpreters.partial_eval.has_effects")(eqn)
@@ -203,53 +218,6 @@ def instantiate(t: object) -> Array:
 def is_undefined_primal(x: object) -> bool:
     """A linear input in a transpose rule (its cotangent is wanted)."""
     return internal("jax._src.interpreters.ad.is_undefined_primal")(x)
-
-
-def varying_axes(x: object) -> frozenset:
-    """The manual mesh axes ``x`` (an array, a tracer or an abstract value) varies over
-    inside ``shard_map`` (empty elsewhere)."""
-    aval = x if isinstance(x, internal("jax.core.ShapedArray")) else jax.typeof(x)
-    mat = getattr(aval, "manual_axis_type", None)  # jax 0.10
-    if mat is not None:
-        return frozenset(mat.varying)
-    return frozenset(getattr(aval, "vma", ()))  # jax 0.9
-
-
-def vary(tree: _T, axes: frozenset) -> _T:
-    """``tree``'s arrays made to vary over ``axes`` too (a no-op cast, ``pvary``), so that a
-    loop carry initialised with constants has the type its updates will have."""
-
-    def cast(x: Array) -> Array:
-        missing = axes - varying_axes(x)
-        return internal("jax._src.core.pvary")(x, tuple(sorted(missing))) if missing else x
-
-    return jax.tree_util.tree_map(cast, tree)
-
-
-def typed_carry(update: Callable[[_T], object], carry: _T) -> _T:
-    """A loop's initial ``carry`` with each leaf made to vary over the manual axes that
-    ``update(carry)`` makes it vary over: the least fixed point, found by tracing ``update``
-    abstractly (it only grows, so it ends within one round per axis). Not every axis the loop
-    reads: the cotangent of a replicated input is summed over the mesh inside the update (the
-    transpose of its implicit ``pvary``) and stays replicated."""
-
-    def is_axes(x: object) -> bool:
-        return isinstance(x, frozenset)
-
-    while True:
-        updated = jax.eval_shape(update, carry)
-        grown = jax.tree_util.tree_map(
-            lambda c, u: varying_axes(u) - varying_axes(c), carry, updated
-        )
-        if not any(jax.tree_util.tree_leaves(grown, is_leaf=is_axes)):
-            return carry
-        carry = jax.tree_util.tree_map(vary, carry, grown, is_leaf=is_axes)
-
-
-def union_varying(*trees: object) -> frozenset:
-    """Every manual mesh axis that some array of ``trees`` varies over."""
-    leaves = jax.tree_util.tree_leaves(trees)
-    return frozenset().union(*(varying_axes(x) for x in leaves)) if leaves else frozenset()
 
 
 def trace_aval(x: jax.typing.ArrayLike) -> Aval | jax.ShapeDtypeStruct:

@@ -1,14 +1,19 @@
 """Placements: the named shardings of values, meshes (abstract and concrete) and what of
-them a plan depends on (its cache key)."""
+them a plan depends on (its cache key); the manual mesh axes a value varies over inside
+``shard_map``, and a loop carry typed to vary as its updates do."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import jax
 import numpy as np
 
 from jaxpr_accum._compat._lookup import internal as _jax
+from jaxpr_accum._compat._types import Array
+
+_T = TypeVar("_T")
 
 
 def _device_ids(mesh: object) -> tuple:
@@ -74,3 +79,50 @@ def explicit_spec(aval: object) -> jax.sharding.PartitionSpec | None:
         return None
     names = _spec_axes(sharding.spec)
     return sharding.spec if names and explicit_axes(sharding.mesh, names) else None
+
+
+def varying_axes(x: object) -> frozenset:
+    """The manual mesh axes ``x`` (an array, a tracer or an abstract value) varies over
+    inside ``shard_map`` (empty elsewhere)."""
+    aval = x if isinstance(x, _jax("jax.core.ShapedArray")) else jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)  # jax 0.10
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", ()))  # jax 0.9
+
+
+def vary(tree: _T, axes: frozenset) -> _T:
+    """``tree``'s arrays made to vary over ``axes`` too (a no-op cast, ``pvary``), so that a
+    loop carry initialised with constants has the type its updates will have."""
+
+    def cast(x: Array) -> Array:
+        missing = axes - varying_axes(x)
+        return _jax("jax._src.core.pvary")(x, tuple(sorted(missing))) if missing else x
+
+    return jax.tree_util.tree_map(cast, tree)
+
+
+def typed_carry(update: Callable[[_T], object], carry: _T) -> _T:
+    """A loop's initial ``carry`` with each leaf made to vary over the manual axes that
+    ``update(carry)`` makes it vary over: the least fixed point, found by tracing ``update``
+    abstractly (it only grows, so it ends within one round per axis). Not every axis the loop
+    reads: the cotangent of a replicated input is summed over the mesh inside the update (the
+    transpose of its implicit ``pvary``) and stays replicated."""
+
+    def is_axes(x: object) -> bool:
+        return isinstance(x, frozenset)
+
+    while True:
+        updated = jax.eval_shape(update, carry)
+        grown = jax.tree_util.tree_map(
+            lambda c, u: varying_axes(u) - varying_axes(c), carry, updated
+        )
+        if not any(jax.tree_util.tree_leaves(grown, is_leaf=is_axes)):
+            return carry
+        carry = jax.tree_util.tree_map(vary, carry, grown, is_leaf=is_axes)
+
+
+def union_varying(*trees: object) -> frozenset:
+    """Every manual mesh axis that some array of ``trees`` varies over."""
+    leaves = jax.tree_util.tree_leaves(trees)
+    return frozenset().union(*(varying_axes(x) for x in leaves)) if leaves else frozenset()

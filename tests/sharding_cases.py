@@ -721,6 +721,121 @@ def case_checkify_automatic() -> dict[str, Any]:
 CASES["checkify-automatic"] = case_checkify_automatic
 
 
+def _nested_tails() -> dict[str, Callable]:
+    """Parts that run as written (they mix the rows of ``h``, the region's rows) inside a
+    jaxpr of their own: a ``scan``, ``cond``, ``while``, ``jit``, custom VJP, checkpoint."""
+
+    @jax.custom_vjp
+    def centred(h: jax.Array) -> jax.Array:
+        return h - jnp.mean(h, axis=0)
+
+    centred.defvjp(lambda h: (centred(h), None), lambda _, g: (g - jnp.mean(g, axis=0),))
+    return {
+        "scan": lambda h, x: jax.lax.scan(
+            lambda c, s: (c + jnp.sum(h) * s, None), jnp.zeros(()), jnp.arange(3.0)
+        )[0],
+        "cond": lambda h, x: jax.lax.cond(
+            jnp.sum(x) > 0, lambda h: jnp.sum(h**2), lambda h: jnp.sum(h), h
+        ),
+        "while": lambda h, x: jax.lax.fori_loop(0, 2, lambda i, c: c + jnp.sum(h * c), 0.5),
+        "jit": lambda h, x: jnp.sum(jax.jit(lambda h: (h - h.mean(0)) / (h.std(0) + 1.0))(h) ** 2),
+        "custom_vjp": lambda h, x: jnp.sum(centred(h) ** 2),
+        "checkpoint": lambda h, x: jnp.sum(jax.checkpoint(lambda h: jnp.sin(h - h.mean(0)))(h)),
+    }
+
+
+def case_nested_as_written() -> dict[str, Any]:
+    """On an explicit mesh, a part that runs as written inside a jaxpr of its own (traced
+    without the mesh's layouts) and reads the sharded rows: ``jax.grad`` raised JAX's
+    "Expected cotangent type float32[24@data,4]" or ``shard_map``'s "in_specs ... does not
+    match", in every mode, native included. Per program and mode, with and without
+    ``jax.set_mesh``: the error of values and gradients (both arguments) against the
+    original on the same inputs, and ``checkify`` of the gradient (``all_checks``, a NaN in
+    row 17) against the original's report."""
+    from jax.experimental import checkify
+
+    rs = np.random.RandomState(0)
+    mesh = explicit_mesh()
+    w = jax.device_put(rs.normal(size=(3, 4)).astype(np.float32), NamedSharding(mesh, P()))
+    x = rs.normal(size=(24, 3)).astype(np.float32)
+    erring = x.copy()
+    erring[17, 0] = -20.0
+    x, erring = (jax.device_put(v, NamedSharding(mesh, P("data"))) for v in (x, erring))
+
+    def report(f: Callable) -> str | None:
+        checked = checkify.checkify(jax.grad(f, argnums=(0, 1)), errors=checkify.all_checks)
+        return jax.jit(checked)(w, erring)[0].get()
+
+    facts: dict[str, Any] = {}
+    for set_mesh in (False, True):
+        with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():
+            for name, tail in _nested_tails().items():
+
+                def loss(w: jax.Array, x: jax.Array, tail: Callable = tail) -> jax.Array:
+                    h = jnp.tanh(x @ w)
+                    return jnp.mean(jnp.log(h + 2.0)) + tail(h, x) + jnp.mean(jnp.sqrt(x + 3.0))
+
+                want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(w, x)
+                wanted_report = report(loss)
+                for grad in ("remat", "fused", "native"):  # auto is one of the first two
+                    sf = ja.serialize_axis(loss, chunk=16, argnums=1, grad=grad)
+                    key = f"{name}/{grad}/{'set_mesh' if set_mesh else 'inputs'}"
+                    try:
+                        got = jax.jit(jax.value_and_grad(sf, argnums=(0, 1)))(w, x)
+                        facts[key] = {
+                            "err": rel_err(got, want),
+                            "report": report(sf),
+                            "original": wanted_report,
+                        }
+                    except Exception as e:
+                        facts[key] = {"raised": f"{type(e).__name__}: {str(e)[:300]}"}
+    return {"programs": facts}
+
+
+CASES["nested-as-written"] = case_nested_as_written
+
+
+def case_parameters_sharded_batch_whole() -> dict[str, Any]:
+    """Tensor parallelism alone on an explicit mesh: the parameters and the features sharded
+    over ``model``, the batch whole (one device's loop, no ``shard_map``), a ``lax.scan`` of
+    checkpointed layers. Under ``jax.set_mesh`` remat and fused raised "scan body function
+    carry input and carry output must have equal types" (the gradient accumulators started
+    whole, their updates sharded). Per mode, with and without ``jax.set_mesh``: the error
+    of values and gradients against the original on the same inputs, and the gradient's
+    spec."""
+    mesh = jax.make_mesh((8,), ("model",), axis_types=(AxisType.Explicit,))
+
+    def loss(ws: jax.Array, x: jax.Array) -> jax.Array:
+        def layer(h: jax.Array, w: jax.Array) -> tuple[jax.Array, None]:
+            return jnp.tanh(h * w[0] + 0.01 * jnp.sum(w)), None
+
+        h, _ = jax.lax.scan(jax.checkpoint(layer), x, ws)
+        return jnp.mean(h**2)
+
+    rs = np.random.RandomState(0)
+    ws = rs.normal(size=(3, 16, 16)).astype(np.float32) * 0.3
+    ws = jax.device_put(ws, NamedSharding(mesh, P(None, None, "model")))
+    x = rs.normal(size=(32, 16)).astype(np.float32)
+    x = jax.device_put(x, NamedSharding(mesh, P(None, "model")))
+    facts: dict[str, Any] = {}
+    for set_mesh in (False, True):
+        with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():
+            want = jax.jit(jax.value_and_grad(loss))(ws, x)
+            for grad in GRAD_MODES:
+                sf = ja.serialize_axis(loss, chunk=8, argnums=1, grad=grad)
+                key = f"{grad}/{'set_mesh' if set_mesh else 'inputs'}"
+                try:
+                    got = jax.jit(jax.value_and_grad(sf))(ws, x)
+                    spec = str(jax.typeof(got[1]).sharding.spec)
+                    facts[key] = {"err": rel_err(got, want), "spec": spec}
+                except Exception as e:
+                    facts[key] = {"raised": f"{type(e).__name__}: {str(e)[:300]}"}
+    return {"modes": facts}
+
+
+CASES["parameters-sharded-batch-whole"] = case_parameters_sharded_batch_whole
+
+
 def main(names: list[str]) -> None:
     from tests.sharding_fsdp import CASES as FSDP_CASES  # imports this module: not at the top
 

@@ -148,10 +148,11 @@ class ChunkLoop:
         The full chunks run in a ``lax.scan`` (``x``: ``xs``'s leaves indexed by the chunk),
         the remainder once more at its own length. Returns ``(carry, ys of the full chunks or
         None, y of the remainder or None)``. ``reads``: the arrays ``step`` closes over (where
-        they vary over manual axes, the carry starts typed as its updates, ``typed_carry``).
+        vary over manual axes or are sharded over ``Explicit`` ones, the carry starts typed as
+        its updates, ``typed_carry``).
         """
         k, n = self.chunk, self.n_full
-        if _compat.union_varying(carry, xs, reads):
+        if _compat.typed(carry, xs, reads):
             x0, kk = jax.tree_util.tree_map(lambda a: a[0], xs), k if n else self.rem
             carry = _compat.typed_carry(lambda c: step(c, kk, jnp.int32(0), x0)[0], carry)
         scanned: object = None

@@ -91,6 +91,7 @@ from jaxpr_accum._compat._sharding import (  # noqa: F401 (re-exported)
     explicit_spec,
     named_sharding,
     placement_key,
+    typed,
     typed_carry,
     union_varying,
     vary,

@@ -1,6 +1,7 @@
 """Re-emitting an equation of a traced program on new operands (``bind``), as the rewriter
 builds its programs: with the user's source line and name stack (``user_context``), sharding
-annotations recorded on another mesh dropped, a ``pvary`` reduced to the axes its operand
+annotations recorded on another mesh dropped, the operands of an equation with jaxprs of its
+own laid out as they were traced (``_as_traced``), a ``pvary`` reduced to the axes its operand
 does not already vary over, a custom VJP's closed-over constants kept its constants, and a
 primitive that JAX binds only inside a jitted call of its own bound inside one again."""
 
@@ -16,8 +17,9 @@ from jax.extend.core import JaxprEqn
 from jaxpr_accum._compat._custom import is_custom_vjp_call, rebind_keeping_constants
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._random import called_only
-from jaxpr_accum._compat._sharding import varying_axes
+from jaxpr_accum._compat._sharding import explicit_sharding, explicit_spec, varying_axes
 from jaxpr_accum._compat._types import Array, Params
+from jaxpr_accum._compat._walk import sub_jaxprs
 
 
 @contextlib.contextmanager
@@ -56,6 +58,27 @@ def _fit_pvary(invals: Sequence[object], params: Params) -> Params | None:
     return None if not missing else {**params, "axes": missing}
 
 
+def _as_traced(eqn: JaxprEqn, invals: Sequence[object]) -> list:
+    """The operands of an equation with jaxprs of its own (a ``scan``, ``cond``, ``jit``,
+    custom rule), laid out as the program was traced: its jaxprs are typed with the layouts
+    of the trace, which leaves out explicit meshes' (``trace_aval``), so an operand sharded
+    over ``Explicit`` axes is resharded to the layout its variable was traced at (whole,
+    where the trace had none). Bound on the sharded value instead, the equation's types
+    would disagree with its jaxprs', and JAX's derivative of it would fail. Elsewhere each
+    equation infers its layout from its operands, as the original's does, and a
+    ``shard_map``'s jaxpr is typed per device, its operands laid out as its specs say."""
+    if eqn.primitive.name == "shard_map" or next(sub_jaxprs(eqn.params), None) is None:
+        return list(invals)
+    fitted = []
+    for v, x in zip(eqn.invars, invals, strict=True):
+        have = explicit_sharding(x)
+        want = explicit_spec(v.aval) or jax.sharding.PartitionSpec()
+        if have is not None and have.spec != want:
+            x = jax.sharding.reshard(x, jax.sharding.NamedSharding(have.mesh, want))
+        fitted.append(x)
+    return fitted
+
+
 def bind(
     eqn: JaxprEqn,
     invals: Sequence[object],
@@ -74,6 +97,7 @@ def bind(
         if params is None:
             return list(invals)
     bind_params = eqn.primitive.get_bind_params(params)
+    invals = _as_traced(eqn, invals)
     kept = rebind_keeping_constants(eqn, invals, bind_params) if is_custom_vjp_call(eqn) else None
     if kept is not None:  # a custom VJP's closed-over constants stay its constants
         bind_params, invals = kept

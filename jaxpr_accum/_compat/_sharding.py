@@ -1,6 +1,6 @@
 """Placements: the named shardings of values, meshes (abstract and concrete) and what of
 them a plan depends on (its cache key); the manual mesh axes a value varies over inside
-``shard_map``, and a loop carry typed to vary as its updates do."""
+``shard_map``, and a loop carry typed as its updates (varying, laid out) are."""
 
 from __future__ import annotations
 
@@ -103,23 +103,38 @@ def vary(tree: _T, axes: frozenset) -> _T:
 
 
 def typed_carry(update: Callable[[_T], object], carry: _T) -> _T:
-    """A loop's initial ``carry`` with each leaf made to vary over the manual axes that
-    ``update(carry)`` makes it vary over: the least fixed point, found by tracing ``update``
-    abstractly (it only grows, so it ends within one round per axis). Not every axis the loop
-    reads: the cotangent of a replicated input is summed over the mesh inside the update (the
-    transpose of its implicit ``pvary``) and stays replicated."""
+    """A loop's initial ``carry`` typed as ``update(carry)`` types it: each leaf made to vary
+    over the manual axes that the update makes it vary over, and laid out as the update lays
+    it out over ``Explicit`` axes (the accumulated gradient of a parameter sharded there).
+    The least fixed point, found by tracing ``update`` abstractly (the axes only grow, and
+    a leaf laid out as its update stays so: it ends within a round per axis and leaf). Not
+    every axis the loop reads: the cotangent of a replicated input is summed over the mesh
+    inside the update (the transpose of its implicit ``pvary``) and stays replicated."""
 
-    def is_axes(x: object) -> bool:
-        return isinstance(x, frozenset)
+    def fit(c: Array, u: object) -> tuple[Array, bool]:
+        missing = varying_axes(u) - varying_axes(c)
+        if missing:
+            return vary(c, missing), True
+        want, have = explicit_sharding(u), explicit_sharding(c)
+        if want is not None and (have is None or have.spec != want.spec):
+            return jax.sharding.reshard(c, want), True
+        return c, False
 
+    leaves, tree = jax.tree_util.tree_flatten(carry)
     while True:
-        updated = jax.eval_shape(update, carry)
-        grown = jax.tree_util.tree_map(
-            lambda c, u: varying_axes(u) - varying_axes(c), carry, updated
-        )
-        if not any(jax.tree_util.tree_leaves(grown, is_leaf=is_axes)):
-            return carry
-        carry = jax.tree_util.tree_map(vary, carry, grown, is_leaf=is_axes)
+        current = jax.tree_util.tree_unflatten(tree, leaves)
+        updated = jax.tree_util.tree_leaves(jax.eval_shape(update, current))
+        fitted = [fit(c, u) for c, u in zip(leaves, updated, strict=True)]
+        if not any(changed for _, changed in fitted):
+            return jax.tree_util.tree_unflatten(tree, leaves)
+        leaves = [c for c, _ in fitted]
+
+
+def typed(*trees: object) -> bool:
+    """Whether some array of ``trees`` varies over manual axes or is sharded over
+    ``Explicit`` ones: a loop carry that reads them is typed as its updates (``typed_carry``)."""
+    leaves = jax.tree_util.tree_leaves(trees)
+    return any(varying_axes(x) or explicit_sharding(x) is not None for x in leaves)
 
 
 def union_varying(*trees: object) -> frozenset:

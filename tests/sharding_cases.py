@@ -836,6 +836,96 @@ def case_parameters_sharded_batch_whole() -> dict[str, Any]:
 CASES["parameters-sharded-batch-whole"] = case_parameters_sharded_batch_whole
 
 
+def case_layout_errors() -> dict[str, Any]:
+    """Programs JAX refuses on an explicit mesh, at their layouts: a ``lax.scan`` over the
+    sharded rows, a lookup with sharded indices and no ``out_sharding``, a matmul whose
+    contracted dimension is sharded on both sides (as FSDP parameters make it). The library
+    traces without explicit layouts, so each runs with the unsharded program's values. Per
+    program and mode, with and without ``jax.set_mesh``: the original's exception, and the
+    serialized function's error of values and gradients against the unsharded original."""
+    data = explicit_mesh()
+    two_d = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    rs = np.random.RandomState(0)
+    w, x = rs.normal(size=(8, 4)).astype(np.float32), rs.normal(size=(24, 8)).astype(np.float32)
+
+    def scan_rows(w: jax.Array, x: jax.Array) -> jax.Array:
+        h = jnp.tanh(x @ w)
+        return jnp.mean(jax.lax.scan(lambda c, r: (0.9 * c + r, c), jnp.zeros(4), h)[1] ** 2)
+
+    def lookup(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.mean(jnp.tanh(x @ w)) + jnp.mean(jnp.take(w[0], (x[:, 0] < 0).astype(int)))
+
+    def contraction(w: jax.Array, x: jax.Array) -> jax.Array:  # both sides over model
+        return jnp.mean(jnp.tanh(x @ w) @ w.T)
+
+    programs = {
+        "scan_rows": (scan_rows, data, P(), P("data")),
+        "lookup": (lookup, data, P(), P("data")),
+        "contraction": (contraction, two_d, P(None, "model"), P("data")),
+    }
+
+    facts: dict[str, Any] = {}
+    for name, (loss, mesh, w_spec, x_spec) in programs.items():
+        want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(w, x)
+        args = (
+            jax.device_put(w, NamedSharding(mesh, w_spec)),
+            jax.device_put(x, NamedSharding(mesh, x_spec)),
+        )
+        for set_mesh in (False, True):
+            with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():
+                got: dict[str, Any] = {}
+                for grad in ("original", "remat", "native"):
+                    f = (
+                        loss
+                        if grad == "original"
+                        else ja.serialize_axis(loss, chunk=8, argnums=1, grad=grad)
+                    )
+                    try:
+                        out = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(*args)
+                        got[grad] = {"err": rel_err(host(out), want)}
+                    except Exception as e:
+                        got[grad] = {"raised": f"{type(e).__name__}: {str(e)[:200]}"}
+                facts[f"{name}/{'set_mesh' if set_mesh else 'inputs'}"] = got
+    return {"programs": facts}
+
+
+CASES["layout-errors"] = case_layout_errors
+
+
+def case_batch_and_features_sharded() -> dict[str, Any]:
+    """The batch over ``data`` and its features over ``model`` (a 4 x 2 explicit mesh): the
+    chunk loop's ``shard_map`` takes the batch by its rows only, and raised "in_specs ...
+    P('data', None) does not match ... P('data', 'model')" in every mode. Per mode, with and
+    without ``jax.set_mesh``: the error of values and gradients against the original on the
+    same inputs, and the batch gradient's spec."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    rs = np.random.RandomState(0)
+    w = jax.device_put(rs.normal(size=(8, 4)).astype(np.float32), NamedSharding(mesh, P()))
+    x = rs.normal(size=(24, 8)).astype(np.float32)
+    x = jax.device_put(x, NamedSharding(mesh, P("data", "model")))
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.mean(jnp.tanh(x @ w) ** 2) + jnp.mean(jnp.sin(x))
+
+    facts: dict[str, Any] = {}
+    for set_mesh in (False, True):
+        with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():
+            want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(w, x)
+            for grad in GRAD_MODES:
+                sf = ja.serialize_axis(loss, chunk=8, argnums=1, grad=grad)
+                key = f"{grad}/{'set_mesh' if set_mesh else 'inputs'}"
+                try:
+                    got = jax.jit(jax.value_and_grad(sf, argnums=(0, 1)))(w, x)
+                    spec = str(jax.typeof(got[1][1]).sharding.spec)
+                    facts[key] = {"err": rel_err(got, want), "spec": spec}
+                except Exception as e:
+                    facts[key] = {"raised": f"{type(e).__name__}: {str(e)[:300]}"}
+    return {"modes": facts}
+
+
+CASES["batch-and-features-sharded"] = case_batch_and_features_sharded
+
+
 def main(names: list[str]) -> None:
     from tests.sharding_fsdp import CASES as FSDP_CASES  # imports this module: not at the top
 

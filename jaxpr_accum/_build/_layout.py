@@ -185,9 +185,14 @@ class ShardedLayout(Layout):
         return PartitionSpec() if placement is None else placement.spec(lead)
 
     def map(self, fn: Callable, in_specs: object, out_specs: object) -> Callable:
-        return jax.shard_map(
+        """``fn`` on each device's shard. An input sharded over ``Explicit`` axes otherwise
+        than its spec says (the batch's features over ``model`` too) is resharded to it
+        first: every mesh axis is manual inside, where a dimension the spec leaves whole is
+        whole (its cotangent goes back to the input's layout)."""
+        mapped = jax.shard_map(
             fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
         )
+        return lambda *args: mapped(*_compat.laid_out_as_specs(args, in_specs))
 
     def reduce(self, x: MaybeArray, placement: _shards.Placement | None = None) -> MaybeArray:
         """``x`` summed over the devices of the serialized axis (those of the placement of

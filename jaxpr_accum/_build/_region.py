@@ -174,13 +174,11 @@ class Region:
             ),
         )
         d_inv, d_ch = fn(*inputs, given, list(finals))
+        like = lambda g, x: _compat.laid_out_like(g.astype(x.dtype), x)  # noqa: E731
         return inputs.placed(
             diff,
-            [
-                g.astype(inputs.invariants[i].dtype)
-                for i, g in zip(diff.invariants, d_inv, strict=True)
-            ],
-            [g.astype(inputs.chunked[i].dtype) for i, g in zip(diff.chunked, d_ch, strict=True)],
+            [like(g, inputs.invariants[i]) for i, g in zip(diff.invariants, d_inv, strict=True)],
+            [like(g, inputs.chunked[i]) for i, g in zip(diff.chunked, d_ch, strict=True)],
         )
 
     def jacobians(self, inputs: Inputs, perturbed: Inputs) -> tuple[list, Inputs]:

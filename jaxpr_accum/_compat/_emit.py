@@ -17,7 +17,7 @@ from jax.extend.core import JaxprEqn
 from jaxpr_accum._compat._custom import is_custom_vjp_call, rebind_keeping_constants
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._random import called_only
-from jaxpr_accum._compat._sharding import explicit_sharding, explicit_spec, varying_axes
+from jaxpr_accum._compat._sharding import explicit_spec, laid_out_as, varying_axes
 from jaxpr_accum._compat._types import Array, Params
 from jaxpr_accum._compat._walk import sub_jaxprs
 
@@ -69,14 +69,10 @@ def _as_traced(eqn: JaxprEqn, invals: Sequence[object]) -> list:
     ``shard_map``'s jaxpr is typed per device, its operands laid out as its specs say."""
     if eqn.primitive.name == "shard_map" or next(sub_jaxprs(eqn.params), None) is None:
         return list(invals)
-    fitted = []
-    for v, x in zip(eqn.invars, invals, strict=True):
-        have = explicit_sharding(x)
-        want = explicit_spec(v.aval) or jax.sharding.PartitionSpec()
-        if have is not None and have.spec != want:
-            x = jax.sharding.reshard(x, jax.sharding.NamedSharding(have.mesh, want))
-        fitted.append(x)
-    return fitted
+    return [
+        laid_out_as(x, explicit_spec(v.aval) or jax.sharding.PartitionSpec())
+        for v, x in zip(eqn.invars, invals, strict=True)
+    ]
 
 
 def bind(

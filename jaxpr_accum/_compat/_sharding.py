@@ -72,6 +72,39 @@ def explicit_sharding(x: object) -> jax.sharding.NamedSharding | None:
     return sharding if explicit_axes(sharding.mesh, _spec_axes(sharding.spec)) else None
 
 
+def laid_out_as(x: _T, spec: jax.sharding.PartitionSpec) -> _T:
+    """``x`` resharded to ``spec`` on its mesh where it is sharded over ``Explicit`` axes
+    otherwise (trailing whole dimensions aside); else ``x`` itself."""
+    have = explicit_sharding(x)
+    ndim = len(jax.typeof(x).shape) if have is not None else 0
+    if have is None or _padded(have.spec, ndim) == _padded(spec, ndim):
+        return x
+    return jax.sharding.reshard(x, jax.sharding.NamedSharding(have.mesh, spec))
+
+
+def laid_out_as_specs(args: tuple, specs: object) -> tuple:
+    """``shard_map``'s arguments, each laid out as its spec (``specs``: one per argument, a
+    prefix of its tree, or one for all) where it is sharded otherwise (``laid_out_as``)."""
+    specs = specs if isinstance(specs, tuple) else (specs,) * len(args)
+
+    def laid_out(spec: jax.sharding.PartitionSpec, tree: object) -> object:
+        return jax.tree_util.tree_map(lambda x: laid_out_as(x, spec), tree)
+
+    is_spec = lambda s: isinstance(s, jax.sharding.PartitionSpec)  # noqa: E731
+    return tuple(jax.tree_util.tree_map(laid_out, specs, args, is_leaf=is_spec))
+
+
+def laid_out_like(x: _T, like: object) -> _T:
+    """``x`` (a cotangent) laid out as ``like`` (its primal) where that is sharded over
+    ``Explicit`` axes."""
+    sharding = explicit_sharding(like)
+    return x if sharding is None else laid_out_as(x, sharding.spec)
+
+
+def _padded(spec: jax.sharding.PartitionSpec, ndim: int) -> tuple:
+    return (*spec, *[None] * (ndim - len(spec)))
+
+
 def explicit_spec(aval: object) -> jax.sharding.PartitionSpec | None:
     """The ``PartitionSpec`` of an aval sharded over ``Explicit`` mesh axes only, else None."""
     sharding = getattr(aval, "sharding", None)

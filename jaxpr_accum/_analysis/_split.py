@@ -44,6 +44,7 @@ from jaxpr_accum._analysis._cost import (
     materialised_bytes,
     nbytes,
 )
+from jaxpr_accum._analysis._order import around_the_loop
 from jaxpr_accum._analysis._stages import (
     BODY,
     EPILOGUE,
@@ -202,6 +203,11 @@ class Split:
 
     def indices(self, stage: str) -> list[int]:
         return [i for i, s in enumerate(self.stages) if s == stage]
+
+    @functools.cached_property
+    def around_the_loop(self) -> tuple[list[int], list[int]]:
+        """The equations outside the body run before the loop and after it (``_order``)."""
+        return around_the_loop(self.jaxpr, self.stages)
 
     @property
     def gradient_width(self) -> int:

@@ -1,13 +1,14 @@
-"""Assembly: the whole program, the prologue, then the chunked region, then the epilogue.
+"""Assembly: the whole program, the equations before the loop, the chunked region, the rest.
 
 ``build(decision, accum_dtype)`` returns ``run(*flat_inputs) -> flat_outputs`` for a
-``_decision.Decision``, evaluated under the caller's trace: prologue equations run once on the
-full inputs, the region runs in chunks (``NATIVE``: the chunk loop with checkpointed bodies,
-differentiated by JAX; otherwise the region primitive with the mode's linearization,
-``_region_p``), its
-per-chunk monoid partials are combined (so JAX differentiates the combination), streamed sums
-are combined once the deferred values they need are known, and the epilogue runs on what the
-region returned. A split without a body (an empty axis) runs the program as written.
+``_decision.Decision``, evaluated under the caller's trace: the equations before the loop
+(``Split.around_the_loop``: the prologue, and what precedes the region in the program) run
+once on the full inputs, the region runs in chunks (``NATIVE``: the chunk loop with
+checkpointed bodies, differentiated by JAX; otherwise the region primitive with the mode's
+linearization, ``_region_p``), its per-chunk monoid partials are combined (so JAX
+differentiates the combination), streamed sums are combined once the deferred values they
+need are known, and the equations after the loop run on what the region returned. A split
+without a body (an empty axis) runs the program as written.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import numpy as np
 from jax import lax
 
 from jaxpr_accum import _stream
-from jaxpr_accum._analysis._split import EPILOGUE, PROLOGUE
 from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._region_p import call
 from jaxpr_accum._build._signature import Inputs, Outputs
@@ -60,11 +60,11 @@ def build(decision: Decision, accum_dtype: np.dtype | None) -> Callable:
         return functools.partial(run_as_written, jaxpr)
     region = Region(split, decision.candidate.chunk, decision.layout, accum_dtype)
     sig = region.signature
-    prologue, epilogue = split.indices(PROLOGUE), split.indices(EPILOGUE)
+    before, after = split.around_the_loop
 
     def run(*flat_inputs: Array) -> list:
         env: dict = dict(zip(jaxpr.invars, flat_inputs, strict=True))
-        _interpret.eval_eqns(jaxpr.eqns, env, indices=prologue)
+        _interpret.eval_eqns(jaxpr.eqns, env, indices=before)
         inputs = Inputs([env[v] for v in sig.invariants], [env[v] for v, _ in sig.chunked])
         out = call(region, mode, inputs)
         env.update(zip(sig.sums, out.sums, strict=True))
@@ -72,9 +72,9 @@ def build(decision: Decision, accum_dtype: np.dtype | None) -> Callable:
             env[v] = COMBINE[kind](per_chunk)
         env.update(zip((v for v, _ in sig.stacked), out.stacked, strict=True))
         pending = _streamed_sums(region, out)
-        for idx in epilogue:
+        for idx in after:
             # a streamed sum is combined once the deferred values it needs are known: they
-            # are computed by epilogue equations before its own (in program order)
+            # are computed by equations before its own (in program order)
             while pending and pending[0][0] < idx:
                 pending.pop(0)[1](env)
             _interpret.eval_eqns(jaxpr.eqns, env, indices=[idx])

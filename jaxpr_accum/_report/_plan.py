@@ -72,8 +72,8 @@ class Plan:
         n_chunks: Number of chunks, the remainder's included.
         remainder: Length of the last chunk when ``k`` does not divide ``N``, else 0.
         reduced_at: The reductions over the axis, with source lines.
-        counts: Equations ``"prologue"`` (hoisted before the loop), ``"body"`` (chunked) and
-            ``"epilogue"`` (left after the loop).
+        counts: Equations ``"prologue"`` (run on the full axis before the loop), ``"body"``
+            (chunked) and ``"epilogue"`` (left after the loop): ``Split.around_the_loop``.
         stacked: Outputs of the region that still carry the axis, with their bytes: memory
             the rewrite did not save.
         accumulated: Accumulators carried across chunks, with their monoid.
@@ -141,6 +141,8 @@ class Plan:
         split, chunk = chosen.split, chosen.chunk
         n_full, rem = divmod(split.size, chunk)
         counts = {s: split.stages.count(s) for s in (PROLOGUE, BODY, EPILOGUE)}
+        if split.has_body:  # where they run (``Split.around_the_loop``)
+            counts[PROLOGUE], counts[EPILOGUE] = map(len, split.around_the_loop)
         return cls(
             axis_size=split.size,
             chunk=chunk,

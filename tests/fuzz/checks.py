@@ -11,7 +11,9 @@ VJP's), a user ``checkify.check``, ``+inf`` and ``-inf`` in rows whose sum over 
 NaN (the original's in its reduction; the chunks' sums add them). The threshold decides whether a
 site fires and in which rows (the data are not sorted, so the first erroring row falls in any
 chunk, the remainder included), or never. Then a reduction over the axis, and perhaps a
-last step that makes a NaN after the region (``tail``).
+last step that makes a NaN after the region (``tail``), and perhaps a NaN outside the region,
+before its first line or after its last, in a value of the parameters alone or in a part
+that runs as written (``outside``).
 
 The stack: ``checkify`` with an error set (``user_checks`` ... ``all_checks``) around a plain
 call, ``jax.grad``, ``jax.value_and_grad``, ``jax.jvp`` or ``jax.vmap`` (inside
@@ -70,6 +72,15 @@ def _backward(bad, ct):
 
 
 index_in_backward.defvjp(_forward, _backward)"""
+#: a line outside the region that makes a NaN where ``c`` is 1e3 (not where it is -1e3): in a
+#: value of the parameters alone (the loop does not need it), or in a ``lax.cond`` whose
+#: branch sums over the axis (it runs as written)
+OUTSIDE = {
+    "params": "jnp.log(jnp.sum(w) - {c})",
+    "whole": "jax.lax.cond(x[0, 0] > -1e9, lambda v: jnp.log(jnp.sum(v) - {c}), jnp.sum, x)",
+}
+#: where the line is: before the region's first line or after its last
+OUTSIDE_WHERE = st.sampled_from(("before", "after"))
 THRESHOLDS = (-2.0, -0.9, -0.5, 0.0, 0.7)  # -2: never fires
 DELAYS = (0.0, 0.6)  # how much lower a site's threshold is per step before a loop's last
 OPS = ("jnp.tanh({v})", "{v} * 1.5", "jnp.sin({v})", "{v} + 0.5 * {v} ** 3")
@@ -103,10 +114,18 @@ class CheckPair:
     #: each site's threshold lowered by its ``delays`` entry at each step before the last
     steps: int = 0
     delays: tuple[float, ...] = ()
+    #: a NaN outside the region, ``(where, what, fires)``: ``"before"`` the region's first
+    #: line or ``"after"`` its last, in a value of the parameters alone or in a part that runs
+    #: as written (``OUTSIDE``'s keys), made or not
+    outside: tuple[str, str, bool] | None = None
 
     def source(self) -> str:
         lines = ["import jax", "import jax.numpy as jnp", "from jax.experimental import checkify"]
-        lines += ["", "", BACKWARD_INDEX, "", "", "def f(w, x):", "    h = x * w"]
+        lines += ["", "", BACKWARD_INDEX, "", "", "def f(w, x):"]
+        where, what, fires = self.outside or ("", "", False)
+        outside = "    p = " + OUTSIDE[what].format(c=1e3 if fires else -1e3) if what else ""
+        lines += [outside] if where == "before" else []
+        lines += ["    h = x * w"]
         indent = "    "
         if self.steps:
             lines += ["    def step(h, s):"]
@@ -121,8 +140,10 @@ class CheckPair:
                 "        return h, None",
                 f"    h, _ = jax.lax.scan(step, h, jnp.arange({self.steps}.0))",
             ]
+        lines += [outside] if where == "after" else []
         loss = "jnp.sum(jnp.mean(h, axis=0) ** 2)"
-        lines += [f"    return jnp.log({loss} - 1e6)" if self.tail else f"    return {loss}", ""]
+        loss = f"jnp.log({loss} - 1e6)" if self.tail else loss
+        lines += [f"    return {loss}" + (" + p" if what else ""), ""]
         return "\n".join(lines)
 
     def summary(self) -> str:
@@ -130,6 +151,9 @@ class CheckPair:
         how = ("jit " if self.jit else "eager ") + self.call + (", NaN after" if self.tail else "")
         if self.steps:
             how += f", in a scan of {self.steps} steps (delays {self.delays})"
+        if self.outside:
+            where, what, fires = self.outside
+            how += f", a NaN{'' if fires else ' not'} made {where} the region, in {what}"
         return f"{sites}; {self.errors}, {how}, grad={self.grad!r}, chunk={self.chunk}"
 
 
@@ -147,6 +171,9 @@ def check_pairs(draw: Any) -> CheckPair:
         tail=draw(st.booleans()),
         steps=draw(st.sampled_from((0, 0, 3))),
         delays=tuple(draw(st.lists(st.sampled_from(DELAYS), min_size=2, max_size=2))),
+        outside=draw(
+            st.none() | st.tuples(OUTSIDE_WHERE, st.sampled_from(sorted(OUTSIDE)), st.booleans())
+        ),
     )
 
 

@@ -244,7 +244,9 @@ def test_plans_do_not_depend_on_statement_order():
         sf = ja.serialize_axis(f, chunk=4, argnums=0)
         plans.append(sf.explain(x, w))
         assert_matches_original(sf, x, w, vmap=False)
-    assert plans[0].counts == plans[1].counts
+    a, b = (p.counts for p in plans)
+    assert a["body"] == b["body"] and a["prologue"] + a["epilogue"] == b["prologue"] + b["epilogue"]
+    # (where the equations outside the loop run follows the program: ``_analysis/_order.py``)
     assert _stops(plans[0]) == _stops(plans[1])
     assert len(plans[0].stops) >= 2
 

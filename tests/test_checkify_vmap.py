@@ -124,3 +124,72 @@ def test_two_checks_in_a_loop_of_the_users_in_two_elements(mode):
     xs[0, 9, 0], xs[1, 1, 1] = -20.0, -2.0
     reported = _compare(_loop_program, jnp.asarray(xs), checkify.nan_checks, mode)
     assert reported is not None and "sqrt" in reported, reported
+
+
+def _vmapped(f):
+    return jax.vmap(f, in_axes=(None, 0))
+
+
+#: derivatives of a ``jax.vmap`` inside ``checkify``: the chunk loop's forward pass (of a
+#: linearization, or a JVP) stays one equation that ``checkify`` checks per element
+DIFFERENTIATED = {
+    "grad_of_vmap": lambda f: jax.grad(lambda w, x: _vmapped(f)(w, x).sum(), argnums=(0, 1)),
+    "value_and_grad_of_vmap": lambda f: jax.value_and_grad(lambda w, x: _vmapped(f)(w, x).sum()),
+    "jvp_of_vmap": lambda f: (
+        lambda w, x: jax.jvp(_vmapped(f), (w, x), (jnp.ones_like(w), jnp.ones_like(x)))
+    ),
+    "vmap_of_jvp": lambda f: _vmapped(
+        lambda w, x: jax.jvp(f, (w, x), (jnp.ones_like(w), jnp.ones_like(x)))
+    ),
+    "vmap_of_grad": lambda f: _vmapped(jax.grad(f, argnums=(0, 1))),
+}
+
+
+def _differentiated_report(f, stack: str, errors, xs) -> str | None:
+    return jax.jit(checkify.checkify(DIFFERENTIATED[stack](f), errors=errors))(W, xs)[0].get()
+
+
+@pytest.mark.parametrize(
+    "mode, stack",
+    _slow_but(
+        [("remat", "grad_of_vmap"), ("native", "vmap_of_jvp")],
+        list(itertools.product(ja.GRAD_MODES, sorted(DIFFERENTIATED))),
+    ),
+)
+def test_one_check_in_two_elements_of_a_differentiated_vmap(mode, stack):
+    """As without the derivative: the first element errs in the remainder (row 9), the
+    second in the first chunk (row 1), and the first element's error is reported."""
+    f, errors = PROGRAMS["index"]
+    sf = ja.serialize_axis(f, chunk=CHUNK, argnums=1, grad=mode)
+    xs = _two_elements((9,), (1,))
+    expected = _differentiated_report(f, stack, errors, xs)
+    assert expected is not None and "index 109 " in expected, expected
+    assert _differentiated_report(sf, stack, errors, xs) == expected
+
+
+@jax.custom_vjp
+def _identity(h):
+    return h
+
+
+_identity.defvjp(lambda h: (h, None), lambda _, ct: (ct,))
+
+
+def test_a_custom_vjp_in_a_differentiated_vmap():
+    """The documented difference (docs/errors.md): JAX cannot batch the linear part a custom
+    VJP leaves in a derivative apart from its loop, so the loop is differentiated batched
+    and the element whose row comes in the earlier chunk is reported; the values are the
+    original's."""
+    f, errors = PROGRAMS["index"]
+
+    def with_custom_vjp(w, x):
+        return f(w, _identity(x))
+
+    sf = ja.serialize_axis(with_custom_vjp, chunk=CHUNK, argnums=1, grad="remat")
+    xs = _two_elements((9,), (1,))
+    expected = _differentiated_report(with_custom_vjp, "grad_of_vmap", errors, xs)
+    assert "index 109 " in expected, expected
+    assert "index 101 " in _differentiated_report(sf, "grad_of_vmap", errors, xs)
+    got, want = (DIFFERENTIATED["grad_of_vmap"](g)(W, xs) for g in (sf, with_custom_vjp))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)

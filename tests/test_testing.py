@@ -266,25 +266,22 @@ def test_check_finds_the_seeded_defect():
 
 vmap_seeded_p = Primitive("jaxpr_accum_test_testing_vmap_seeded_identity")
 chunk_vmap_seeded_p = Primitive("jaxpr_accum_test_testing_vmap_seeded_identity_chunk")
-for _p in (vmap_seeded_p, chunk_vmap_seeded_p):
+#: the chunk twin's tangent: the identity, linear, whose batching rule scales it by 0.999
+chunk_tangent_seeded_p = Primitive("jaxpr_accum_test_testing_vmap_seeded_tangent_chunk")
+for _p in (vmap_seeded_p, chunk_vmap_seeded_p, chunk_tangent_seeded_p):
     _p.def_impl(lambda x: x)
     _p.def_abstract_eval(lambda x: x)
-    ad.defjvp(_p, lambda g, x: g)
     mlir.register_lowering(_p, mlir.lower_fun(lambda x: x, multiple_results=False))
-batching.primitive_batchers[vmap_seeded_p] = lambda xs, dims: (vmap_seeded_p.bind(*xs), dims[0])
-
-
-def _scaled_gradient_batched(xs, dims):
-    (x,) = xs
-    return 0.999 * x + jax.lax.stop_gradient(0.001 * x), dims[0]
-
-
-batching.primitive_batchers[chunk_vmap_seeded_p] = _scaled_gradient_batched
+    batching.primitive_batchers[_p] = lambda xs, dims, p=_p: (p.bind(*xs), dims[0])
+ad.defjvp(vmap_seeded_p, lambda g, x: g)
+ad.defjvp(chunk_vmap_seeded_p, lambda g, x: chunk_tangent_seeded_p.bind(g))
+ad.deflinear(chunk_tangent_seeded_p, lambda ct: [chunk_tangent_seeded_p.bind(ct)])
+batching.primitive_batchers[chunk_tangent_seeded_p] = lambda xs, dims: (0.999 * xs[0], dims[0])
 
 
 class _ScalesGradientWhenBatched(_ScalesGradientAtChunkSize):
     """The chunked program binds a twin primitive: the identity, exact as called, whose
-    batching rule scales the gradient by 0.999 (a chunked program wrong only under vmap)."""
+    tangent's batching rule scales it by 0.999 (a chunked program wrong only under vmap)."""
 
     def resize(self, eqn, r, invals):
         (x,) = invals

@@ -14,7 +14,8 @@ those only). Its rules:
   Jacobian rows computed in the forward pass);
 - **JVP** (``jax.jvp``, ``jax.jacfwd``, and linearization where JAX goes through the JVP, as
   inside ``jax.checkpoint``): ``jax.jvp`` of the forward pass with each chunk's body
-  checkpointed, which is chunked in both the primal and the tangent; an output no perturbed
+  checkpointed, which is chunked in both the primal and the tangent, as one equation
+  (``_compat.loop_call``: ``jax.vmap`` keeps it one, which ``checkify`` checks per element); an output no perturbed
   input reaches (through ``stop_gradient``, say) gets a symbolic zero tangent, as JAX gives
   it (``Region.tangent_flags``), so what reads only it is not differentiated. The primal
   outputs that a linearization rule binds (``linearizing=True``; an outer JVP meets them under
@@ -114,6 +115,20 @@ def _checkpointed(region: Region) -> Callable:
     return forward
 
 
+def _checkpointed_loop(region: Region) -> Callable:
+    """The forward pass with checkpointed bodies as one equation (``_compat.loop_call``),
+    which JAX differentiates and batches as one (``checkify`` checks it per element); where
+    ``jax_debug_nans`` is on, inline, its equations run eagerly as the original's do."""
+    if _compat.debug_checks_on():
+        return _checkpointed(region)
+
+    def forward(*flat: Array) -> list:
+        closed = region.forward_jaxpr([_compat.aval_of(x) for x in flat], checkpoint=True)
+        return _compat.loop_call(closed, flat, region.scope)
+
+    return forward
+
+
 def _abstract_eval(*avals: Aval, jaxpr: ClosedJaxpr, **_: object) -> tuple:
     return list(jaxpr.out_avals), jaxpr.effects
 
@@ -143,7 +158,7 @@ def _jvp(
     reached = region.tangent_flags(avals, perturbed).flat()
     # differentiated with respect to the perturbed inputs only, the others fixed: they keep
     # JAX's symbolic zeros (a custom VJP refuses any other tangent for a value it closes over)
-    forward = _of_perturbed(_checkpointed(region), primals, perturbed)
+    forward = _of_perturbed(_checkpointed_loop(region), primals, perturbed)
     if linearizing:  # forward over reverse: differentiate the primal as a VJP computes it
         forward = _primal_of_vjp(forward)
     dyn = [p for p, d in zip(primals, perturbed, strict=True) if d]

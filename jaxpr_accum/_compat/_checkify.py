@@ -2,7 +2,7 @@
 
 ``checkify`` traces a function to a jaxpr and interprets it equation by equation, each through
 its rule in JAX's table ``error_checks`` (the default rule binds the equation unchanged, so a
-primitive of our own without a rule would lose every check inside it). Three rules:
+primitive of our own without a rule would lose every check inside it). Four rules:
 
 - **the region** (``checks_through``): where the enabled error set has a check that can fire
   inside the region's chunk loop (JAX's own checkify of the loop's jaxpr reports an error
@@ -24,6 +24,11 @@ primitive of our own without a rule would lose every check inside it). Three rul
   site's slot takes its soonest firing among the devices, from the first such device (its
   rows come first), and the sites are then merged as one device's are, as the unsharded
   original reports them. A ``shard_map`` of yours keeps JAX's rule.
+- **the chunk loop's equation** (``_loop_call``): unbatched, the loop as JAX checks it;
+  batched, the loop checkified under a ``jax.vmap`` of the same axis (a collective of the
+  user's inside keeps its name), each element's loop a batch of one, the elements' error
+  slots made one as they leave it (``made_one``: per slot, its soonest firing, then the
+  check first in the program, from the first element).
 - **checkpoint** (``remat_p``): JAX's rule requires the checkified body to close over no
   constant, which fails on the ``dynamic_slice`` that takes a chunk from the whole input
   inside each checkpointed body (its check's bounds are array constants): "too many values
@@ -36,21 +41,27 @@ nothing here runs (the unchecked program is unchanged).
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxpr_accum._compat._check_places import checked_eqn
 from jaxpr_accum._compat._lookup import internal
-from jaxpr_accum._compat._loop_call import error_effects, made_one
+from jaxpr_accum._compat._loop_call import loop_p
 from jaxpr_accum._compat._loop_checks import loop_serial
-from jaxpr_accum._compat._region import dce
+from jaxpr_accum._compat._region import batch_jaxpr, dce
 from jaxpr_accum._compat._sharding import named_sharding
 from jaxpr_accum._compat._types import ClosedJaxpr, Jaxpr, Params, Primitive
 
 _CHECKIFY = "jax._src.checkify."
+#: the name of a vmapped axis that has none, while its elements' errors are made one
+_ELEMENTS = "jaxpr_accum_elements"
+#: the name of the batch of one that each element's loop is checked in
+_ONE = "jaxpr_accum_one_element"
 
 
 def checks_through(p: Primitive, loop_of: Callable[[Params], ClosedJaxpr]) -> None:
@@ -177,3 +188,104 @@ def _as_specified(x: Any, spec: Any) -> Any:
 
 
 _region_shard_map_as_one()
+
+
+def _checked(
+    p: Primitive, error: object, enabled_errors: object, *args: object, **params: Any
+) -> tuple:
+    """``checkify``'s rule of the equation (the module's docstring); where no check of
+    ``enabled_errors`` can fire in the loop, the equation itself."""
+    batched = params["batched"]
+    loop = params["jaxpr"] if batched is None else batched.loop
+    if not error_effects(loop, enabled_errors, loop.in_avals):
+        return error, p.bind(*args, **params)
+    if batched is None:
+        return internal(_CHECKIFY + "checkify_jaxpr")(loop, enabled_errors, error, *args)
+    err_vals, err_tree = jax.tree_util.tree_flatten(error)
+    checkify_flat = importlib.import_module(_CHECKIFY[:-1]).checkify_jaxpr_flat
+    axis, dims, jnp = batched.axis, batched.in_dims, jax.numpy
+    unnamed = axis.name is internal("jax._src.core.no_axis_name")
+    name = _ELEMENTS if unnamed else axis.name
+    trees = []
+
+    def element(err_vals: list, vals: tuple) -> tuple:
+        # the loop batched over a batch of one, of an axis of its own (the user's
+        # collectives over ``name`` stay, for the ``jax.vmap`` below): its checks' operands
+        # have the shapes of the batched loop's but for the batch (``shapes_as_written``)
+        one = internal("jax._src.interpreters.batching.AxisData")(_ONE, 1, None, None)
+        one_loop, out_batched = batch_jaxpr(loop, one, dims)
+        ones = [v if d is None else jnp.expand_dims(v, d) for v, d in zip(vals, dims, strict=True)]
+        out_error, outs = checkify_flat(
+            one_loop.jaxpr, one_loop.consts, enabled_errors, err_tree, *err_vals, *ones
+        )
+        outs = [o[0] if b else o for o, b in zip(outs, out_batched, strict=True)]
+        leaves, tree = jax.tree_util.tree_flatten(made_one(out_error, name))
+        trees.append(tree)
+        return leaves, tuple(outs)
+
+    mapped = jax.vmap(
+        element,
+        in_axes=(None, batched.in_dims),
+        out_axes=(None, tuple(0 if b else None for b in batched.out_batched)),
+        axis_name=name,
+        axis_size=axis.size,
+        spmd_axis_name=axis.spmd_name,
+    )
+    leaves, outs = mapped(err_vals, tuple(args))
+    return jax.tree_util.tree_unflatten(trees[-1], leaves), list(outs)
+
+
+def error_effects(closed: ClosedJaxpr, enabled_errors: object, avals: Sequence) -> set:
+    """The kinds of error that ``closed``, checkified with ``enabled_errors`` on inputs of
+    types ``avals``, can report."""
+    err_vals, err_tree = jax.tree_util.tree_flatten(internal(_CHECKIFY + "init_error"))
+    avals = [*(jax.typeof(x) for x in err_vals), *avals]
+    to_checked = internal(_CHECKIFY + "jaxpr_to_checkify_jaxpr")
+    return to_checked(closed, enabled_errors, err_tree, *avals)[2]
+
+
+def made_one(error: Any, axes: object) -> object:
+    """``error`` of this device (or element) made the same on every one of ``axes``, slot by
+    slot: of the devices where a slot fired, those where it fired soonest (a check site's
+    time, ``_check_sites``; a kind's slot has none), then with the smallest code (the check
+    first in the program), and of them the first device (its rows come first) gives the
+    payload. A slot that fired nowhere (the clock, the same on every device) keeps the first
+    device's."""
+    jnp, lax = jax.numpy, jax.lax
+    never = np.iinfo(np.int32).max
+    device = lax.axis_index(axes)
+
+    def varying(x: Any) -> Any:  # a collective's operand varies across the devices
+        return jnp.where(device < 0, x, x)
+
+    times = {
+        getattr(slot, "rank", None): varying(jnp.where(error._pred[slot], payload[0], never))
+        for slot, payload in error._payload.items()
+        if getattr(slot, "timed", False)
+    }
+    for slot in list(error._pred):
+        pred, code = varying(error._pred[slot]), varying(error._code[slot])
+        time = times.get(getattr(slot, "rank", None), varying(jnp.int32(never)))
+        soonest = lax.pmin(jnp.where(pred, time, never), axes)
+        best = lax.pmin(jnp.where(pred & (time == soonest), code, never), axes)
+        chosen = pred & (time == soonest) & (code == best)
+        fired = soonest != never
+        first = jnp.where(fired, lax.pmin(jnp.where(chosen, device, never), axes), 0)
+        if getattr(slot, "timed", False):  # the site's soonest time
+            payload = [jnp.where(fired, soonest, never)]
+        else:
+            payload = [_from(first == device, varying(p), axes) for p in error._payload[slot]]
+        code = jnp.where(fired, best, lax.pmin(code, axes))
+        error = error._update(slot, fired, code, {}, payload)
+    return error
+
+
+def _from(mine: Any, x: Any, axes: object) -> Any:
+    """``x`` of the one device where ``mine``, on every device."""
+    jnp, lax = jax.numpy, jax.lax
+    if x.dtype == jnp.bool_:
+        return lax.pmax(jnp.where(mine, x, False).astype(jnp.int32), axes).astype(jnp.bool_)
+    return lax.psum(jnp.where(mine, x, jnp.zeros_like(x)), axes)
+
+
+internal(_CHECKIFY + "error_checks")[loop_p()] = functools.partial(_checked, loop_p())

@@ -1,5 +1,5 @@
-"""The chunk loop as one equation that ``jax.vmap`` keeps one, so that ``checkify`` checks
-it per element, as the original's checks of the whole batch report.
+"""The chunk loop as one equation that ``jax.vmap`` and derivatives keep one, so that
+``checkify`` checks it per element, as the original's checks of the whole batch report.
 
 JAX batches a loop traced inline op by op: under ``checkify(jax.vmap(f))`` each check then
 covers one chunk of every element at once, so of a check that fires in two elements the one
@@ -10,17 +10,22 @@ primitive ``serialized_region_loop`` (``loop_call``), whose parameters keep it u
 name scope the loop was traced in) and ``batched`` (``Batched``: the loop unbatched and where
 it was batched; None where ``jaxpr`` is the loop). Its rules:
 
-- evaluation and lowering run ``jaxpr``; the JVP is ``jaxpr``'s, inline (JAX differentiates
-  the plain loop, as it would the loop traced inline);
+- evaluation and lowering run ``jaxpr``;
 - batching binds it again with the loop batched (``batched_loop_call``, also the region
   primitive's batching rule); batched a second time, ``jaxpr`` batched again, inline;
-- dead-code elimination prunes ``jaxpr`` and the unbatched loop to the used outputs;
-- ``checkify``: unbatched, the loop as JAX checks it; batched, the loop checkified under a
-  ``jax.vmap`` of the same axis (a collective of the user's inside keeps its name), the
-  elements' error slots made one as they leave it (``made_one``: per slot, its soonest
-  firing, then the check first in the program, from the first element).
+- the JVP is JAX's JVP of the loop as one equation, and the linearization (``jax.grad``,
+  ``jax.vjp``) JAX's linearization of the loop, whose forward pass (the primal outputs and
+  the residuals) is one equation and whose linear part runs inline; batched, both are taken
+  of the unbatched loop and batched alike, so ``checkify`` still checks them per element
+  (with a custom VJP in the loop, whose linear part JAX cannot batch apart, the batched
+  loop's, inline);
+- partial evaluation (``jax.linearize`` through the JVP, a loop of the user's around it)
+  runs ``jaxpr`` inline; split by a policy (``jax.checkpoint``), into two equations as JAX
+  splits a call, unbatched; JAX then transposes what it staged after evaluating it in part
+  again, which runs it inline;
+- dead-code elimination prunes ``jaxpr`` and the unbatched loop to the used outputs.
 
-``made_one`` makes a sharded layout's devices one too (``_checkify``).
+``_checkify`` holds its ``checkify`` rule.
 
 Invariant: the values are ``jaxpr``'s, the loop's, under every transformation.
 """
@@ -29,31 +34,29 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
+from jaxpr_accum._compat._custom import is_custom_vjp_call
 from jaxpr_accum._compat._lookup import internal
 from jaxpr_accum._compat._region import (
     batch_jaxpr,
     dce,
     define_primitive,
     has_effects,
+    is_zero,
+    linearize_from_jvp,
     run_batched,
     zero_tangent,
 )
 from jaxpr_accum._compat._types import ClosedJaxpr, Eqn, Primitive
+from jaxpr_accum._compat._walk import first_eqn
 
-_CHECKIFY = "jax._src.checkify."
+_AD, _PE = "jax._src.interpreters.ad.", "jax._src.interpreters.partial_eval."
 #: the primitive's name
 LOOP_CALL = "serialized_region_loop"
-#: the name of a vmapped axis that has none, while its elements' errors are made one
-_ELEMENTS = "jaxpr_accum_elements"
-#: the name of the batch of one that each element's loop is checked in
-_ONE = "jaxpr_accum_one_element"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -111,25 +114,137 @@ def loop_p() -> Primitive:
         impl=impl,
         jvp=_jvp,
         batch=batch,
+        linearize=_linearize,
         dce=_dce,
     )
-    internal(_CHECKIFY + "error_checks")[p] = functools.partial(_checked, p)
+    internal(_PE + "custom_partial_eval_rules")[p] = _partial_eval
+    split_call = internal(_PE + "closed_call_partial_eval_custom_rule")
+    internal(_PE + "partial_eval_jaxpr_custom_rules")[p] = functools.partial(
+        split_call, "jaxpr", _staged_apart
+    )
     return p
 
 
-def _jvp(primals: list, tangents: list, *, jaxpr: ClosedJaxpr, **_: object) -> tuple:
-    """JAX's JVP of ``jaxpr``, inline: symbolic zeros in, and out where no perturbed input
-    reaches, as for the loop traced inline."""
-    zero = internal("jax._src.interpreters.ad.Zero")
-    nonzeros = [type(t) is not zero for t in tangents]
-    jvp_jaxpr, out_nonzeros = internal("jax._src.interpreters.ad.jvp_jaxpr")(jaxpr, nonzeros, False)
-    dots = [t for t, nz in zip(tangents, nonzeros, strict=True) if nz]
-    outs = jax.extend.core.jaxpr_as_fun(jvp_jaxpr)(*primals, *dots)
+def _jvp(primals: list, tangents: list, *, jaxpr: ClosedJaxpr, scope: str, batched: Any) -> tuple:
+    """JAX's JVP of the loop, as one equation: symbolic zeros in, and out where no perturbed
+    input reaches, as for the loop traced inline."""
+    nonzeros = [not is_zero(t) for t in tangents]
+    loop = jaxpr if batched is None else batched.loop
+    jvp_loop, out_nonzeros = internal(_AD + "jvp_jaxpr")(loop, nonzeros, False)
+    n = len(loop.out_avals)
+    if not _batches_apart(batched):
+        return _inline_jvp(jaxpr, primals, tangents, nonzeros)
+    dims = batched and [*batched.in_dims, *_kept(batched.in_dims, nonzeros)]
+    one, params, flags = _as_one(jvp_loop, batched, dims)
+    if batched is not None:
+        wanted = [*batched.out_batched, *_kept(batched.out_batched, out_nonzeros)]
+        if flags[:n] != list(batched.out_batched) or not _fits(flags, wanted):
+            return _inline_jvp(jaxpr, primals, tangents, nonzeros)
+    outs = loop_p().bind(
+        *primals, *_kept(tangents, nonzeros), jaxpr=one, scope=scope, batched=params
+    )
+    if batched is not None:
+        outs = _spread(outs, flags, wanted, batched)
+    return outs[:n], _with_zeros(outs[n:], out_nonzeros, jaxpr)
+
+
+def _inline_jvp(jaxpr: ClosedJaxpr, primals: list, tangents: list, nonzeros: list) -> tuple:
+    """JAX's JVP of ``jaxpr`` (the equation's, batched where it is), inline."""
+    jvp_jaxpr, out_nonzeros = internal(_AD + "jvp_jaxpr")(jaxpr, nonzeros, False)
+    outs = jax.extend.core.jaxpr_as_fun(jvp_jaxpr)(*primals, *_kept(tangents, nonzeros))
     n = len(jaxpr.out_avals)
-    out_dots = iter(outs[n:])
-    return outs[:n], [
-        next(out_dots) if nz else zero_tangent(aval)
-        for aval, nz in zip(jaxpr.out_avals, out_nonzeros, strict=True)
+    return outs[:n], _with_zeros(outs[n:], out_nonzeros, jaxpr)
+
+
+def _linearize(
+    is_vjp: bool, nonzeros: list, *primals: object, jaxpr: ClosedJaxpr, scope: str, batched: Any
+) -> tuple:
+    """JAX's linearization of the loop; its forward pass (the primal outputs and the
+    residuals) is one equation, the linear part runs inline."""
+    if not _batches_apart(batched):
+        params = {"jaxpr": jaxpr, "scope": scope, "batched": batched}
+        return linearize_from_jvp(loop_p(), is_vjp, nonzeros, primals, params)
+    loop = jaxpr if batched is None else batched.loop
+    linearize_jaxpr = internal(_AD + "linearize_jaxpr")
+    forward, _, out_nonzeros, _, linear = linearize_jaxpr(
+        loop, nonzeros, False, False, is_vjp=is_vjp
+    )
+    n = len(loop.out_avals)
+    one, params, flags = _as_one(forward, batched, batched and batched.in_dims)
+    if batched is not None:
+        res_dims = [0 if f else None for f in flags[n:]]
+        tangent_dims = _kept(batched.in_dims, nonzeros)
+        linear, linear_flags = batch_jaxpr(linear, batched.axis, [*res_dims, *tangent_dims])
+        wanted = _kept(batched.out_batched, out_nonzeros)
+        if flags[:n] != list(batched.out_batched) or not _fits(linear_flags, wanted):
+            params = {"jaxpr": jaxpr, "scope": scope, "batched": batched}
+            return linearize_from_jvp(loop_p(), is_vjp, nonzeros, primals, params)
+    outs = loop_p().bind(*primals, jaxpr=one, scope=scope, batched=params)
+
+    def linearized(residuals: list, *tangents: object) -> list:
+        dots = jax.extend.core.jaxpr_as_fun(linear)(*residuals, *_kept(tangents, nonzeros))
+        if batched is not None:
+            dots = _spread(dots, linear_flags, wanted, batched)
+        return _with_zeros(dots, out_nonzeros, jaxpr)
+
+    return outs[:n], list(out_nonzeros), outs[n:], linearized
+
+
+def _partial_eval(trace: Any, *tracers: object, jaxpr: ClosedJaxpr, **_: object) -> list:
+    """Partial evaluation of the equation (``jax.linearize`` through its JVP, a loop of the
+    user's around it): ``jaxpr`` inline, which JAX evaluates in part."""
+    with internal("jax._src.core.set_current_trace")(trace):
+        return jax.extend.core.jaxpr_as_fun(jaxpr)(*tracers)
+
+
+def _staged_apart(*updated: dict) -> tuple:
+    """The known and the staged equations' parameters, where partial evaluation with a
+    policy (``jax.checkpoint``'s) splits the equation: unbatched (they are not the loop)."""
+    known, staged = updated[-2:]
+    return {**known, "batched": None}, {**staged, "batched": None}
+
+
+def _batches_apart(batched: Any) -> bool:
+    """Whether a derivative of the equation can be batched apart from the loop it
+    differentiates: not a batched loop with a custom VJP (JAX cannot batch the linear part
+    that a custom VJP leaves in a derivative: it is batched with the loop, inline)."""
+    return batched is None or first_eqn(batched.loop.jaxpr.eqns, is_custom_vjp_call) is None
+
+
+def _as_one(closed: ClosedJaxpr, batched: Any, dims: Any) -> tuple:
+    """``(jaxpr, batched, which outputs are batched)``: the parameters of one equation of
+    ``closed`` (a jaxpr of the unbatched loop's): as it is where the equation is unbatched,
+    else batched over its axis at ``dims``, so that ``checkify`` checks it per element."""
+    if batched is None:
+        return closed, None, [False] * len(closed.out_avals)
+    jaxpr, out_batched = batch_jaxpr(closed, batched.axis, dims)
+    return jaxpr, Batched(closed, batched.axis, tuple(dims), tuple(out_batched)), out_batched
+
+
+def _fits(flags: list[bool], wanted: list[bool]) -> bool:
+    """No output batched where the equation's is not."""
+    return not any(f and not w for f, w in zip(flags, wanted, strict=True))
+
+
+def _spread(values: list, flags: list[bool], wanted: list[bool], batched: Batched) -> list:
+    """``values`` batched where ``wanted``: one left unbatched is broadcast over the axis."""
+    size = batched.axis.size
+    return [
+        jax.numpy.broadcast_to(v, (size, *jax.numpy.shape(v))) if w and not f else v
+        for v, f, w in zip(values, flags, wanted, strict=True)
+    ]
+
+
+def _kept(values: Sequence, flags: Sequence[bool]) -> list:
+    return [v for v, f in zip(values, flags, strict=True) if f]
+
+
+def _with_zeros(dots: Sequence, nonzeros: Sequence[bool], jaxpr: ClosedJaxpr) -> list:
+    """The tangents of ``jaxpr``'s outputs: ``dots`` of the nonzero ones, symbolic zeros."""
+    given = iter(dots)
+    return [
+        next(given) if nz else zero_tangent(aval)
+        for aval, nz in zip(jaxpr.out_avals, nonzeros, strict=True)
     ]
 
 
@@ -148,101 +263,3 @@ def _dce(used: list[bool], eqn: Eqn) -> tuple[list[bool], Eqn | None]:
     params = {**eqn.params, "jaxpr": dce(eqn.params["jaxpr"], used), "batched": batched}
     outvars = [v for v, u in zip(eqn.outvars, used, strict=True) if u]
     return [True] * len(eqn.invars), eqn.replace(outvars=outvars, params=params)
-
-
-def _checked(
-    p: Primitive, error: object, enabled_errors: object, *args: object, **params: Any
-) -> tuple:
-    """``checkify``'s rule of the equation (the module's docstring); where no check of
-    ``enabled_errors`` can fire in the loop, the equation itself."""
-    batched = params["batched"]
-    loop = params["jaxpr"] if batched is None else batched.loop
-    if not error_effects(loop, enabled_errors, loop.in_avals):
-        return error, p.bind(*args, **params)
-    if batched is None:
-        return internal(_CHECKIFY + "checkify_jaxpr")(loop, enabled_errors, error, *args)
-    err_vals, err_tree = jax.tree_util.tree_flatten(error)
-    checkify_flat = importlib.import_module(_CHECKIFY[:-1]).checkify_jaxpr_flat
-    axis, dims, jnp = batched.axis, batched.in_dims, jax.numpy
-    unnamed = axis.name is internal("jax._src.core.no_axis_name")
-    name = _ELEMENTS if unnamed else axis.name
-    trees = []
-
-    def element(err_vals: list, vals: tuple) -> tuple:
-        # the loop batched over a batch of one, of an axis of its own (the user's
-        # collectives over ``name`` stay, for the ``jax.vmap`` below): its checks' operands
-        # have the shapes of the batched loop's but for the batch (``shapes_as_written``)
-        one = internal("jax._src.interpreters.batching.AxisData")(_ONE, 1, None, None)
-        one_loop, out_batched = batch_jaxpr(loop, one, dims)
-        ones = [v if d is None else jnp.expand_dims(v, d) for v, d in zip(vals, dims, strict=True)]
-        out_error, outs = checkify_flat(
-            one_loop.jaxpr, one_loop.consts, enabled_errors, err_tree, *err_vals, *ones
-        )
-        outs = [o[0] if b else o for o, b in zip(outs, out_batched, strict=True)]
-        leaves, tree = jax.tree_util.tree_flatten(made_one(out_error, name))
-        trees.append(tree)
-        return leaves, tuple(outs)
-
-    mapped = jax.vmap(
-        element,
-        in_axes=(None, batched.in_dims),
-        out_axes=(None, tuple(0 if b else None for b in batched.out_batched)),
-        axis_name=name,
-        axis_size=axis.size,
-        spmd_axis_name=axis.spmd_name,
-    )
-    leaves, outs = mapped(err_vals, tuple(args))
-    return jax.tree_util.tree_unflatten(trees[-1], leaves), list(outs)
-
-
-def error_effects(closed: ClosedJaxpr, enabled_errors: object, avals: Sequence) -> set:
-    """The kinds of error that ``closed``, checkified with ``enabled_errors`` on inputs of
-    types ``avals``, can report."""
-    err_vals, err_tree = jax.tree_util.tree_flatten(internal(_CHECKIFY + "init_error"))
-    avals = [*(jax.typeof(x) for x in err_vals), *avals]
-    to_checked = internal(_CHECKIFY + "jaxpr_to_checkify_jaxpr")
-    return to_checked(closed, enabled_errors, err_tree, *avals)[2]
-
-
-def made_one(error: Any, axes: object) -> object:
-    """``error`` of this device (or element) made the same on every one of ``axes``, slot by
-    slot: of the devices where a slot fired, those where it fired soonest (a check site's
-    time, ``_check_sites``; a kind's slot has none), then with the smallest code (the check
-    first in the program), and of them the first device (its rows come first) gives the
-    payload. A slot that fired nowhere (the clock, the same on every device) keeps the first
-    device's."""
-    jnp, lax = jax.numpy, jax.lax
-    never = np.iinfo(np.int32).max
-    device = lax.axis_index(axes)
-
-    def varying(x: Any) -> Any:  # a collective's operand varies across the devices
-        return jnp.where(device < 0, x, x)
-
-    times = {
-        getattr(slot, "rank", None): varying(jnp.where(error._pred[slot], payload[0], never))
-        for slot, payload in error._payload.items()
-        if getattr(slot, "timed", False)
-    }
-    for slot in list(error._pred):
-        pred, code = varying(error._pred[slot]), varying(error._code[slot])
-        time = times.get(getattr(slot, "rank", None), varying(jnp.int32(never)))
-        soonest = lax.pmin(jnp.where(pred, time, never), axes)
-        best = lax.pmin(jnp.where(pred & (time == soonest), code, never), axes)
-        chosen = pred & (time == soonest) & (code == best)
-        fired = soonest != never
-        first = jnp.where(fired, lax.pmin(jnp.where(chosen, device, never), axes), 0)
-        if getattr(slot, "timed", False):  # the site's soonest time
-            payload = [jnp.where(fired, soonest, never)]
-        else:
-            payload = [_from(first == device, varying(p), axes) for p in error._payload[slot]]
-        code = jnp.where(fired, best, lax.pmin(code, axes))
-        error = error._update(slot, fired, code, {}, payload)
-    return error
-
-
-def _from(mine: Any, x: Any, axes: object) -> Any:
-    """``x`` of the one device where ``mine``, on every device."""
-    jnp, lax = jax.numpy, jax.lax
-    if x.dtype == jnp.bool_:
-        return lax.pmax(jnp.where(mine, x, False).astype(jnp.int32), axes).astype(jnp.bool_)
-    return lax.psum(jnp.where(mine, x, jnp.zeros_like(x)), axes)

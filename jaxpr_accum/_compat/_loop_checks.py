@@ -171,11 +171,12 @@ def _checkify_jaxpr_flat(
     made_by = {v: e for e in jaxpr.eqns for v in e.outvars}
 
     def interpret(eqns: list[Eqn], error: object) -> object:
-        # whether a chunk's computation has begun in this jaxpr (one per jaxpr: the loop's
-        # body, or the remainder; fused's value, tangents and cotangents of one are apart)
+        # whether a chunk's computation has begun in this jaxpr (one before the chunks' scan,
+        # JAX's hoisting out of its body, and one after it, the remainder; fused's value,
+        # tangents and cotangents of one are apart)
         begun = False
         for eqn in eqns:
-            invals = [_read(env, v) for v in eqn.invars]
+            invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
             rule, checked = checked_as(eqn, made_by)
             ctx = getattr(getattr(eqn, "ctx", None), "manager", contextlib.nullcontext())
             chunk = _in_chunk(eqn)
@@ -186,11 +187,12 @@ def _checkify_jaxpr_flat(
             outs = outs if eqn.primitive.multiple_results else [outs]
             env.update(zip(eqn.outvars, outs, strict=True))
             clean_up(eqn, env, last)
+            begun = begun and (chunk or eqn.primitive.name != "scan")  # the remainder's next
         return error
 
     with counting():
         error = _checkify_runs(list(jaxpr.eqns), error, interpret)
-    return error, [_read(env, v) for v in jaxpr.outvars]
+    return error, [v.val if isinstance(v, Literal) else env[v] for v in jaxpr.outvars]
 
 
 def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> object:
@@ -283,10 +285,6 @@ def restart_clock(error: Any) -> object:
     """``error`` with its clock (if it has one: inside ``per_site``) at 0: a chunk begins."""
     clock = next((s for s in error._payload if getattr(s, "rank", None) == CLOCK), None)
     return error if clock is None else set_clock(error, clock, jax.numpy.int32(0))
-
-
-def _read(env: dict, var: object) -> object:
-    return var.val if isinstance(var, Literal) else env[var]
 
 
 def _interpret_loops_per_site() -> None:

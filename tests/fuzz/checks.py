@@ -16,11 +16,11 @@ before its first line or after its last, in a value of the parameters alone or i
 that runs as written (``outside``).
 
 The stack: ``checkify`` with an error set (``user_checks`` ... ``all_checks``) around a plain
-call, ``jax.grad``, ``jax.value_and_grad``, ``jax.jvp`` or ``jax.vmap`` (inside
-``checkify``), or inside ``jax.vmap`` (over a batch of two: the data, and its rows reversed,
-which err sooner); under
-``jax.jit`` or eagerly; every grad mode; chunks that
-divide the axis, that do not, and one chunk. Compared: ``err.get()``'s text and the
+call, ``jax.grad``, ``jax.value_and_grad``, ``jax.jvp``, ``jax.vmap``, ``jax.grad`` or
+``jax.jvp`` of a ``jax.vmap``, or ``jax.grad`` inside one, or inside ``jax.vmap`` (every
+``jax.vmap`` over a batch of two: the data, and its rows reversed, which err sooner); under
+``jax.jit`` or eagerly; every grad mode; chunks that divide the axis, that do not, and one
+chunk. Compared: ``err.get()``'s text and the
 program's line the error's traceback names (None where it names none).
 """
 
@@ -92,7 +92,10 @@ ERRORS = {
     "float_checks": checkify.float_checks,
     "all_checks": checkify.all_checks,
 }
-CALLS = ("forward", "grad", "value_and_grad", "jvp", "vmap", "vmap_inside")
+CALLS = (
+    "forward", "grad", "value_and_grad", "jvp", "vmap", "vmap_inside", "grad_of_vmap",
+    "vmap_of_grad", "jvp_of_vmap",
+)  # fmt: skip
 GRAD_MODES = ("auto", "remat", "fused", "native")
 CHUNKS = (4, 5, N)
 
@@ -196,6 +199,7 @@ def data() -> tuple[jax.Array, jax.Array]:
 
 def _stacked(pair: CheckPair, f: Any) -> Any:
     errors = ERRORS[pair.errors]
+    batched = jax.vmap(f, in_axes=(None, 0))
     if pair.call == "vmap":
         run = jax.vmap(checkify.checkify(f, errors=errors), in_axes=(None, 0))
     else:
@@ -205,6 +209,11 @@ def _stacked(pair: CheckPair, f: Any) -> Any:
             "value_and_grad": jax.value_and_grad(f),
             "jvp": lambda w, x: jax.jvp(f, (w, x), (jnp.ones_like(w), jnp.ones_like(x))),
             "vmap_inside": jax.vmap(f, in_axes=(None, 0)),
+            "grad_of_vmap": jax.grad(lambda w, x: jnp.sum(batched(w, x)), argnums=(0, 1)),
+            "vmap_of_grad": jax.vmap(jax.grad(f, argnums=(0, 1)), in_axes=(None, 0)),
+            "jvp_of_vmap": lambda w, x: jax.jvp(
+                batched, (w, x), (jnp.ones_like(w), jnp.ones_like(x))
+            ),
         }[pair.call]
         run = checkify.checkify(inner, errors=errors)
     return jax.jit(run) if pair.jit else run
@@ -213,7 +222,7 @@ def _stacked(pair: CheckPair, f: Any) -> Any:
 def report(pair: CheckPair, f: Any, file: str) -> tuple[str | None, int | None, tuple]:
     """``(err.get(), the program's line the error names, the kinds of error that fired)``."""
     w, x = data()
-    if pair.call.startswith("vmap"):
+    if "vmap" in pair.call:
         # both err: the first where x does, the second in x's rows reversed (sooner)
         x = jnp.stack([x, x[::-1]])
     with warnings.catch_warnings():
@@ -266,6 +275,6 @@ def _fused_infinite_cotangent(pair: CheckPair, expected: tuple, got: tuple) -> b
     return (
         any(kind == "infinities" for kind, _ in pair.sites)
         and pair.grad in ("fused", "auto")
-        and pair.call in ("grad", "value_and_grad")
+        and pair.call in ("grad", "value_and_grad", "grad_of_vmap", "vmap_of_grad")
         and expected[2] == got[2] == ("NaNError",)
     )

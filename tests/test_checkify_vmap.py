@@ -162,7 +162,12 @@ def test_one_check_in_two_elements_of_a_differentiated_vmap(mode, stack):
     f, errors = PROGRAMS["index"]
     sf = ja.serialize_axis(f, chunk=CHUNK, argnums=1, grad=mode)
     xs = _two_elements((9,), (1,))
-    expected = _differentiated_report(f, stack, errors, xs)
+    try:
+        expected = _differentiated_report(f, stack, errors, xs)
+    except IndexError:  # JAX 0.9's checkify of the lookup's transpose under vmap: so does ours
+        with pytest.raises(IndexError):
+            _differentiated_report(sf, stack, errors, xs)
+        return
     assert expected is not None and "index 109 " in expected, expected
     assert _differentiated_report(sf, stack, errors, xs) == expected
 

@@ -15,9 +15,10 @@ those only). Its rules:
 - **JVP** (``jax.jvp``, ``jax.jacfwd``, and linearization where JAX goes through the JVP, as
   inside ``jax.checkpoint``): ``jax.jvp`` of the forward pass with each chunk's body
   checkpointed, which is chunked in both the primal and the tangent, as one equation
-  (``_compat.loop_call``: ``jax.vmap`` keeps it one, which ``checkify`` checks per element); an output no perturbed
-  input reaches (through ``stop_gradient``, say) gets a symbolic zero tangent, as JAX gives
-  it (``Region.tangent_flags``), so what reads only it is not differentiated. The primal
+  (``_compat.loop_call``: ``jax.vmap`` keeps it one, which ``checkify`` checks per
+  element); an output no perturbed input reaches (through ``stop_gradient``, say) gets a
+  symbolic zero tangent, as JAX gives it (``Region.tangent_flags``), so what reads only it
+  is not differentiated. The primal
   outputs that a linearization rule binds (``linearizing=True``; an outer JVP meets them under
   ``jax.hessian``) are differentiated as computed inside ``jax.vjp``, as JAX differentiates
   the original's: a custom VJP runs its forward rule there, a custom JVP its rule's primal;

@@ -129,11 +129,11 @@ def _jvp(primals: list, tangents: list, *, jaxpr: ClosedJaxpr, scope: str, batch
     """JAX's JVP of the loop, as one equation: symbolic zeros in, and out where no perturbed
     input reaches, as for the loop traced inline."""
     nonzeros = [not is_zero(t) for t in tangents]
+    if not _batches_apart(batched):
+        return _inline_jvp(jaxpr, primals, tangents, nonzeros)
     loop = jaxpr if batched is None else batched.loop
     jvp_loop, out_nonzeros = internal(_AD + "jvp_jaxpr")(loop, nonzeros, False)
     n = len(loop.out_avals)
-    if not _batches_apart(batched):
-        return _inline_jvp(jaxpr, primals, tangents, nonzeros)
     dims = batched and [*batched.in_dims, *_kept(batched.in_dims, nonzeros)]
     one, params, flags = _as_one(jvp_loop, batched, dims)
     if batched is not None:

@@ -412,7 +412,7 @@ LOOPS = {
 def test_two_checks_in_a_loop_of_the_users_fast():
     """The original reports the check that fires at the earlier step (``log``), not the one
     first in the loop's body: each chunk's checks carry the step at which they first fired
-    (``_check_sites``' clock)."""
+    (``_sites``' clock)."""
     check_case_of(_scan_program, "nan", "remat", "forward", (7,))
 
 

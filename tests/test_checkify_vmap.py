@@ -198,3 +198,46 @@ def test_a_custom_vjp_in_a_differentiated_vmap():
     got, want = (DIFFERENTIATED["grad_of_vmap"](g)(W, xs) for g in (sf, with_custom_vjp))
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
+
+
+@jax.custom_jvp
+def _softplus(z):
+    return jnp.logaddexp(z, 0.0)
+
+
+_softplus.defjvp(lambda p, t: (_softplus(p[0]), t[0] * jax.nn.sigmoid(p[0])))
+
+
+def _with_custom_jvp(w, x):
+    return jnp.mean(_softplus(x @ w)) + index_program(w, x)  # its checks before the lookup
+
+
+def _with_a_scan(w, x):
+    def step(total, t):
+        idx = jnp.where(x[:, 0] < 0, 100 + 10 * t + jnp.arange(x.shape[0]), 0)
+        return total + jnp.take(w[0], idx, mode=None) + jnp.tanh(x @ w).sum(1) * t, None
+
+    total, _ = jax.lax.scan(step, jnp.zeros(x.shape[0]), jnp.arange(3))
+    return total.mean()
+
+
+@pytest.mark.parametrize(
+    "mode, program",
+    _slow_but(
+        [("remat", "custom_jvp")],
+        list(itertools.product(("remat", "native"), ("custom_jvp", "scan"))),
+    ),
+)
+def test_a_jaxpr_of_yours_in_a_differentiated_vmap_with_nan_checks(mode, program):
+    """A custom JVP (or a scan) in the region, under ``jax.grad`` of the ``jax.vmap``, with
+    the NaN checks on: JAX linearizes the chunks' body and the remainder apart (it inlines
+    the custom JVP's rule in one), with different checks before the lookup; the clock counts
+    steps of loops, not checks, so the first element's lookup (row 9, the remainder) is as
+    soon as the second's (row 1) and is reported, as by the original."""
+    f = {"custom_jvp": _with_custom_jvp, "scan": _with_a_scan}[program]
+    errors = checkify.index_checks | checkify.nan_checks
+    sf = ja.serialize_axis(f, chunk=CHUNK, argnums=1, grad=mode)
+    xs = _two_elements((9,), (1,))
+    expected = _differentiated_report(f, "grad_of_vmap", errors, xs)
+    assert expected is not None and "index 109 " in expected, expected
+    assert _differentiated_report(sf, "grad_of_vmap", errors, xs) == expected

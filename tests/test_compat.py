@@ -144,7 +144,7 @@ def test_every_private_lookup_resolves_on_this_jax():
     """The private paths named in ``_compat`` all exist here (a JAX that moves one fails here
     first, by name)."""
     paths = set()
-    for path in COMPAT.glob("*.py"):
+    for path in COMPAT.rglob("*.py"):
         paths |= set(re.findall(r'(?:_jax|internal)\(\s*"([\w.]+)"', path.read_text()))
     assert len(paths) >= 20, paths
     for path in sorted(paths):

@@ -2,11 +2,11 @@
 ``jax.experimental.checkify`` with every error set, a serialized function reports what the
 original reports (the same ``err.get()`` text, the same line of the program where the
 original names one), or no error where it reports none, in every grad mode, plain, under
-``grad``, ``value_and_grad``, ``jvp`` and ``vmap`` (inside and outside ``checkify``), jitted
-and eager. The default tier runs a check that the family can fail; the slow tier runs two
-pairs and the family. No difference is tolerated: the loops that JAX derives from the
-region's passes (native's, ``jvp``'s, ``vmap``'s, the backward pass) report as the region's
-own rule does."""
+``grad``, ``value_and_grad``, ``jvp`` and ``vmap`` (inside and outside ``checkify``), at each
+step of a ``lax.scan`` of the user's, jitted and eager. The default tier runs a check that
+the family can fail; the slow tier runs two pairs and the family. No difference is
+tolerated: the loops that JAX derives from the region's passes (native's, ``jvp``'s,
+``vmap``'s, the backward pass) report as the region's own rule does."""
 
 from __future__ import annotations
 
@@ -105,6 +105,67 @@ IN_A_SCAN = {
 @pytest.mark.slow
 @pytest.mark.parametrize("pair", list(IN_A_SCAN.values()), ids=list(IN_A_SCAN))
 def test_check_family_in_a_scan(tmp_path, pair):
+    assert checks.check(pair, tmp_path) is None
+
+
+#: the pairs the family found failing once it called the function (or its gradient) at each
+#: step of a ``lax.scan`` of the user's (``STEP_SCALES``: different sites fire at different
+#: steps), each a class fixed since; JAX traces the step once, so every step's checks have
+#: the same codes
+AT_EACH_STEP = {
+    # a check at a later step, first in the program, replaced the earlier step's error (the
+    # loop's forward pass merged its checks by code, not first come)
+    "two NaNs at two steps": dataclasses.replace(
+        PAIR,
+        sites=(("nan", -0.9), ("nan", -0.5)),
+        ops=("jnp.tanh({v})",),
+        errors="nan_checks",
+        call="grad_steps",
+        jit=False,
+    ),
+    # likewise, by the checks the backward pass makes again in the chunks it recomputes
+    "recomputed in the backward pass": dataclasses.replace(
+        PAIR,
+        sites=(("nan", -0.9), ("backward_index", 0.0)),
+        ops=(),
+        errors="nan_checks",
+        call="grad_steps",
+        grad="native",
+        chunk=12,
+    ),
+    "recomputed, then a NaN after the region": dataclasses.replace(
+        PAIR,
+        sites=(("index_row", -0.9), ("backward_index", -0.5)),
+        ops=(),
+        errors="float_checks",
+        call="grad_steps",
+        grad="fused",
+        chunk=4,
+        tail=True,
+    ),
+    # a check that only the derivative makes (``h ** 3``'s ``3 * h ** 2``, in the chunks the
+    # backward pass recomputes) at a later step replaced the earlier step's error: what the
+    # loop's forward pass was entered with now travels to its backward pass in the error
+    **{
+        f"a derivative's check at a later step, {mode}": dataclasses.replace(
+            PAIR,
+            sites=(("index", 0.0),),
+            ops=("{v} + 0.5 * {v} ** 3", "{v} * 1.5"),
+            errors="float_checks",
+            call="grad_steps",
+            jit=False,
+            grad=mode,
+            steps=3,
+            delays=(0.6, 0.0),
+        )
+        for mode in ("remat", "native")
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", list(AT_EACH_STEP.values()), ids=list(AT_EACH_STEP))
+def test_check_family_at_each_step_of_a_scan(tmp_path, pair):
     assert checks.check(pair, tmp_path) is None
 
 

@@ -24,8 +24,9 @@ import jax.extend.core
 import numpy as np
 from jax.extend.core import JaxprEqn, Literal  # noqa: F401 (re-exported)
 
-from jaxpr_accum._compat._check_places import accumulated, recomputed, traced_in  # noqa: F401
-from jaxpr_accum._compat._checkify import checks_through  # noqa: F401 (re-exported)
+from jaxpr_accum._compat._checks._loops import chunk_scope, loop_scope  # noqa: F401
+from jaxpr_accum._compat._checks._places import accumulated, recomputed, traced_in  # noqa: F401
+from jaxpr_accum._compat._checks._rules import checks_through  # noqa: F401 (re-exported)
 from jaxpr_accum._compat._custom import (  # noqa: F401 (re-exported)
     cotangent_aval,
     custom_call_body,
@@ -54,7 +55,6 @@ from jaxpr_accum._compat._lookup import (  # noqa: F401 (re-exported)
 from jaxpr_accum._compat._lookup import internal as _jax
 from jaxpr_accum._compat._lookup import param as _param
 from jaxpr_accum._compat._loop_call import batched_loop_call, loop_call, loop_p  # noqa: F401
-from jaxpr_accum._compat._loop_checks import chunk_scope, loop_scope  # noqa: F401
 from jaxpr_accum._compat._random import (  # noqa: F401 (re-exported)
     called_only,
     counter_draw_refusal,

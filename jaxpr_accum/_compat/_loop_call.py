@@ -25,7 +25,7 @@ it was batched; None where ``jaxpr`` is the loop). Its rules:
   again, which runs it inline;
 - dead-code elimination prunes ``jaxpr`` and the unbatched loop to the used outputs.
 
-``_checkify`` holds its ``checkify`` rule.
+``_checks._rules`` holds its ``checkify`` rule.
 
 Invariant: the values are ``jaxpr``'s, the loop's, under every transformation.
 """

@@ -18,7 +18,9 @@ that runs as written (``outside``).
 The stack: ``checkify`` with an error set (``user_checks`` ... ``all_checks``) around a plain
 call, ``jax.grad``, ``jax.value_and_grad``, ``jax.jvp``, ``jax.vmap``, ``jax.grad`` or
 ``jax.jvp`` of a ``jax.vmap``, or ``jax.grad`` inside one, or inside ``jax.vmap`` (every
-``jax.vmap`` over a batch of two: the data, and its rows reversed, which err sooner); under
+``jax.vmap`` over a batch of two: the data, and its rows reversed, which err sooner), the
+function or its ``jax.grad`` called at each step of a ``lax.scan`` (on the data scaled
+differently at each step, so that different sites fire at different steps); under
 ``jax.jit`` or eagerly; every grad mode; chunks that divide the axis, that do not, and one
 chunk. Compared: ``err.get()``'s text and the
 program's line the error's traceback names (None where it names none).
@@ -94,8 +96,11 @@ ERRORS = {
 }
 CALLS = (
     "forward", "grad", "value_and_grad", "jvp", "vmap", "vmap_inside", "grad_of_vmap",
-    "vmap_of_grad", "jvp_of_vmap",
+    "vmap_of_grad", "jvp_of_vmap", "steps", "grad_steps",
 )  # fmt: skip
+#: what ``x`` is scaled by at each step of the ``lax.scan`` of yours that calls the function
+#: (``"steps"``) or its gradient (``"grad_steps"``): different sites fire at different steps
+STEP_SCALES = (0.6, 1.4, -1.0)
 GRAD_MODES = ("auto", "remat", "fused", "native")
 CHUNKS = (4, 5, N)
 
@@ -214,9 +219,26 @@ def _stacked(pair: CheckPair, f: Any) -> Any:
             "jvp_of_vmap": lambda w, x: jax.jvp(
                 batched, (w, x), (jnp.ones_like(w), jnp.ones_like(x))
             ),
+            "steps": _in_steps(f),
+            "grad_steps": _in_steps(lambda w, x: _total(jax.grad(f, argnums=(0, 1))(w, x))),
         }[pair.call]
         run = checkify.checkify(inner, errors=errors)
     return jax.jit(run) if pair.jit else run
+
+
+def _in_steps(g: Any) -> Any:
+    """``g`` called at each step of a ``lax.scan`` of yours, on ``x`` scaled by the step's
+    ``STEP_SCALES`` entry, its results summed."""
+
+    def stepped(w: jax.Array, x: jax.Array) -> jax.Array:
+        step = lambda total, scale: (total + g(w, x * scale), None)  # noqa: E731
+        return jax.lax.scan(step, jnp.float32(0), jnp.asarray(STEP_SCALES))[0]
+
+    return stepped
+
+
+def _total(tree: Any) -> jax.Array:
+    return sum(jnp.sum(leaf) for leaf in jax.tree.leaves(tree))
 
 
 def report(pair: CheckPair, f: Any, file: str) -> tuple[str | None, int | None, tuple]:
@@ -275,6 +297,6 @@ def _fused_infinite_cotangent(pair: CheckPair, expected: tuple, got: tuple) -> b
     return (
         any(kind == "infinities" for kind, _ in pair.sites)
         and pair.grad in ("fused", "auto")
-        and pair.call in ("grad", "value_and_grad", "grad_of_vmap", "vmap_of_grad")
+        and pair.call in ("grad", "value_and_grad", "grad_of_vmap", "vmap_of_grad", "grad_steps")
         and expected[2] == got[2] == ("NaNError",)
     )

@@ -12,21 +12,19 @@ reports the one first in the program. So:
 - JAX's interpreter of a jaxpr under ``checkify`` (``checkify_jaxpr_flat``, which every rule
   of a jaxpr-carrying primitive calls again for its inner jaxpr) is replaced by one that
   interprets each run of consecutive equations of one loop's scope under
-  ``_check_sites.per_site`` (one error slot per check site, ``_check_places`` says which),
-  then merges the slots into the error (``in_program_order``: per kind, the site that fired
-  soonest, then the first in the program), an out-of-bounds error naming the operand's
-  shape as written, not the chunk's;
+  ``_sites.per_site`` (one error slot per check site, ``_places`` says which),
+  then merges the slots into the error (``_merges``: per kind, the site that fired soonest,
+  then the first in the program), an out-of-bounds error naming the operand's shape as
+  written, not the chunk's;
 - a sum accumulated over the chunks is checked as its reduction (``checked_as``);
 - each chunk's computation of the program is traced in a name scope (``chunk_scope``) where
   the interpreter restarts ``per_site``'s clock, so that times in different chunks compare
   as the original's steps do;
-- the forward pass's checks come first, in program order, ``_SPACING`` codes apart; a
-  backward pass's after them where it runs (fused finds them in its forward pass, and they
-  wait for the loop's backward pass); the checks a backward pass makes in the forward
-  computations it recomputes take the codes between, after the check of the forward pass
-  before them, where the original makes them (the derivative of ``sqrt`` divides by its
-  value in the forward pass); a backward pass that visits the chunks from the last keeps a
-  check's earliest row.
+- the forward pass's checks come first, in program order; a backward pass's after them
+  where it runs, but for the checks the original makes while it linearizes (``_merges``);
+  what a loop's first forward run was entered with goes to its backward pass in the error
+  (``_entry``); a backward pass that visits the chunks from the last keeps a check's
+  earliest row.
 
 Invariants: outside ``checkify`` nothing here runs and a traced program is unchanged (a
 name scope is metadata). Equations outside every loop's scope are interpreted as JAX does.
@@ -42,12 +40,19 @@ import importlib
 import itertools
 import re
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import jax
 
-from jaxpr_accum._compat._check_places import (
+from jaxpr_accum._compat._checks._entry import note_entry, take_entry, without_entries
+from jaxpr_accum._compat._checks._merges import (
+    kinds_of,
+    merge_backward,
+    merge_forward,
+    merge_found_early,
+)
+from jaxpr_accum._compat._checks._places import (
     checked_as,
     counting,
     entering,
@@ -56,15 +61,13 @@ from jaxpr_accum._compat._check_places import (
     shapes_as_written,
     site_of,
 )
-from jaxpr_accum._compat._check_sites import (
-    CLOCK,
+from jaxpr_accum._compat._checks._sites import (
     Sites,
-    in_program_order,
     per_site,
     set_clock,
 )
 from jaxpr_accum._compat._emit import user_context
-from jaxpr_accum._compat._lookup import internal, param
+from jaxpr_accum._compat._lookup import internal, param, primitive
 from jaxpr_accum._compat._loop_call import LOOP_CALL
 from jaxpr_accum._compat._types import Eqn, Jaxpr, Literal
 from jaxpr_accum._compat._walk import fingerprint
@@ -92,10 +95,10 @@ _depth = [0]
 _mapped_run: list[int | None] = [None]
 #: how many equations of a chunk's computation enclose the jaxpr being interpreted
 _chunks = [0]
-#: per loop, where its last forward pass put its checks among the codes: ``(base, place ->
-#: code)``, ``_SPACING`` codes apart (the module's docstring)
-_forward_codes: dict[int, tuple[int, dict[str, int]]] = {}
-_SPACING = 8
+#: how many of the interpreters (``_checkify_jaxpr_flat``) are running, nested
+_nesting = [0]
+#: the nesting at which a loop's rule interprets its body, innermost last
+_steps_at: list[int] = []
 
 
 def loop_scope(owner: Written) -> str:
@@ -133,10 +136,8 @@ def _loop_transposed(eqn: Eqn) -> bool:
 def _runs(eqns: list[Eqn]) -> Iterator[tuple[int | None, list[Eqn]]]:
     """``eqns`` in runs of one loop's scope (None: of none; in a loop's mapped run, its)."""
     inside = _mapped_run[-1]
-    for loop, run in itertools.groupby(
-        eqns, lambda e: loop_serial(e) if inside is None else inside
-    ):
-        yield loop, list(run)
+    runs = itertools.groupby(eqns, loop_serial if inside is None else lambda e: inside)
+    return ((loop, list(run)) for loop, run in runs)
 
 
 def _reversed(run: list[Eqn]) -> bool:
@@ -155,19 +156,30 @@ def _vmapped(run: list[Eqn]) -> int | None:
     return next((c.axis.size for c in calls if c is not None), None)
 
 
-def _checkify_jaxpr_flat(
+def _checkify_jaxpr_flat(*args: Any) -> tuple[object, list]:
+    """JAX's ``checkify_jaxpr_flat`` (same signature and result), each loop's run of
+    equations interpreted with one error slot per check site (the module's docstring); the
+    outermost call's error without the notes of ``_entry``."""
+    _nesting[0] += 1
+    try:
+        error, outs = _interpreted(*args)
+    finally:
+        _nesting[0] -= 1
+    return (error if _nesting[0] else without_entries(error)), outs
+
+
+def _interpreted(
     jaxpr: Jaxpr, consts: list, enabled_errors: object, err_tree: Any, *args: object
 ) -> tuple[object, list]:
-    """JAX's ``checkify_jaxpr_flat`` (same signature and result), each loop's run of
-    equations interpreted with one error slot per check site (the module's docstring)."""
     last_used, clean_up = internal("jax._src.core.last_used"), internal(_CLEAN_UP)
     env: dict = {}
     err_vals, in_args = args[: err_tree.num_leaves], args[err_tree.num_leaves :]
     error = jax.tree_util.tree_unflatten(err_tree, err_vals)
+    if _steps_at and _steps_at[-1] == _nesting[0]:  # a loop's body: a step begins
+        error = set_clock(error, lambda now: now + 1)
     env.update(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, in_args, strict=True))
     last = last_used(jaxpr)
-
     made_by = {v: e for e in jaxpr.eqns for v in e.outvars}
 
     def interpret(eqns: list[Eqn], error: object) -> object:
@@ -200,6 +212,8 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
     # per loop, what its forward runs found of its backward pass (fused computes the
     # gradient with the value): merged where the loop's backward pass runs, as written
     found_early: dict[int, list[tuple[object, Sites]]] = {}
+    held: dict[int, dict] = {}  # per loop, what its first backward run here took of its note
+    entered: dict[int, object] = {}  # per loop, the error its first forward run here began with
     for loop, run in _runs(eqns):
         if loop is None or _depth[0]:
             error = interpret(run, error)
@@ -208,7 +222,7 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
         written = [] if owner is None else owner.written_body()
         backward = in_backward_pass() or any(_loop_transposed(e) for e in run)
         if backward:  # what the forward passes found of the backward pass, in its place
-            error = _merge_found_early(error, found_early.pop(loop, []))
+            error = merge_found_early(error, found_early.pop(loop, []))
         _depth[0] += 1  # a mapped run: the body each device or element runs is the loop's
         _mapped_run.append(loop if any(e.primitive.name in _MAPPED for e in run) else None)
         recount()
@@ -219,56 +233,16 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
             _depth[0] -= 1
             _mapped_run.pop()
         per_site_error = shapes_as_written(per_site_error, written, _vmapped(run))
-        if backward:
-            error = _merge_backward(error, loop, per_site_error, sites)
+        if backward:  # what its first forward run here was entered with (``_entry``)
+            if loop not in held:
+                error, held[loop] = take_entry(error, loop)
+            error = merge_backward(error, loop, per_site_error, sites, held[loop])
         else:
-            error = _merge_forward(error, loop, per_site_error, sites)
+            entered.setdefault(loop, error)  # its first forward run here (a loop runs in
+            error = note_entry(error, loop, kinds_of(per_site_error), entered[loop])  # parts)
+            error = merge_forward(error, loop, per_site_error, sites)
             found_early.setdefault(loop, []).append((per_site_error, sites))
-    return _merge_found_early(error, itertools.chain(*found_early.values()))
-
-
-def _merge_found_early(error: object, found: Iterable[tuple[object, Sites]]) -> object:
-    """``error`` with the slots of backward-pass checks that forward passes found early."""
-    for early, sites in found:
-        error = in_program_order(error, early, sites, sites.ranks_where(lambda s: s.backward))
-    return error
-
-
-def _merge_forward(error: object, loop: int, per_site_error: object, sites: Sites) -> object:
-    """``error`` with the slots of a loop's forward pass, in program order, ``_SPACING``
-    codes apart (``_forward_codes``); not those of a backward pass it holds (fused's)."""
-    module: Any = importlib.import_module(_CHECKIFY)
-    ranks = sites.ranks_where(lambda site: not site.backward)
-    base = module.next_code()
-    for _ in range(_SPACING * (len(ranks) + 1) - 1):
-        module.next_code()
-    codes = {rank: base + _SPACING * (i + 1) for i, rank in enumerate(ranks)}
-    _forward_codes[loop] = base, {sites.sites[r].place: code for r, code in codes.items()}
-    return in_program_order(error, per_site_error, sites, ranks, codes)
-
-
-def _merge_backward(error: object, loop: int, per_site_error: object, sites: Sites) -> object:
-    """``error`` with the slots of a loop's backward pass, in program order: first those of
-    the forward computations it recomputes, each under a code just after that of the check
-    before it in the loop's forward pass, as the original makes them there; then the rest."""
-    module: Any = importlib.import_module(_CHECKIFY)
-    forward = _forward_codes.get(loop)
-    if forward is None:  # no forward pass of the loop met before: all in the order met
-        return in_program_order(error, per_site_error, sites)
-    base, by_place = forward
-    codes, last, step = {}, base, 0
-    recomputed = sites.ranks_where(lambda site: site.recomputed)
-    for rank in recomputed:
-        place = sites.sites[rank].place
-        if place in by_place:  # a check of the forward pass: its code
-            last, step = by_place[place], 0
-            codes[rank] = last
-        else:  # a check the forward pass does not make (a derivative's): after the last
-            step += 1
-            codes[rank] = last + step if step < _SPACING else module.next_code()
-    error = in_program_order(error, per_site_error, sites, recomputed, codes)
-    rest = sites.ranks_where(lambda site: not site.recomputed)
-    return in_program_order(error, per_site_error, sites, rest)
+    return merge_found_early(error, itertools.chain(*found_early.values()))
 
 
 @contextlib.contextmanager
@@ -283,16 +257,32 @@ def _within(chunk: bool) -> Iterator[None]:
 
 def restart_clock(error: Any) -> object:
     """``error`` with its clock (if it has one: inside ``per_site``) at 0: a chunk begins."""
-    clock = next((s for s in error._payload if getattr(s, "rank", None) == CLOCK), None)
-    return error if clock is None else set_clock(error, clock, jax.numpy.int32(0))
+    return set_clock(error, lambda _: jax.numpy.int32(0))
+
+
+def _counting_steps(rule: Callable) -> Callable:
+    """JAX's ``checkify`` rule of a loop (``scan``, ``while``), whose body (and condition),
+    interpreted one level down, begins a step (``_steps_at``)."""
+
+    def counted(*args: Any, **params: Any) -> Any:
+        _steps_at.append(_nesting[0] + 1)
+        try:
+            return rule(*args, **params)
+        finally:
+            _steps_at.pop()
+
+    return counted
 
 
 def _interpret_loops_per_site() -> None:
     """Install ``_checkify_jaxpr_flat`` as JAX's interpreter under ``checkify`` (every
-    caller looks it up in JAX's module when it runs)."""
+    caller looks it up in JAX's module when it runs), and count the steps of loops."""
     internal(_CHECKIFY + ".checkify_jaxpr_flat")  # present on this JAX, or MissingInternal
     module: Any = importlib.import_module(_CHECKIFY)
     module.checkify_jaxpr_flat = _checkify_jaxpr_flat
+    rules = internal(_CHECKIFY + ".error_checks")
+    for loop in (primitive("scan"), primitive("while")):
+        rules[loop] = _counting_steps(rules[loop])
 
 
 _interpret_loops_per_site()

@@ -13,10 +13,13 @@ site with a fresh code in rank order: per kind, the site that fired soonest wins
 earliest row, and across kinds the codes order the region's sites after the checks before
 it and before those after it, as the original's do.
 
-Soonest is by a clock (a slot of its own, never firing) that counts the checks a chunk has
-made: it restarts where a chunk's computation begins (``_loop_checks``), so a check in a
-loop of the user's at step 3 is later than one at step 0 in any chunk, as in the original,
-which runs every row's step 0 first. Each site of the program (not the package's own)
+Soonest is by a clock (a slot of its own, never firing) that counts the steps of the user's
+loops that a chunk has begun (``tick``, where ``_loops`` interprets a loop's body): it
+restarts where a chunk's computation begins, so a check in a loop of the user's at step 3
+is later than one at step 0 in any chunk, and one after a loop later than one in it, as in
+the original, which runs every row's step 0 first. Steps, not checks, are counted: JAX may
+linearize the full chunks' body and the remainder apart (a custom JVP's rule inlined in
+one), with different checks before a site. Each site of the program (not the package's own)
 keeps the time of its soonest firing in a slot of its own (``timed``), and that firing's
 payload; sites that fired as soon are ordered by rank (the program's order). A backward
 pass's checks continue their chunk's clock (a transposed loop of the user's runs its steps
@@ -64,6 +67,8 @@ class ErrorKind(Protocol):
     @property
     def shape_dtypes(self) -> tuple[jax.ShapeDtypeStruct, ...]: ...
 
+    def __hash__(self) -> int: ...
+
 
 class CheckException(Protocol):
     """JAX's ``JaxException``, as read here: a check's exception and its kind."""
@@ -75,7 +80,8 @@ class CheckException(Protocol):
 _LOOPS = itertools.count(1)
 #: the first rank of the package's own operations' sites
 _LAST = 1 << 30
-#: the rank of the clock's slot, and its payload: how many checks a chunk has made so far
+#: the rank of the clock's slot, and its payload: how many steps of the user's loops a chunk
+#: has begun so far
 CLOCK = -1 << 30
 _TICK = (jax.ShapeDtypeStruct((), np.int32),)
 #: the time of a check that never fired (later than any)
@@ -206,18 +212,22 @@ def per_site(
         module.assert_func, module.update_error = jax_assert, jax_update
 
 
-def set_clock(error: Any, clock: Any, time: Any) -> Any:
-    """``error`` with its ``clock`` slot at ``time`` (the slot never fires)."""
-    return error._update(clock, error._pred[clock], error._code[clock], {}, [time])
+def set_clock(error: Any, time: Callable[[Any], Any]) -> Any:
+    """``error`` with its clock (if it has one: inside ``per_site``) at ``time(its time)``
+    (the slot never fires)."""
+    clock = next((s for s in error._payload if getattr(s, "rank", None) == CLOCK), None)
+    if clock is None:
+        return error
+    now = time(error._payload[clock][0])
+    return error._update(clock, error._pred[clock], error._code[clock], {}, [now])
 
 
 def _when(error: Any, pred: Any, clock: Any, rank: int, ties: bool) -> tuple[Any, Any]:
-    """``(error, sooner)``: ``error`` with its ``clock`` a check later and the site's time of
-    its soonest firing, and whether this firing is sooner than any before it (``ties``: or
-    as soon; a loop that visits the chunks in reverse keeps the earliest row's)."""
+    """``(error, sooner)``: ``error`` with the site's time of its soonest firing, and whether
+    this firing, at the clock's time, is sooner than any before it (``ties``: or as soon; a
+    loop that visits the chunks in reverse keeps the earliest row's)."""
     jnp = jax.numpy
-    tick = error._payload[clock][0] + 1
-    error = set_clock(error, clock, tick)
+    tick = error._payload[clock][0]
     when = site_effect()(clock.error_type, _TICK, rank, timed=True)
     had, before = error._pred.get(when, False), error._payload.get(when, [NEVER])[0]
     earlier = tick <= before if ties else tick < before
@@ -232,11 +242,11 @@ def in_program_order(
     sites: Sites,
     ranks: Sequence[int] | None = None,
     codes: Mapping[int, int] | None = None,
+    update: Callable | None = None,
 ) -> object:
     """``error`` updated with the slots of ``per_site_error`` (those of ``ranks``, default
-    all) in the order of their ranks, each under a fresh code (the module's docstring). With
-    ``codes`` (rank -> a code reserved earlier, for a site found later than the original
-    checks it), a slot replaces an error of its kind that has a later code."""
+    all) in rank order, each under a fresh code (the module's docstring) or its ``codes``,
+    by ``update`` (default JAX's ``update_error``: the error there stays)."""
     module: Any = importlib.import_module(_CHECKIFY)
     jnp = jax.numpy
     slots, times = {}, {}
@@ -253,7 +263,7 @@ def in_program_order(
         code = module.next_code() if codes is None else codes[rank]
         kind = module.ErrorEffect(slot.error_type, slot.shape_dtypes)
         by_kind.setdefault(kind, []).append((rank, slot, code))
-    update = module.update_error if codes is None else _update_earlier
+    update = update or module.update_error
     for kind, candidates in by_kind.items():
         metadata = {code: per_site_error._metadata[sites.codes[r]] for r, _, code in candidates}
         fired = [
@@ -279,22 +289,3 @@ def _soonest(fired: list[tuple[tuple, Any]]) -> tuple:
         soonest = jax.tree_util.tree_map(functools.partial(jnp.where, take), slot, soonest)
         when = jnp.where(take, time, when)
     return soonest
-
-
-def _update_earlier(
-    error: Any, pred: Any, code: int, metadata: dict, payload: Any, kind: ErrorKind
-) -> object:
-    """JAX's ``update_error``, except that the new error replaces one of its kind where that
-    one's code is later (it was found first, but comes after it in the program)."""
-    jnp = jax.numpy
-    had = error._pred.get(kind, False)
-    replace = jnp.logical_and(
-        pred, jnp.logical_or(jnp.logical_not(had), error._code.get(kind, code) > code)
-    )
-    old_payload = error._payload.get(kind)
-    if old_payload is not None:
-        payload = jax.tree_util.tree_map(
-            functools.partial(jnp.where, replace), payload, old_payload
-        )
-    out_code = jnp.where(replace, code, error._code.get(kind, code))
-    return error._update(kind, jnp.logical_or(had, pred), out_code, metadata, payload)

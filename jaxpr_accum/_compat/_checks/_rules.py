@@ -10,7 +10,7 @@ primitive of our own without a rule would lose every check inside it). Four rule
   checkpointed bodies (``loop_of(params)``), so a derivative taken of the checkified
   function still recomputes each chunk instead of holding the whole axis. Where no check can
   fire, the equation is bound as it is. The loop's equations are those of a chunk loop's name
-  scope, which ``_loop_checks`` interprets with one error slot per check site, so the report
+  scope, which ``_loops`` interprets with one error slot per check site, so the report
   is the original's (as for every chunk loop JAX derives from the region's passes). The
   forward pass of a linearization (``linearizing``) is the loop as JAX's linearization
   computes it (``_linearized_forward``: JAX hoists a loop's invariant lookups there).
@@ -20,7 +20,7 @@ primitive of our own without a rule would lose every check inside it). Four rule
   argument 2 is shorter than argument 1"). For the region's own ``shard_map`` (traced in a
   chunk loop's scope), the body is checkified inside a ``shard_map`` of the same mesh and
   specs, and the devices' errors are made one there (``made_one``), slot by slot:
-  the body is interpreted inside the loop's ``per_site`` (``_loop_checks``), so each check
+  the body is interpreted inside the loop's ``per_site`` (``_loops``), so each check
   site's slot takes its soonest firing among the devices, from the first such device (its
   rows come first), and the sites are then merged as one device's are, as the unsharded
   original reports them. A ``shard_map`` of yours keeps JAX's rule.
@@ -49,10 +49,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxpr_accum._compat._check_places import checked_eqn
+from jaxpr_accum._compat._checks._loops import loop_serial
+from jaxpr_accum._compat._checks._places import checked_eqn
 from jaxpr_accum._compat._lookup import internal
 from jaxpr_accum._compat._loop_call import loop_p
-from jaxpr_accum._compat._loop_checks import loop_serial
 from jaxpr_accum._compat._region import batch_jaxpr, dce
 from jaxpr_accum._compat._sharding import named_sharding
 from jaxpr_accum._compat._types import ClosedJaxpr, Jaxpr, Params, Primitive
@@ -247,7 +247,7 @@ def error_effects(closed: ClosedJaxpr, enabled_errors: object, avals: Sequence) 
 def made_one(error: Any, axes: object) -> object:
     """``error`` of this device (or element) made the same on every one of ``axes``, slot by
     slot: of the devices where a slot fired, those where it fired soonest (a check site's
-    time, ``_check_sites``; a kind's slot has none), then with the smallest code (the check
+    time, ``_sites``; a kind's slot has none), then with the smallest code (the check
     first in the program), and of them the first device (its rows come first) gives the
     payload. A slot that fired nowhere (the clock, the same on every device) keeps the first
     device's."""

@@ -1,6 +1,6 @@
 """Which check is which while ``checkify`` interprets a chunk loop: the site of each check.
 
-``_check_sites`` keeps one error slot per check site; this module names the sites. A check's
+``_sites`` keeps one error slot per check site; this module names the sites. A check's
 site is what stays the same across its copies (the full chunks' and the remainder's, the
 forward pass's and a backward pass's recomputation) and differs between two checks:
 
@@ -31,19 +31,20 @@ import collections
 import contextlib
 import functools
 import os
+import pathlib
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol
 
 import jax
 
-from jaxpr_accum._compat._check_sites import Site
+from jaxpr_accum._compat._checks._sites import Site
 from jaxpr_accum._compat._lookup import internal
 from jaxpr_accum._compat._types import Eqn, shaped
 from jaxpr_accum._compat._walk import open_jaxpr, sub_jaxprs
 
 _CHECKIFY = "jax._src.checkify"
 #: the package's own files, and JAX's
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGE = str(pathlib.Path(os.path.abspath(__file__)).parents[2]) + os.sep  # jaxpr_accum/
 _JAX = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
 #: the scope of a forward computation that a backward pass recomputes: the package's own
 #: (``recomputed``), or JAX's (``jax.checkpoint``'s, in a loop that JAX transposes)

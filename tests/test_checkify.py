@@ -551,3 +551,34 @@ def test_the_outside_cases_can_fail():
     # after the loop: the penalty's three equations, and the mean's division and the sum
     sf = ja.serialize_axis(parameters_between_program, chunk=CHUNK, argnums=1)
     assert sf.explain(W, data(ROWS["both"])).counts == {"prologue": 0, "body": 7, "epilogue": 5}
+
+
+def _division_per_row(w, x):
+    q = 1 // (x[:, :1] >= 0.5).astype(jnp.int32)
+    return jnp.sum(q.astype(jnp.float32) * w[0, 0]) + jnp.sum(jnp.tanh(x @ w))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("errors", ["float", "all"])
+def test_grad_of_a_loop_of_yours_that_takes_the_gradient_at_each_step(errors):
+    """``jax.value_and_grad`` of a ``lax.scan`` whose step takes ``jax.grad`` of the serialized
+    function (native, chunk 3), an integer division by zero at steps 1 and 2: the backward
+    passes of the chunks and of the remainder meet different checks the forward pass lacks,
+    which took one code (a breaker's find): the division's code then named another
+    exception's message, so ``err.get()`` raised, or reported a NaN of ``add``. Each place
+    now has a code of its own."""
+    xs = np.random.RandomState(0).uniform(0.6, 1.0, size=(4, 6, 3)).astype(np.float32)
+    xs[1, 4, 1] = xs[2, 1, 0] = 0.1
+    w = jnp.asarray(np.random.RandomState(1).normal(size=(3, 3)).astype(np.float32) * 0.5)
+
+    def trained(g):
+        def loss(w, xs):
+            step = lambda c, x: (c - 0.1 * jax.grad(g)(c, x), 0.0)  # noqa: E731
+            return jnp.sum(jax.lax.scan(step, w, xs)[0])
+
+        return checkify.checkify(jax.value_and_grad(loss), errors=ERRORS[errors])
+
+    sf = ja.serialize_axis(_division_per_row, chunk=3, argnums=1, grad="native")
+    (want, _), (got, _) = (trained(g)(w, jnp.asarray(xs)) for g in (_division_per_row, sf))
+    assert want.get() == "division by zero"
+    assert got.get() == want.get()

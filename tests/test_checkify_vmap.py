@@ -241,3 +241,24 @@ def test_a_jaxpr_of_yours_in_a_differentiated_vmap_with_nan_checks(mode, program
     expected = _differentiated_report(f, "grad_of_vmap", errors, xs)
     assert expected is not None and "index 109 " in expected, expected
     assert _differentiated_report(sf, "grad_of_vmap", errors, xs) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["remat", "native"])
+def test_two_checks_in_a_loop_of_yours_under_grad_with_respect_to_the_rows(mode):
+    """As ``test_two_checks_in_a_loop_of_the_users_in_two_elements``, under ``jax.grad`` with
+    respect to the chunked input inside the ``jax.vmap``: remat's backward pass recomputes
+    each chunk batched over the elements, and its checks made again reported ``log`` (step
+    2 of the first element) until they kept the forward pass's error (the original's
+    ``sqrt``, step 0 of the second)."""
+    xs = np.array(_two_elements((), ()))
+    xs[0, 9, 0], xs[1, 1, 1] = -20.0, -2.0
+    sf = ja.serialize_axis(_loop_program, chunk=CHUNK, argnums=1, grad=mode)
+    stacked = lambda g: _vmapped(jax.grad(g, argnums=1))  # noqa: E731
+    want, got = (
+        jax.jit(checkify.checkify(stacked(g), errors=checkify.nan_checks))(W, jnp.asarray(xs))
+        for g in (_loop_program, sf)
+    )
+    assert want[0].get() is not None and "sqrt" in want[0].get(), want[0].get()
+    assert got[0].get() == want[0].get()
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=2e-5, atol=1e-6)

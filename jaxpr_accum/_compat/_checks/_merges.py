@@ -29,6 +29,8 @@ _CHECKIFY = "jax._src.checkify"
 #: per loop, where its last forward pass put its checks among the codes: ``(base, place ->
 #: code)``, ``_SPACING`` codes apart
 _forward_codes: dict[int, tuple[int, dict[str, int]]] = {}
+#: per loop, the codes its backward passes gave the checks its forward pass lacks, by place
+_derived_codes: dict[int, dict[str, int]] = {}
 _SPACING = 8
 
 
@@ -49,6 +51,7 @@ def merge_forward(error: object, loop: int, per_site_error: object, sites: Sites
         module.next_code()
     codes = {rank: base + _SPACING * (i + 1) for i, rank in enumerate(ranks)}
     _forward_codes[loop] = base, {sites.sites[r].place: code for r, code in codes.items()}
+    _derived_codes[loop] = {}
     return in_program_order(error, per_site_error, sites, ranks, codes)
 
 
@@ -64,7 +67,8 @@ def merge_backward(
 ) -> object:
     """``error`` with the slots of a loop's backward pass, in program order: first those of
     the forward computations it recomputes, each under a code just after that of the check
-    before it in the loop's forward pass, as the original makes them there; then the rest.
+    before it in the loop's forward pass, as the original makes them there (one per place,
+    whichever backward run meets it: two sites never share a code); then the rest.
     Only a check the forward pass lacks (a derivative's) replaces an error, one with a later
     code that ``held`` (per kind) does not say was there when the forward pass began."""
     module: Any = importlib.import_module(_CHECKIFY)
@@ -72,17 +76,19 @@ def merge_backward(
     if forward is None:  # no forward pass of the loop met before: all in the order met
         return in_program_order(error, per_site_error, sites)
     base, by_place = forward
-    codes, last, step, derived = {}, base, 0, []
+    given = _derived_codes.setdefault(loop, {})  # by every backward run of the loop
+    codes, last, derived = {}, base, []
     recomputed = sites.ranks_where(lambda site: site.recomputed)
     for rank in recomputed:
         place = sites.sites[rank].place
         if place in by_place:  # a check of the forward pass: its code
-            last, step = by_place[place], 0
-            codes[rank] = last
-        else:  # a check the forward pass does not make (a derivative's): after the last
-            step += 1
-            codes[rank] = last + step if step < _SPACING else module.next_code()
-            derived.append(rank)
+            last = codes[rank] = by_place[place]
+            continue
+        if place not in given:  # a check the forward pass lacks (a derivative's): a code
+            free = set(range(last + 1, last + _SPACING)) - set(given.values())  # after last
+            given[place] = min(free) if free else module.next_code()
+        codes[rank] = given[place]
+        derived.append(rank)
     error = in_program_order(error, per_site_error, sites, derived, codes, replacing_later(held))
     again = [rank for rank in recomputed if rank not in derived]
     error = in_program_order(error, per_site_error, sites, again, codes)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -57,12 +57,14 @@ def _kinds(error: Any) -> list[ErrorKind]:
     return [kind for kind in error._pred if kind.error_type is not _entry_type()]
 
 
-def note_entry(error: Any, loop: int, kinds: Iterable[ErrorKind], entered: Any) -> Any:
-    """``error`` noting, for each of ``kinds`` (those of the loop's checks: the same in
-    every trace of a loop of yours, whose carried error must keep its slots), whether the
-    error the loop's forward pass was ``entered`` with holds one of that kind."""
+def note_entry(error: Any, loop: int, per_site_error: Any, entered: Any) -> Any:
+    """``error`` noting, for each kind of the loop's checks (``per_site_error``'s sites: the
+    same in every trace of a loop of yours, whose carried error must keep its slots),
+    whether the error the loop's forward pass was ``entered`` with holds one of that kind."""
     jnp = jax.numpy
-    for kind in kinds:
+    error_effect: Any = internal("jax._src.checkify.ErrorEffect")
+    sites = [s for s in per_site_error._pred if s.rank >= 0 and not s.timed]
+    for kind in sorted({error_effect(s.error_type, s.shape_dtypes) for s in sites}):
         state = jnp.where(entered._pred.get(kind, False), HELD, EMPTY).astype(jnp.int32)
         error = error._update(_slot(loop, kind), np.bool_(False), np.int32(-1), {}, [state])
     return error

@@ -47,7 +47,6 @@ import jax
 
 from jaxpr_accum._compat._checks._entry import note_entry, take_entry, without_entries
 from jaxpr_accum._compat._checks._merges import (
-    kinds_of,
     merge_backward,
     merge_forward,
     merge_found_early,
@@ -238,8 +237,8 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
                 error, held[loop] = take_entry(error, loop)
             error = merge_backward(error, loop, per_site_error, sites, held[loop])
         else:
-            entered.setdefault(loop, error)  # its first forward run here (a loop runs in
-            error = note_entry(error, loop, kinds_of(per_site_error), entered[loop])  # parts)
+            entered.setdefault(loop, error)  # its first forward run here (of several parts)
+            error = note_entry(error, loop, per_site_error, entered[loop])
             error = merge_forward(error, loop, per_site_error, sites)
             found_early.setdefault(loop, []).append((per_site_error, sites))
     return merge_found_early(error, itertools.chain(*found_early.values()))

@@ -55,13 +55,6 @@ def merge_forward(error: object, loop: int, per_site_error: object, sites: Sites
     return in_program_order(error, per_site_error, sites, ranks, codes)
 
 
-def kinds_of(per_site_error: Any) -> list:
-    """The kinds of error of the check sites' slots."""
-    module: Any = importlib.import_module(_CHECKIFY)
-    slots = [s for s in per_site_error._pred if s.rank >= 0 and not s.timed]
-    return sorted({module.ErrorEffect(s.error_type, s.shape_dtypes) for s in slots})
-
-
 def merge_backward(
     error: object, loop: int, per_site_error: object, sites: Sites, held: dict
 ) -> object:
@@ -77,12 +70,12 @@ def merge_backward(
         return in_program_order(error, per_site_error, sites)
     base, by_place = forward
     given = _derived_codes.setdefault(loop, {})  # by every backward run of the loop
-    codes, last, derived = {}, base, []
-    recomputed = sites.ranks_where(lambda site: site.recomputed)
-    for rank in recomputed:
+    codes, last, derived, again = {}, base, [], []
+    for rank in sites.ranks_where(lambda site: site.recomputed):
         place = sites.sites[rank].place
         if place in by_place:  # a check of the forward pass: its code
             last = codes[rank] = by_place[place]
+            again.append(rank)
             continue
         if place not in given:  # a check the forward pass lacks (a derivative's): a code
             free = set(range(last + 1, last + _SPACING)) - set(given.values())  # after last
@@ -90,7 +83,6 @@ def merge_backward(
         codes[rank] = given[place]
         derived.append(rank)
     error = in_program_order(error, per_site_error, sites, derived, codes, replacing_later(held))
-    again = [rank for rank in recomputed if rank not in derived]
     error = in_program_order(error, per_site_error, sites, again, codes)
     rest = sites.ranks_where(lambda site: not site.recomputed)
     return in_program_order(error, per_site_error, sites, rest)

@@ -14,7 +14,7 @@ earliest row, and across kinds the codes order the region's sites after the chec
 it and before those after it, as the original's do.
 
 Soonest is by a clock (a slot of its own, never firing) that counts the steps of the user's
-loops that a chunk has begun (``tick``, where ``_loops`` interprets a loop's body): it
+loops that a chunk has begun (``set_clock``, where ``_loops`` interprets a loop's body): it
 restarts where a chunk's computation begins, so a check in a loop of the user's at step 3
 is later than one at step 0 in any chunk, and one after a loop later than one in it, as in
 the original, which runs every row's step 0 first. Steps, not checks, are counted: JAX may

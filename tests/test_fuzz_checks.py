@@ -169,6 +169,53 @@ def test_check_family_at_each_step_of_a_scan(tmp_path, pair):
     assert checks.check(pair, tmp_path) is None
 
 
+#: the pairs the family found failing once a NaN outside the region came between its lines
+#: (it runs after the loop, its checks ordered as the program has them), each a class fixed
+#: since: ``jax.vmap`` meets copies of the body in turn (batched, and an element's), whose
+#: codes interleaved with the part's; a part of many checks ran out of codes; JAX hoists a
+#: part of the forward pass out of a linearized loop of yours, whose codes were forgotten
+BETWEEN_THE_BODY = {
+    "copies of the body, a derivative's check": dataclasses.replace(
+        PAIR,
+        sites=(("backward_nan", 0.7), ("user", 0.0)),
+        ops=(),
+        errors="float_checks",
+        call="grad_of_vmap",
+        jit=False,
+        grad="fused",
+        chunk=4,
+        outside=("between", "column", True),
+    ),
+    "a part of many checks": dataclasses.replace(
+        PAIR,
+        sites=(("user", -2.0), ("div", 0.0)),
+        ops=("{v} * 1.5",),
+        call="grad_of_vmap",
+        jit=False,
+        grad="remat",
+        outside=("between", "whole", True),
+    ),
+    "a forward pass in two parts": dataclasses.replace(
+        PAIR,
+        sites=(("index_row", -0.5), ("nan", 0.7)),
+        ops=("jnp.tanh({v})", "jnp.sin({v})"),
+        errors="float_checks",
+        call="grad",
+        jit=False,
+        grad="fused",
+        steps=3,
+        delays=(0.6, 0.6),
+        outside=("between", "whole", True),
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", list(BETWEEN_THE_BODY.values()), ids=list(BETWEEN_THE_BODY))
+def test_check_family_between_the_body(tmp_path, pair):
+    assert checks.check(pair, tmp_path) is None
+
+
 @pytest.mark.slow
 def test_two_kinds_in_a_scan_under_grad_in_remat(tmp_path):
     """Under ``value_and_grad`` the original orders the checks of its linearized scan as

@@ -12,16 +12,20 @@ order:
   body's results, at any remove).
 
 The loop runs the body as one step, so an equation between the body's first and last (that
-the body does not read) cannot keep the program's order with both: it runs after the loop,
-and of a check there and one of the body after it, both of one kind, the body's is reported
-(docs/errors.md says so). Invariants: each side keeps program order, and each equation runs
-after those it reads (a prologue equation reads prologue values only; the body and the
-prologue equations it needs read none placed after the loop; an equation before the body's
-first reads only equations before it).
+the body does not read) cannot keep the program's order with both: it runs after the loop.
+``between_the_body`` numbers these equations, and the body's equations by how many come
+before them (``segment``), so that ``checkify`` can order their checks as the program does
+(``_compat.between_scope``, ``_compat.segment_scope``).
+
+Invariants: each side keeps program order, and each equation runs after those it reads (a
+prologue equation reads prologue values only; the body and the prologue equations it needs
+read none placed after the loop; an equation before the body's first reads only equations
+before it).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 from jaxpr_accum._analysis._stages import BODY, PROLOGUE, variables
@@ -46,3 +50,17 @@ def around_the_loop(jaxpr: Jaxpr, stages: Sequence[str]) -> tuple[list[int], lis
         if stage != BODY:
             (before if i in needed or i < first else after).append(i)
     return before, after
+
+
+def between_the_body(jaxpr: Jaxpr, stages: Sequence[str]) -> dict[int, int]:
+    """Each equation that runs after the loop though it comes before the body's last
+    equation in the program: its index -> its ordinal among them, from 1."""
+    last = max(i for i, s in enumerate(stages) if s == BODY)
+    _, after = around_the_loop(jaxpr, stages)
+    return {i: n for n, i in enumerate((i for i in after if i < last), 1)}
+
+
+def segment(between: dict[int, int], index: int) -> int:
+    """How many of the equations ``between`` the body's (``between_the_body``) come before
+    the equation at ``index`` in the program."""
+    return bisect.bisect_left(sorted(between), index)

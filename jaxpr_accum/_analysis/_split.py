@@ -44,7 +44,7 @@ from jaxpr_accum._analysis._cost import (
     materialised_bytes,
     nbytes,
 )
-from jaxpr_accum._analysis._order import around_the_loop
+from jaxpr_accum._analysis._order import around_the_loop, between_the_body
 from jaxpr_accum._analysis._stages import (
     BODY,
     EPILOGUE,
@@ -208,6 +208,11 @@ class Split:
     def around_the_loop(self) -> tuple[list[int], list[int]]:
         """The equations outside the body run before the loop and after it (``_order``)."""
         return around_the_loop(self.jaxpr, self.stages)
+
+    @functools.cached_property
+    def between_the_body(self) -> dict[int, int]:
+        """The equations after the loop that come before the body's last (``_order``)."""
+        return between_the_body(self.jaxpr, self.stages)
 
     @property
     def gradient_width(self) -> int:

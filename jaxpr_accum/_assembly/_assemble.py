@@ -13,6 +13,7 @@ without a body (an empty axis) runs the program as written.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 
@@ -23,7 +24,7 @@ from jaxpr_accum import _stream
 from jaxpr_accum._build._region import Region
 from jaxpr_accum._build._region_p import call
 from jaxpr_accum._build._signature import Inputs, Outputs
-from jaxpr_accum._compat import Array, Jaxpr
+from jaxpr_accum._compat import Array, Jaxpr, between_scope
 from jaxpr_accum._engine import _interpret
 from jaxpr_accum._modes._decision import Decision
 
@@ -77,12 +78,19 @@ def build(decision: Decision, accum_dtype: np.dtype | None) -> Callable:
             # are computed by equations before its own (in program order)
             while pending and pending[0][0] < idx:
                 pending.pop(0)[1](env)
-            _interpret.eval_eqns(jaxpr.eqns, env, indices=[idx])
+            with _between(region, split.between_the_body.get(idx)):
+                _interpret.eval_eqns(jaxpr.eqns, env, indices=[idx])
         for _, combine in pending:
             combine(env)
         return [_interpret.read(env, v) for v in jaxpr.outvars]
 
     return run
+
+
+def _between(region: Region, ordinal: int | None) -> contextlib.AbstractContextManager:
+    """The scope of an equation after the loop that the program has before the body's last
+    (its ``ordinal``: ``Split.between_the_body``), for ``checkify`` to order its checks."""
+    return contextlib.nullcontext() if ordinal is None else between_scope(region.scope, ordinal)
 
 
 def run_as_written(jaxpr: Jaxpr, *flat: Array) -> list:

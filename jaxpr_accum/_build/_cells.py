@@ -24,12 +24,15 @@ once per chunk, in program order (``before``, ``inside``, ``after``), and only t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
 from jax import lax
 
+from jaxpr_accum import _compat
+from jaxpr_accum._analysis._order import segment
 from jaxpr_accum._analysis._split import Split
 from jaxpr_accum._base._lattice import is_mapped
 from jaxpr_accum._build._signature import Signature
@@ -184,7 +187,12 @@ def eval_body(
         return streamed if idx in split.streamed else None
 
     def run(cell: Cell | None, indices: list[int], spec: Special | None, env: dict) -> dict:
-        Resizer(analysis, k, start, cell).eval_eqns((), eqns, env, indices, spec)
+        resizer = Resizer(analysis, k, start, cell)
+        # each run of equations after as many that run after the loop in a scope of its
+        # own, for ``checkify`` to order their checks with those (``_order``)
+        for n, group in itertools.groupby(indices, lambda i: segment(split.between_the_body, i)):
+            with _compat.segment_scope(n):
+                resizer.eval_eqns((), eqns, env, list(group), spec)
         return env
 
     def in_cell(cell: Cell | None) -> dict:

@@ -24,6 +24,7 @@ import jax.extend.core
 import numpy as np
 from jax.extend.core import JaxprEqn, Literal  # noqa: F401 (re-exported)
 
+from jaxpr_accum._compat._checks._between import between_scope, segment_scope  # noqa: F401
 from jaxpr_accum._compat._checks._loops import chunk_scope, loop_scope  # noqa: F401
 from jaxpr_accum._compat._checks._places import accumulated, recomputed, traced_in  # noqa: F401
 from jaxpr_accum._compat._checks._rules import checks_through  # noqa: F401 (re-exported)

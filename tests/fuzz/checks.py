@@ -12,8 +12,9 @@ NaN (the original's in its reduction; the chunks' sums add them). The threshold 
 site fires and in which rows (the data are not sorted, so the first erroring row falls in any
 chunk, the remainder included), or never. Then a reduction over the axis, and perhaps a
 last step that makes a NaN after the region (``tail``), and perhaps a NaN outside the region,
-before its first line or after its last, in a value of the parameters alone or in a part
-that runs as written (``outside``).
+before its first line, after its last or between them (where it runs after the loop), in a
+value of the parameters alone, in a part that runs as written, or in a sort of a column that
+the loop takes per chunk (``outside``).
 
 The stack: ``checkify`` with an error set (``user_checks`` ... ``all_checks``) around a plain
 call, ``jax.grad``, ``jax.value_and_grad``, ``jax.jvp``, ``jax.vmap``, ``jax.grad`` or
@@ -80,9 +81,11 @@ index_in_backward.defvjp(_forward, _backward)"""
 OUTSIDE = {
     "params": "jnp.log(jnp.sum(w) - {c})",
     "whole": "jax.lax.cond(x[0, 0] > -1e9, lambda v: jnp.log(jnp.sum(v) - {c}), jnp.sum, x)",
+    "column": "jnp.log(jnp.sort(x[:, 1])[0] - {c} / 1e3)",
 }
-#: where the line is: before the region's first line or after its last
-OUTSIDE_WHERE = st.sampled_from(("before", "after"))
+#: where the line is: before the region's first line, after its last, or between its lines
+#: (after the first site's, else after the first line: it runs after the loop)
+OUTSIDE_WHERE = st.sampled_from(("before", "after", "between"))
 THRESHOLDS = (-2.0, -0.9, -0.5, 0.0, 0.7)  # -2: never fires
 DELAYS = (0.0, 0.6)  # how much lower a site's threshold is per step before a loop's last
 OPS = ("jnp.tanh({v})", "{v} * 1.5", "jnp.sin({v})", "{v} + 0.5 * {v} ** 3")
@@ -134,6 +137,8 @@ class CheckPair:
         outside = "    p = " + OUTSIDE[what].format(c=1e3 if fires else -1e3) if what else ""
         lines += [outside] if where == "before" else []
         lines += ["    h = x * w"]
+        between_sites = where == "between" and len(self.sites) == 2 and not self.steps
+        lines += [outside] if where == "between" and not between_sites else []
         indent = "    "
         if self.steps:
             lines += ["    def step(h, s):"]
@@ -143,6 +148,7 @@ class CheckPair:
             late = self.delays[i] if self.steps else 0.0
             when = f"({t} - {late} * ({self.steps - 1} - s))" if late else t
             lines += [indent + SITES[kind].format(t=when)]
+            lines += [outside] if between_sites and i == 0 else []
         if self.steps:
             lines += [
                 "        return h, None",

@@ -83,6 +83,13 @@ def take_entry(error: Any, loop: int) -> tuple[Any, dict[ErrorKind, Any]]:
     return error, held
 
 
+def held_at_entry(error: Any, loop: int, kind: ErrorKind) -> Any | None:
+    """Whether the error held one of ``kind`` when ``loop``'s forward pass began, as its
+    note says (unknown: no), or None where the error has no such note."""
+    slot = _slot(loop, kind)
+    return error._payload[slot][0] == HELD if slot in error._payload else None
+
+
 def replacing_later(held: Mapping[ErrorKind, Any]) -> Callable:
     """JAX's ``update_error``, except that the new error replaces one of its kind whose code
     is later (found first, but after it in the program), unless ``held`` says the error was
@@ -93,14 +100,24 @@ def replacing_later(held: Mapping[ErrorKind, Any]) -> Callable:
         had = error._pred.get(kind, False)
         later = jnp.logical_and(error._code.get(kind, code) > code, ~held.get(kind, False))
         replace = jnp.logical_and(pred, jnp.logical_or(jnp.logical_not(had), later))
-        old_payload = error._payload.get(kind)
-        if old_payload is not None:
-            where = functools.partial(jnp.where, replace)
-            payload = jax.tree_util.tree_map(where, payload, old_payload)
-        out_code = jnp.where(replace, code, error._code.get(kind, code))
-        return error._update(kind, jnp.logical_or(had, pred), out_code, metadata, payload)
+        return updated_where(replace, error, pred, code, metadata, payload, kind)
 
     return update
+
+
+def updated_where(
+    replace: Any, error: Any, pred: Any, code: Any, metadata: dict, payload: Any, kind: Any
+) -> Any:
+    """``error`` holding the new error of ``kind`` (``pred``, ``code``, ``payload``) where
+    ``replace``, else the one it holds (``update_error``'s arguments after ``replace``)."""
+    jnp = jax.numpy
+    old_payload = error._payload.get(kind)
+    if old_payload is not None:
+        where = functools.partial(jnp.where, replace)
+        payload = jax.tree_util.tree_map(where, payload, old_payload)
+    out_code = jnp.where(replace, code, error._code.get(kind, code))
+    had = error._pred.get(kind, False)
+    return error._update(kind, jnp.logical_or(had, pred), out_code, metadata, payload)
 
 
 def without_entries(error: Any) -> Any:

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 import jax
 
+from jaxpr_accum._compat._checks._between import between_of, between_the_body
 from jaxpr_accum._compat._checks._entry import note_entry, take_entry, without_entries
 from jaxpr_accum._compat._checks._merges import (
     merge_backward,
@@ -132,11 +133,18 @@ def _loop_transposed(eqn: Eqn) -> bool:
     return "transpose(" in str(eqn.source_info.name_stack).partition(_SCOPE)[0]
 
 
-def _runs(eqns: list[Eqn]) -> Iterator[tuple[int | None, list[Eqn]]]:
-    """``eqns`` in runs of one loop's scope (None: of none; in a loop's mapped run, its)."""
+def _runs(eqns: list[Eqn]) -> Iterator[tuple[int | tuple[int, int] | None, list[Eqn]]]:
+    """``eqns`` in runs of one loop's scope (None: of none; in a loop's mapped run, its),
+    or of one ``between_scope``."""
     inside = _mapped_run[-1]
-    runs = itertools.groupby(eqns, loop_serial if inside is None else lambda e: inside)
+    runs = itertools.groupby(eqns, _run_of if inside is None else lambda e: inside)
     return ((loop, list(run)) for loop, run in runs)
+
+
+def _run_of(eqn: Eqn) -> int | tuple[int, int] | None:
+    """The loop whose scope ``eqn`` was traced in, else its ``between_scope``, else None."""
+    loop = loop_serial(eqn)
+    return between_of(eqn) if loop is None else loop
 
 
 def _reversed(run: list[Eqn]) -> bool:
@@ -214,7 +222,11 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
     held: dict[int, dict] = {}  # per loop, what its first backward run here took of its note
     entered: dict[int, object] = {}  # per loop, the error its first forward run here began with
     for loop, run in _runs(eqns):
-        if loop is None or _depth[0]:
+        if isinstance(loop, tuple) and not _depth[0]:  # between the body's equations
+            with between_the_body(*loop):
+                error = interpret(run, error)
+            continue
+        if not isinstance(loop, int) or _depth[0]:
             error = interpret(run, error)
             continue
         owner = _owners.get(loop)
@@ -237,9 +249,10 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
                 error, held[loop] = take_entry(error, loop)
             error = merge_backward(error, loop, per_site_error, sites, held[loop])
         else:
-            entered.setdefault(loop, error)  # its first forward run here (of several parts)
+            first = loop not in entered  # its first forward run here (of several parts)
+            entered.setdefault(loop, error)
             error = note_entry(error, loop, per_site_error, entered[loop])
-            error = merge_forward(error, loop, per_site_error, sites)
+            error = merge_forward(error, loop, per_site_error, sites, first)
             found_early.setdefault(loop, []).append((per_site_error, sites))
     return merge_found_early(error, itertools.chain(*found_early.values()))
 

@@ -2,7 +2,8 @@
 the site that fired soonest, then the first in the program (``_sites.in_program_order``),
 under codes in the original's order.
 
-- A forward pass's checks take codes ``_SPACING`` apart, in program order, reserved when it
+- A forward pass's checks take codes ``_SPACING`` apart, in program order (by segment first,
+  ``_between``, where the pass met copies of the body in turn), reserved when it
   is merged (``_forward_codes`` keeps them per loop); an error already there stays, as in
   JAX (an earlier step's, where the function is called at each step of a ``lax.scan`` of
   yours, which shares the step's codes).
@@ -14,6 +15,10 @@ under codes in the original's order.
   began (``_entry``). The backward pass's other checks come after, in the order met.
 - A backward pass's checks that fused finds in its forward pass (it computes the gradient
   with the value) are merged where the loop's backward pass runs (``merge_found_early``).
+- A gap between two forward codes holds three bands of ``HALF`` codes: a derivative's
+  checks after the forward check before them, then the checks of the parts that run after
+  the loop though the program has them before the body's last (``_between``), then a
+  derivative's checks that the program has after such a part (a later ``segment``).
 """
 
 from __future__ import annotations
@@ -31,7 +36,13 @@ _CHECKIFY = "jax._src.checkify"
 _forward_codes: dict[int, tuple[int, dict[str, int]]] = {}
 #: per loop, the codes its backward passes gave the checks its forward pass lacks, by place
 _derived_codes: dict[int, dict[str, int]] = {}
-_SPACING = 8
+#: per loop, its forward pass's codes with their sites' segments, in program order (the
+#: program's sites, not the package's own), and the codes given to the checks of the parts
+#: between the body's equations (``_between``)
+_segments: dict[int, list[tuple[int, int]]] = {}
+_between_codes: dict[int, set[int]] = {}
+HALF = 64  # codes per band: a part between the body's may hold many checks
+_SPACING = 3 * HALF
 
 
 def merge_found_early(error: object, found: Iterable[tuple[object, Sites]]) -> object:
@@ -41,17 +52,25 @@ def merge_found_early(error: object, found: Iterable[tuple[object, Sites]]) -> o
     return error
 
 
-def merge_forward(error: object, loop: int, per_site_error: object, sites: Sites) -> object:
+def merge_forward(
+    error: object, loop: int, per_site_error: object, sites: Sites, first: bool
+) -> object:
     """``error`` with the slots of a loop's forward pass, in program order, ``_SPACING``
-    codes apart (``_forward_codes``); not those of a backward pass it holds (fused's)."""
+    codes apart (``_forward_codes``); not those of a backward pass it holds (fused's).
+    ``first``: the first of the parts of one forward pass (JAX hoists a part out of a loop
+    that it linearizes), whose segments (``_segments``) the others extend."""
     module: Any = importlib.import_module(_CHECKIFY)
-    ranks = sites.ranks_where(lambda site: not site.backward)
+    # by segment first (copies of the body met in turn), the package's own sites last
+    forward = sites.ranks_where(lambda site: not site.backward)
+    ranks = sorted(forward, key=lambda r: (sites.sites[r].own, sites.sites[r].segment))
     base = module.next_code()
     for _ in range(_SPACING * (len(ranks) + 1) - 1):
         module.next_code()
     codes = {rank: base + _SPACING * (i + 1) for i, rank in enumerate(ranks)}
     _forward_codes[loop] = base, {sites.sites[r].place: code for r, code in codes.items()}
-    _derived_codes[loop] = {}
+    _derived_codes[loop], _between_codes[loop] = {}, set()
+    part = [(codes[r], sites.sites[r].segment) for r in ranks if not sites.sites[r].own]
+    _segments[loop] = part if first else _segments.get(loop, []) + part
     return in_program_order(error, per_site_error, sites, ranks, codes)
 
 
@@ -71,6 +90,7 @@ def merge_backward(
     base, by_place = forward
     given = _derived_codes.setdefault(loop, {})  # by every backward run of the loop
     codes, last, derived, again = {}, base, [], []
+    segment = {base: 0, **dict(segments(loop))}  # of each forward check, by its code
     for rank in sites.ranks_where(lambda site: site.recomputed):
         place = sites.sites[rank].place
         if place in by_place:  # a check of the forward pass: its code
@@ -78,7 +98,14 @@ def merge_backward(
             again.append(rank)
             continue
         if place not in given:  # a check the forward pass lacks (a derivative's): a code
-            free = set(range(last + 1, last + _SPACING)) - set(given.values())  # after last
+            # after last, or after the parts between that come before it (``_between``)
+            after_parts = sites.sites[rank].segment > segment[last]
+            band = (
+                range(last + 2 * HALF, last + 3 * HALF)
+                if after_parts
+                else range(last + 1, last + HALF)
+            )
+            free = set(band) - set(given.values())
             given[place] = min(free) if free else module.next_code()
         codes[rank] = given[place]
         derived.append(rank)
@@ -86,3 +113,14 @@ def merge_backward(
     error = in_program_order(error, per_site_error, sites, again, codes)
     rest = sites.ranks_where(lambda site: not site.recomputed)
     return in_program_order(error, per_site_error, sites, rest)
+
+
+def segments(loop: int) -> list[tuple[int, int]]:
+    """The codes of ``loop``'s last forward pass's checks, with their sites' segments."""
+    return _segments.get(loop, [])
+
+
+def between_codes(loop: int) -> set[int]:
+    """The codes given since ``loop``'s last forward pass to the checks of parts that run
+    after it though the program has them between the body's (``_between``)."""
+    return _between_codes.setdefault(loop, set())

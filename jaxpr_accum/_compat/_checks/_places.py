@@ -37,6 +37,7 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 
+from jaxpr_accum._compat._checks._between import segment_of
 from jaxpr_accum._compat._checks._sites import Site
 from jaxpr_accum._compat._lookup import internal
 from jaxpr_accum._compat._types import Eqn, shaped
@@ -214,12 +215,12 @@ def _types(eqn: Eqn) -> tuple:
 def site_of(new_error: Any) -> Site:
     """A check's site: its place is its kind, primitive, message, the types of the operation
     checked (``_types``), how many checks of that place its jaxpr met before it (``_met``)
-    and where the user's code makes it: inside a function call of the
-    user's program (``jnp.take``'s ``jit``, a ``jax.jit`` of the user's), the frames of the
-    innermost such call (JAX traces a function once, and the operations inside keep the
-    frames of that trace); else the check's own frames (``_users_frames``). Then whether
-    it is met in a backward pass (whose copy of an operation has the forward's frames), there
-    in a recomputation; the package's own where no frame is the user's."""
+    and where the user's code makes it: inside a function call of the user's program
+    (``jnp.take``'s ``jit``, a ``jax.jit`` of the user's), the frames of the innermost such
+    call (JAX traces a function once, and the operations inside keep the frames of that
+    trace); else the check's own frames (``_users_frames``). Then whether it is met in a
+    backward pass (whose copy of an operation has the forward's frames), there in a
+    recomputation; the package's own where no frame is the user's; its segment (``_between``)."""
     calls = [_call_frames(e) for *_, e in _context[1:-1] if e is not None]
     at = next((f for f in reversed(calls) if f), ()) or _users_frames(new_error.traceback_info)
     backward, recomputes, checked = _context[-1]
@@ -230,7 +231,8 @@ def site_of(new_error: Any) -> Site:
     nth = met[(key, backward, recomputes)]
     met[(key, backward, recomputes)] += 1
     place = repr((*key, nth))
-    return Site(place, own=not at, backward=backward, recomputed=backward and recomputes)
+    named = "/".join(str(e.source_info.name_stack) for *_, e in _context[1:] if e is not None)
+    return Site(place, not at, backward, backward and recomputes, segment_of(named))
 
 
 def _call_frames(eqn: Eqn) -> tuple:

@@ -94,12 +94,15 @@ class Site:
     chunks' and the remainder's, the forward pass's and a backward pass's recomputation);
     ``own``: an operation of the package's own (ranked after the program's); ``backward``:
     met in a backward pass, ``recomputed``: there, in a forward computation it recomputes
-    (a checkpointed chunk's), not in a transposed one. The flags are part of the site."""
+    (a checkpointed chunk's), not in a transposed one; ``segment``: how many equations
+    that run after the loop come before its own in the program (``_analysis._order``).
+    The flags are part of the site."""
 
     place: str
     own: bool = False
     backward: bool = False
     recomputed: bool = False
+    segment: int = 0
 
 
 class Sites:

@@ -52,11 +52,11 @@ def around_the_loop(jaxpr: Jaxpr, stages: Sequence[str]) -> tuple[list[int], lis
     return before, after
 
 
-def between_the_body(jaxpr: Jaxpr, stages: Sequence[str]) -> dict[int, int]:
-    """Each equation that runs after the loop though it comes before the body's last
-    equation in the program: its index -> its ordinal among them, from 1."""
+def between_the_body(after: Sequence[int], stages: Sequence[str]) -> dict[int, int]:
+    """Each equation that runs after the loop (``after``: ``around_the_loop``'s) though it
+    comes before the body's last equation in the program: its index -> its ordinal among
+    them, from 1."""
     last = max(i for i, s in enumerate(stages) if s == BODY)
-    _, after = around_the_loop(jaxpr, stages)
     return {i: n for n, i in enumerate((i for i in after if i < last), 1)}
 
 

@@ -212,7 +212,7 @@ class Split:
     @functools.cached_property
     def between_the_body(self) -> dict[int, int]:
         """The equations after the loop that come before the body's last (``_order``)."""
-        return between_the_body(self.jaxpr, self.stages)
+        return between_the_body(self.around_the_loop[1], self.stages)
 
     @property
     def gradient_width(self) -> int:

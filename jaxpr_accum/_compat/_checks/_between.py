@@ -7,7 +7,7 @@ its ordinal ``n`` among such parts), and the body's equations after ``n`` of the
 theirs (``segment_scope``: the segment ``n``, part of each check site, ``segment_of``). The
 original runs each check on every row before the next, so such a part's check comes after
 the body's checks before it and before those after it. Where ``checkify`` meets the part,
-after the loop's forward pass (``between_the_body``):
+after the loop's forward pass (``checks_in_place``):
 
 - an error of its kind that a forward check of the body of segment ``n`` or later found
   gives way to it, unless that error was there when the loop's forward pass began (the
@@ -82,7 +82,7 @@ def segment_of(name_stack: str) -> int:
 
 
 @contextlib.contextmanager
-def between_the_body(loop: int, ordinal: int) -> Iterator[None]:
+def checks_in_place(loop: int, ordinal: int) -> Iterator[None]:
     """JAX's ``update_error`` for the checks of the ``ordinal``-th part that runs after
     ``loop`` though the program has it before the body's last (the module's docstring)."""
     module: Any = importlib.import_module(_CHECKIFY)

@@ -76,8 +76,8 @@ def take_entry(error: Any, loop: int) -> tuple[Any, dict[ErrorKind, Any]]:
     held = {}
     for kind in _kinds(error):
         slot = _slot(loop, kind)
-        if slot in error._payload:
-            held[kind] = error._payload[slot][0] == HELD
+        if (noted := held_at_entry(error, loop, kind)) is not None:
+            held[kind] = noted
             unknown = [jax.numpy.int32(UNKNOWN)]
             error = error._update(slot, error._pred[slot], error._code[slot], {}, unknown)
     return error, held

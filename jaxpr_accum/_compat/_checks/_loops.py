@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import jax
 
-from jaxpr_accum._compat._checks._between import between_of, between_the_body
+from jaxpr_accum._compat._checks._between import between_of, checks_in_place
 from jaxpr_accum._compat._checks._entry import note_entry, take_entry, without_entries
 from jaxpr_accum._compat._checks._merges import (
     merge_backward,
@@ -223,7 +223,7 @@ def _checkify_runs(eqns: list[Eqn], error: object, interpret: Callable) -> objec
     entered: dict[int, object] = {}  # per loop, the error its first forward run here began with
     for loop, run in _runs(eqns):
         if isinstance(loop, tuple) and not _depth[0]:  # between the body's equations
-            with between_the_body(*loop):
+            with checks_in_place(*loop):
                 error = interpret(run, error)
             continue
         if not isinstance(loop, int) or _depth[0]:

@@ -90,7 +90,7 @@ def merge_backward(
     base, by_place = forward
     given = _derived_codes.setdefault(loop, {})  # by every backward run of the loop
     codes, last, derived, again = {}, base, [], []
-    segment = {base: 0, **dict(segments(loop))}  # of each forward check, by its code
+    segment = dict(segments(loop))  # of each forward check of the program, by its code
     for rank in sites.ranks_where(lambda site: site.recomputed):
         place = sites.sites[rank].place
         if place in by_place:  # a check of the forward pass: its code
@@ -99,7 +99,7 @@ def merge_backward(
             continue
         if place not in given:  # a check the forward pass lacks (a derivative's): a code
             # after last, or after the parts between that come before it (``_between``)
-            after_parts = sites.sites[rank].segment > segment[last]
+            after_parts = sites.sites[rank].segment > segment.get(last, 0)  # base, own: 0
             band = (
                 range(last + 2 * HALF, last + 3 * HALF)
                 if after_parts
